@@ -1,0 +1,139 @@
+// The sorl command line: `sorl train`, `sorl node`, `sorl check`, `sorl roles`.
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/roles.hpp"
+#include "runtime/config.hpp"
+#include "runtime/log.hpp"
+#include "runtime/topology.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The default job's config: next to the working directory first, then in the source tree
+/// this binary was built from, so `build/sorl train` works from anywhere in a checkout.
+std::string default_config() {
+  const char* name = "configs/smoke.toml";
+  if (fs::exists(name))
+    return name;
+  auto in_tree = fs::path{SORL_SOURCE_DIR} / name;
+  if (fs::exists(in_tree))
+    return in_tree.string();
+  return name;
+}
+
+sorl::experiment_config load_or_exit(const std::string& path) {
+  try {
+    return sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+  } catch (const sorl::config_exception& e) {
+    for (const auto& err : e.errors())
+      std::cerr << err.to_string() << '\n';
+    std::cerr << "sorl: " << path << ": " << e.errors().size()
+              << (e.errors().size() == 1 ? " error" : " errors") << ", nothing started\n";
+    std::exit(2);
+  }
+}
+
+int report(const char* what, const sorl::run_result& r) {
+  if (r.exit_code == 0)
+    fmt::print("sorl {}: job finished: {}\n", what, r.why);
+  else
+    fmt::print(stderr, "sorl {}: job failed: {}\n", what, r.why);
+  return r.exit_code;
+}
+
+void print_topology(const sorl::experiment_config& cfg) {
+  fmt::print("{}: run \"{}\", {} node{}\n", cfg.file, cfg.run.name, cfg.nodes.size(),
+             cfg.nodes.size() == 1 ? "" : "s");
+  for (const auto& n : cfg.nodes) {
+    std::string roles;
+    for (const auto& a : n.actors)
+      roles += fmt::format("{}{}×{}", roles.empty() ? "" : ", ", a.role, a.count);
+    fmt::print("  node {:<12} {:<24} {}\n", n.name,
+               n.listen ? "listen " + n.listen->to_string() : std::string{"connects to hub"},
+               roles);
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sorl: synchronous on-policy RL of language models, as an actor system.\n"
+               "One TOML file describes the experiment and which actors run on which node."};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
+    ->capture_default_str();
+
+  std::string train_config;
+  auto* train = app.add_subcommand(
+    "train", "Run every node of CONFIG in this one process (debugging, CI, the default job)");
+  train->add_option("config", train_config,
+                    "experiment + topology TOML (default: configs/smoke.toml)");
+
+  std::string node_config;
+  sorl::node_options node_opts;
+  std::string connect;
+  auto* node = app.add_subcommand(
+    "node", "Run one node of CONFIG as this process; the node with `listen` is the hub,\n"
+            "the others connect to it. Start one `sorl node` per [[node]] of the file.");
+  node->add_option("config", node_config, "experiment + topology TOML")->required();
+  node->add_option("--node", node_opts.node, "name of the [[node]] to run")->required();
+  node->add_option("--connect", connect,
+                   "HOST:PORT of the hub, overriding its `listen` (e.g. when it used port 0)");
+  node->add_option("--port-file", node_opts.port_file,
+                   "hub only: write the bound port to this file once listening");
+
+  std::string check_config;
+  auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");
+  check->add_option("config", check_config, "experiment + topology TOML")->required();
+
+  auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    sorl::setup_logging(log_level, node->parsed() ? node_opts.node : "");
+  } catch (const std::exception& e) {
+    std::cerr << "sorl: " << e.what() << '\n';
+    return 2;
+  }
+
+  if (roles->parsed()) {
+    for (const auto& r : sorl::builtin_roles())
+      fmt::print("{:<12} {}\n", r.name, r.summary);
+    return 0;
+  }
+  if (check->parsed()) {
+    print_topology(load_or_exit(check_config));
+    return 0;
+  }
+  if (train->parsed()) {
+    if (train_config.empty())
+      train_config = default_config();
+    auto cfg = load_or_exit(train_config);
+    spdlog::info("sorl train: {} ({} nodes in one process)", cfg.file, cfg.nodes.size());
+    return report("train", sorl::run_in_process(cfg, sorl::builtin_roles()));
+  }
+  if (node->parsed()) {
+    auto cfg = load_or_exit(node_config);
+    if (!connect.empty()) {
+      std::string why;
+      auto ep = sorl::endpoint::parse(connect, &why);
+      if (!ep) {
+        std::cerr << "sorl node: --connect \"" << connect << "\": " << why << '\n';
+        return 2;
+      }
+      node_opts.connect = *ep;
+    }
+    return report("node", sorl::run_node(cfg, sorl::builtin_roles(), node_opts));
+  }
+  return 0;
+}

@@ -1,0 +1,647 @@
+#include "runtime/config.hpp"
+
+#include <arpa/inet.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace sorl {
+
+// -- config_error / config_exception -------------------------------------------------------
+
+std::string config_error::to_string() const {
+  std::string out = file;
+  if (line > 0) {
+    out += fmt::format(":{}", line);
+    if (column > 0)
+      out += fmt::format(":{}", column);
+  }
+  out += ": ";
+  if (!key.empty())
+    out += fmt::format("key '{}': ", key);
+  out += message;
+  return out;
+}
+
+namespace {
+
+std::string join_errors(const std::vector<config_error>& errors) {
+  std::string out;
+  for (const auto& e : errors) {
+    if (!out.empty())
+      out += '\n';
+    out += e.to_string();
+  }
+  return out;
+}
+
+} // namespace
+
+config_exception::config_exception(std::vector<config_error> errors)
+  : std::runtime_error(join_errors(errors)), errors_(std::move(errors)) {
+}
+
+// -- endpoint ------------------------------------------------------------------------------
+
+bool endpoint::is_loopback() const {
+  if (host == "localhost")
+    return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1)
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
+
+std::string endpoint::to_string() const {
+  if (host.find(':') != std::string::npos)
+    return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+std::optional<endpoint> endpoint::parse(std::string_view text, std::string* why) {
+  auto fail = [&](std::string reason) -> std::optional<endpoint> {
+    if (why)
+      *why = std::move(reason);
+    return std::nullopt;
+  };
+  std::string_view host;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      return fail("expected \"[ipv6]:port\"");
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string_view::npos)
+      return fail("expected \"host:port\", e.g. \"127.0.0.1:4242\"");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos)
+      return fail("an IPv6 host must be written in brackets: \"[::1]:4242\"");
+  }
+  if (host.empty())
+    return fail("the host is empty");
+  if (port.empty() || port.size() > 5)
+    return fail("the port must be a number in [0, 65535]");
+  uint32_t value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9')
+      return fail("the port must be a number in [0, 65535]");
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (value > 65535)
+    return fail("the port must be a number in [0, 65535]");
+  endpoint result;
+  result.host = std::string{host};
+  result.port = static_cast<uint16_t>(value);
+  return result;
+}
+
+// -- experiment_config ---------------------------------------------------------------------
+
+const node_config* experiment_config::hub() const {
+  for (const auto& n : nodes)
+    if (n.listen)
+      return &n;
+  return nullptr;
+}
+
+const node_config* experiment_config::find_node(std::string_view name) const {
+  for (const auto& n : nodes)
+    if (n.name == name)
+      return &n;
+  return nullptr;
+}
+
+int64_t experiment_config::count_role(std::string_view role) const {
+  int64_t total = 0;
+  for (const auto& n : nodes)
+    for (const auto& a : n.actors)
+      if (a.role == role)
+        total += a.count;
+  return total;
+}
+
+// -- parsing -------------------------------------------------------------------------------
+
+namespace {
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    default:
+      return "nothing";
+  }
+}
+
+/// Collects errors; parsing goes on after an error so the user sees all of them at once.
+struct error_sink {
+  std::string file;
+  std::vector<config_error> errors;
+
+  void add(const toml::source_region& where, std::string key, std::string message) {
+    errors.push_back(config_error{file, static_cast<int>(where.begin.line),
+                                  static_cast<int>(where.begin.column), std::move(key),
+                                  std::move(message)});
+  }
+};
+
+/// Reads the keys of one table, remembering which were consumed so that whatever is left
+/// at finish() is reported as unknown.
+class table_reader {
+public:
+  table_reader(const toml::table& tbl, std::string prefix, error_sink& sink)
+    : tbl_(tbl), prefix_(std::move(prefix)), sink_(sink) {
+  }
+
+  std::string path(std::string_view key) const {
+    return prefix_.empty() ? std::string{key} : prefix_ + "." + std::string{key};
+  }
+
+  const toml::node* find(std::string_view key) {
+    seen_.emplace(key);
+    return tbl_.get(key);
+  }
+
+  void wrong_type(std::string_view key, const toml::node& n, const char* expected) {
+    sink_.add(n.source(), path(key), fmt::format("expected {}, got {}", expected, type_name(n)));
+  }
+
+  void error(std::string_view key, const toml::node& n, std::string message) {
+    sink_.add(n.source(), path(key), std::move(message));
+  }
+
+  void missing(std::string_view key, std::string message) {
+    sink_.add(tbl_.source(), path(key), std::move(message));
+  }
+
+  template <class Int>
+  void integer(std::string_view key, Int& out, int64_t lo, int64_t hi) {
+    auto* n = find(key);
+    if (!n)
+      return;
+    auto* v = n->as_integer();
+    if (!v) {
+      wrong_type(key, *n, "an integer");
+      return;
+    }
+    auto x = v->get();
+    if (x < lo || x > hi) {
+      error(key, *n, fmt::format("{} is out of range [{}, {}]", x, lo, hi));
+      return;
+    }
+    out = static_cast<Int>(x);
+  }
+
+  void number(std::string_view key, double& out, double lo, double hi, bool lo_open = false) {
+    auto* n = find(key);
+    if (!n)
+      return;
+    double x = 0;
+    if (auto* f = n->as_floating_point())
+      x = f->get();
+    else if (auto* i = n->as_integer())
+      x = static_cast<double>(i->get());
+    else {
+      wrong_type(key, *n, "a number");
+      return;
+    }
+    bool below = lo_open ? !(x > lo) : !(x >= lo);
+    if (std::isnan(x) || below || x > hi) {
+      error(key, *n,
+            fmt::format("{} is out of range {}{}, {}]", x, lo_open ? "(" : "[", lo, hi));
+      return;
+    }
+    out = x;
+  }
+
+  void boolean(std::string_view key, bool& out) {
+    auto* n = find(key);
+    if (!n)
+      return;
+    if (auto* b = n->as_boolean())
+      out = b->get();
+    else
+      wrong_type(key, *n, "a boolean (true or false)");
+  }
+
+  /// Returns the node too, so callers can validate the string's content at its location.
+  const toml::node* string(std::string_view key, std::string& out) {
+    auto* n = find(key);
+    if (!n)
+      return nullptr;
+    if (auto* s = n->as_string()) {
+      out = s->get();
+      return n;
+    }
+    wrong_type(key, *n, "a string");
+    return nullptr;
+  }
+
+  void choice(std::string_view key, std::string& out,
+              std::initializer_list<std::string_view> allowed) {
+    std::string value;
+    auto* n = string(key, value);
+    if (!n)
+      return;
+    for (auto a : allowed) {
+      if (a == value) {
+        out = value;
+        return;
+      }
+    }
+    std::string list;
+    for (auto a : allowed)
+      list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", a);
+    error(key, *n, fmt::format("\"{}\" is not one of {}", value, list));
+  }
+
+  void finish() {
+    for (auto&& [k, v] : tbl_) {
+      if (seen_.count(std::string{k.str()}) == 0)
+        sink_.add(k.source(), path(k.str()), "unknown key");
+    }
+  }
+
+  const toml::table& table() const {
+    return tbl_;
+  }
+
+private:
+  const toml::table& tbl_;
+  std::string prefix_;
+  error_sink& sink_;
+  std::set<std::string, std::less<>> seen_;
+};
+
+constexpr int64_t max_i64 = std::numeric_limits<int64_t>::max();
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+std::string resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty())
+    return p;
+  std::filesystem::path path{p};
+  if (path.is_absolute())
+    return p;
+  return (std::filesystem::path{base_dir} / path).lexically_normal().string();
+}
+
+void parse_run(table_reader& r, run_config& c) {
+  r.string("name", c.name);
+  r.integer("seed", c.seed, 0, max_i64);
+  r.integer("steps", c.steps, 0, 100'000'000);
+  r.string("output_dir", c.output_dir);
+  r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
+}
+
+void parse_model(table_reader& r, model_config& c, const std::string& base) {
+  r.choice("preset", c.preset, {"tiny", "50m"});
+  r.string("checkpoint", c.checkpoint);
+  c.checkpoint = resolve(base, c.checkpoint);
+  r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"});
+}
+
+void parse_task(table_reader& r, task_config& c, const std::string& base) {
+  r.choice("name", c.name, {"arithmetic", "guess_number", "jsonl"});
+  r.string("path", c.path);
+  r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
+  r.integer("turns", c.turns, 1, 1 << 16);
+  r.integer("digits", c.digits, 1, 9);
+  r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
+  if (c.name == "jsonl" && c.path.empty())
+    r.missing("path", "task \"jsonl\" needs a path to a JSONL prompts file");
+  c.path = resolve(base, c.path);
+}
+
+void parse_algorithm(table_reader& r, algorithm_config& c) {
+  r.choice("name", c.name, {"grpo", "dapo"});
+  r.integer("prompts_per_step", c.prompts_per_step, 1, 1 << 20);
+  r.number("lr", c.lr, 0.0, 1.0, true);
+  r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0);
+  r.number("clip_eps_high", c.clip_eps_high, 0.0, 10.0);
+  r.number("kl_coef", c.kl_coef, 0.0, 1e6);
+  r.choice("loss_norm", c.loss_norm, {"token", "sequence"});
+  r.boolean("scale_advantages", c.scale_advantages);
+  r.number("max_grad_norm", c.max_grad_norm, 0.0, inf);
+  r.number("weight_decay", c.weight_decay, 0.0, 1.0);
+  r.number("temperature", c.temperature, 0.0, 100.0);
+  r.number("top_p", c.top_p, 0.0, 1.0);
+  r.integer("top_k", c.top_k, 0, 1 << 30);
+}
+
+void parse_sagc(table_reader& r, sagc_config& c) {
+  r.choice("policy", c.policy, {"static", "sagc", "deadline"});
+  r.integer("group_size", c.group_size, 1, 1 << 16);
+  r.integer("g_min", c.g_min, 1, 1 << 16);
+  r.integer("g_max", c.g_max, 1, 1 << 16);
+  r.number("kappa", c.kappa, 1.0, 1e6);
+  r.number("target_rate", c.target_rate, 0.0, 1.0);
+  r.integer("window", c.window, 1, 1 << 24);
+  if (c.g_min > c.g_max)
+    r.missing("g_min", fmt::format("g_min = {} exceeds g_max = {}", c.g_min, c.g_max));
+  else if (c.policy != "static" && (c.group_size < c.g_min || c.group_size > c.g_max))
+    r.missing("group_size", fmt::format("group_size = {} is outside [g_min, g_max] = [{}, {}]",
+                                        c.group_size, c.g_min, c.g_max));
+}
+
+void parse_salt(table_reader& r, salt_config& c) {
+  r.boolean("enabled", c.enabled);
+  r.integer("rank", c.rank, 0, 1 << 16);
+  r.number("max_amplification", c.max_amplification, 1.0, 1e6);
+}
+
+void parse_sync(table_reader& r, sync_config& c) {
+  r.choice("mode", c.mode, {"full", "sparse"});
+  r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 32);
+  r.integer("full_every", c.full_every, 0, 1 << 30);
+}
+
+void parse_rollout(table_reader& r, rollout_config& c) {
+  r.integer("max_batch", c.max_batch, 1, 1 << 20);
+  r.choice("speculative", c.speculative, {"off", "on", "auto"});
+  r.integer("kv_cache_tokens", c.kv_cache_tokens, 0, 1ll << 40);
+}
+
+void parse_scheduler(table_reader& r, scheduler_config& c) {
+  r.choice("policy", c.policy, {"round_robin", "least_loaded", "cache_aware"});
+  r.number("imbalance_threshold", c.imbalance_threshold, 1.0, 1e6);
+}
+
+void parse_network(table_reader& r, network_config& c, const std::string& base) {
+  r.integer("heartbeat_ms", c.heartbeat_ms, 0, 3'600'000);
+  r.integer("connection_timeout_ms", c.connection_timeout_ms, 0, 3'600'000);
+  r.integer("connect_timeout_ms", c.connect_timeout_ms, 0, 3'600'000);
+  r.integer("join_timeout_ms", c.join_timeout_ms, 1, 86'400'000);
+  r.boolean("insecure", c.insecure);
+  auto* cert = r.string("tls_certificate", c.tls_certificate);
+  auto* key = r.string("tls_key", c.tls_key);
+  auto* ca = r.string("tls_ca_file", c.tls_ca_file);
+  r.string("tls_passphrase", c.tls_passphrase);
+  if (c.heartbeat_ms > 0 && c.connection_timeout_ms > 0
+      && c.connection_timeout_ms <= c.heartbeat_ms)
+    r.missing("connection_timeout_ms",
+              fmt::format("connection_timeout_ms = {} must exceed heartbeat_ms = {}",
+                          c.connection_timeout_ms, c.heartbeat_ms));
+  // TLS needs all three files; each must exist now, not when the first peer connects.
+  bool any = !c.tls_certificate.empty() || !c.tls_key.empty() || !c.tls_ca_file.empty();
+  if (any) {
+    struct item {
+      const char* key;
+      std::string* value;
+      const toml::node* node;
+    };
+    for (auto [k, v, n] : {item{"tls_certificate", &c.tls_certificate, cert},
+                           item{"tls_key", &c.tls_key, key},
+                           item{"tls_ca_file", &c.tls_ca_file, ca}}) {
+      if (v->empty()) {
+        r.missing(k, "TLS needs tls_certificate, tls_key and tls_ca_file together");
+        continue;
+      }
+      *v = resolve(base, *v);
+      if (!std::filesystem::exists(*v) && n)
+        r.error(k, *n, fmt::format("file \"{}\" does not exist", *v));
+    }
+  }
+}
+
+void parse_smoke(table_reader& r, smoke_config& c) {
+  r.integer("rounds", c.rounds, 1, 1 << 30);
+  r.integer("interval_ms", c.interval_ms, 0, 3'600'000);
+  r.integer("payload_bytes", c.payload_bytes, 0, 64 << 20);
+}
+
+bool valid_node_name(const std::string& s) {
+  if (s.empty() || s.size() > 64)
+    return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return false;
+  return true;
+}
+
+void parse_role(const toml::node& n, const std::string& key, error_sink& sink,
+                const std::set<std::string>& known_roles, node_config& node) {
+  role_spec spec;
+  spec.line = static_cast<int>(n.source().begin.line);
+  const toml::node* name_node = &n;
+  if (auto* s = n.as_string()) {
+    spec.role = s->get();
+  } else if (auto* t = n.as_table()) {
+    table_reader r{*t, key, sink};
+    name_node = r.string("role", spec.role);
+    if (!r.table().contains("role"))
+      r.missing("role", "an actor entry needs a role");
+    r.integer("count", spec.count, 0, 4096);
+    r.finish();
+    if (!name_node)
+      return;
+  } else {
+    sink.add(n.source(), key,
+             fmt::format("expected a role name or {{ role = \"...\", count = N }}, got {}",
+                         type_name(n)));
+    return;
+  }
+  if (known_roles.count(spec.role) == 0) {
+    std::string list;
+    for (const auto& r : known_roles)
+      list += (list.empty() ? "" : ", ") + r;
+    sink.add(name_node->source(), key,
+             fmt::format("unknown role \"{}\" (known roles: {})", spec.role, list));
+    return;
+  }
+  node.actors.push_back(std::move(spec));
+}
+
+void parse_nodes(const toml::node* n, error_sink& sink, const std::set<std::string>& known_roles,
+                 experiment_config& cfg) {
+  if (!n)
+    return;
+  auto* arr = n->as_array();
+  if (!arr || !arr->is_array_of_tables()) {
+    sink.add(n->source(), "node", "expected [[node]] tables");
+    return;
+  }
+  std::map<std::string, int> first_line;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const auto& tbl = *arr->get(i)->as_table();
+    std::string prefix = fmt::format("node[{}]", i + 1);
+    table_reader r{tbl, prefix, sink};
+    node_config node;
+    node.line = static_cast<int>(tbl.source().begin.line);
+    auto* name_node = r.string("name", node.name);
+    if (!tbl.contains("name")) {
+      r.missing("name", "every [[node]] needs a name");
+    } else if (name_node && !valid_node_name(node.name)) {
+      r.error("name", *name_node,
+              fmt::format("\"{}\" is not a valid node name (letters, digits, '-', '_', '.')",
+                          node.name));
+    } else if (name_node) {
+      auto [it, fresh] = first_line.emplace(node.name, name_node->source().begin.line);
+      if (!fresh)
+        r.error("name", *name_node,
+                fmt::format("duplicate node name \"{}\" (first defined on line {})", node.name,
+                            it->second));
+    }
+    std::string listen;
+    if (auto* ln = r.string("listen", listen)) {
+      std::string why;
+      if (auto ep = endpoint::parse(listen, &why))
+        node.listen = *ep;
+      else
+        r.error("listen", *ln, fmt::format("\"{}\": {}", listen, why));
+    }
+    r.string("connect", node.connect);
+    if (auto* an = r.find("actors")) {
+      if (auto* list = an->as_array()) {
+        for (size_t j = 0; j < list->size(); ++j)
+          parse_role(*list->get(j), fmt::format("{}.actors[{}]", prefix, j + 1), sink,
+                     known_roles, node);
+      } else {
+        r.wrong_type("actors", *an, "an array of roles");
+      }
+    }
+    r.finish();
+    cfg.nodes.push_back(std::move(node));
+  }
+}
+
+/// Cross-node rules: one hub, resolvable connect targets, and no plaintext off loopback.
+void check_topology(const toml::table& root, error_sink& sink, experiment_config& cfg) {
+  auto node_src = [&](size_t i, std::string_view key) {
+    auto* arr = root["node"].as_array();
+    auto* tbl = arr->get(i)->as_table();
+    if (auto* n = tbl->get(key))
+      return n->source();
+    return tbl->source();
+  };
+  if (cfg.nodes.empty())
+    return;
+  std::vector<size_t> hubs;
+  for (size_t i = 0; i < cfg.nodes.size(); ++i)
+    if (cfg.nodes[i].listen)
+      hubs.push_back(i);
+  if (hubs.size() > 1)
+    sink.add(node_src(hubs[1], "listen"), fmt::format("node[{}].listen", hubs[1] + 1),
+             fmt::format("only one node may listen (node \"{}\" already does)",
+                         cfg.nodes[hubs[0]].name));
+  if (cfg.nodes.size() > 1 && hubs.empty())
+    sink.add(root["node"].node()->source(), "node",
+             "a file with several nodes needs one node with `listen = \"host:port\"`");
+  for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+    auto& n = cfg.nodes[i];
+    if (!n.connect.empty()) {
+      auto* target = cfg.find_node(n.connect);
+      if (!target || !target->listen)
+        sink.add(node_src(i, "connect"), fmt::format("node[{}].connect", i + 1),
+                 fmt::format("\"{}\" is not a node with `listen`", n.connect));
+    }
+    if (n.listen && !n.listen->is_loopback() && !cfg.network.tls_enabled()
+        && !cfg.network.insecure)
+      sink.add(node_src(i, "listen"), fmt::format("node[{}].listen", i + 1),
+               fmt::format("refusing to listen on non-loopback address {} without TLS: set "
+                           "network.tls_certificate, tls_key and tls_ca_file, or "
+                           "network.insecure = true to accept plaintext",
+                           n.listen->to_string()));
+  }
+}
+
+} // namespace
+
+experiment_config parse_config(std::string_view text, const std::string& file,
+                               const std::set<std::string>& known_roles,
+                               const std::string& base_dir) {
+  error_sink sink{file, {}};
+  toml::table root;
+  try {
+    root = toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
+    throw config_exception(std::move(sink.errors));
+  }
+  experiment_config cfg;
+  cfg.file = file;
+  std::set<std::string> seen;
+  auto section = [&](std::string_view name, auto&& fn) {
+    seen.emplace(name);
+    auto* n = root.get(name);
+    if (!n)
+      return;
+    auto* t = n->as_table();
+    if (!t) {
+      sink.add(n->source(), std::string{name},
+               fmt::format("expected a table [{}], got {}", name, type_name(*n)));
+      return;
+    }
+    table_reader r{*t, std::string{name}, sink};
+    fn(r);
+    r.finish();
+  };
+  section("run", [&](table_reader& r) { parse_run(r, cfg.run); });
+  section("model", [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
+  section("task", [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
+  section("algorithm", [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });
+  section("sagc", [&](table_reader& r) { parse_sagc(r, cfg.sagc); });
+  section("salt", [&](table_reader& r) { parse_salt(r, cfg.salt); });
+  section("sync", [&](table_reader& r) { parse_sync(r, cfg.sync); });
+  section("rollout", [&](table_reader& r) { parse_rollout(r, cfg.rollout); });
+  section("scheduler", [&](table_reader& r) { parse_scheduler(r, cfg.scheduler); });
+  section("network", [&](table_reader& r) { parse_network(r, cfg.network, base_dir); });
+  section("smoke", [&](table_reader& r) { parse_smoke(r, cfg.smoke); });
+  seen.emplace("node");
+  parse_nodes(root.get("node"), sink, known_roles, cfg);
+  for (auto&& [k, v] : root)
+    if (seen.count(std::string{k.str()}) == 0)
+      sink.add(k.source(), std::string{k.str()}, "unknown section or key");
+  if (sink.errors.empty()) {
+    if (cfg.nodes.empty())
+      sink.add(root.source(), "node", "the file defines no [[node]]: nothing would run");
+    else
+      check_topology(root, sink, cfg);
+  }
+  if (!sink.errors.empty())
+    throw config_exception(std::move(sink.errors));
+  return cfg;
+}
+
+experiment_config load_config(const std::string& path,
+                              const std::set<std::string>& known_roles) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    throw config_exception({config_error{path, 0, 0, "", "cannot open the file"}});
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto base = std::filesystem::path{path}.parent_path().string();
+  if (base.empty())
+    base = ".";
+  return parse_config(text.str(), path, known_roles, base);
+}
+
+} // namespace sorl

@@ -1,0 +1,214 @@
+#pragma once
+
+// Experiment + topology configuration (DESIGN.md §5): one TOML file, parsed once at the
+// entry point into the plain structs below and passed down. Nothing else reads TOML.
+//
+// Free of CAF: the loader is a pure function from text to structs or a list of errors.
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sorl {
+
+/// One problem found in a configuration file, located at the line of the offending key
+/// (or of its table when the key is missing). Lines and columns are 1-based; 0 = unknown.
+struct config_error {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string key;     ///< dotted path, e.g. "sagc.g_max" or "node[2].listen"
+  std::string message; ///< what is wrong and what is expected
+
+  /// "FILE:LINE:COL: key 'KEY': MESSAGE", the form compilers use so editors can jump to it.
+  std::string to_string() const;
+};
+
+/// Raised by load_config/parse_config with every error found in the file (at least one).
+class config_exception : public std::runtime_error {
+public:
+  explicit config_exception(std::vector<config_error> errors);
+  const std::vector<config_error>& errors() const noexcept {
+    return errors_;
+  }
+
+private:
+  std::vector<config_error> errors_;
+};
+
+/// A TCP endpoint "host:port"; port 0 asks the OS for a free port (listening side only).
+struct endpoint {
+  std::string host;
+  uint16_t port = 0;
+
+  /// True for 127.0.0.0/8, ::1 and "localhost": the only addresses that may be used
+  /// without TLS unless `network.insecure = true`.
+  bool is_loopback() const;
+  std::string to_string() const;
+  /// Parses "host:port" or "[v6]:port"; std::nullopt with a reason in `why` otherwise.
+  static std::optional<endpoint> parse(std::string_view text, std::string* why = nullptr);
+};
+
+/// [run]: identity and length of the experiment.
+struct run_config {
+  std::string name = "sorl";
+  uint64_t seed = 0;
+  int64_t steps = 100;           ///< synchronous RL steps
+  std::string output_dir = "runs"; ///< relative paths resolve against the working directory
+  int64_t checkpoint_every = 10;   ///< steps between checkpoints; 0 = only at the end
+};
+
+/// [model]: which policy to build or load.
+struct model_config {
+  std::string preset = "tiny";    ///< "tiny" | "50m"
+  std::string checkpoint;         ///< safetensors path to start from; empty = preset init
+  std::string rollout_dtype = "bf16"; ///< dtype of the rollout workers' weights: "bf16" | "fp32"
+};
+
+/// [task]: the verifiable-reward task or multi-turn environment.
+struct task_config {
+  std::string name = "arithmetic"; ///< "arithmetic" | "guess_number" | "jsonl"
+  std::string path;                ///< JSONL prompts file (name = "jsonl"), relative to the config file
+  int64_t max_new_tokens = 16;     ///< per turn, tokens
+  int64_t turns = 1;               ///< maximum turns per episode (multi-turn environments)
+  int64_t digits = 2;              ///< operand digits (arithmetic)
+  int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation
+};
+
+/// [algorithm]: GRPO / DAPO hyper-parameters (DESIGN.md §6).
+struct algorithm_config {
+  std::string name = "grpo";      ///< "grpo" | "dapo"
+  int64_t prompts_per_step = 8;   ///< B
+  double lr = 1e-4;
+  double clip_eps_low = 0.2;
+  double clip_eps_high = 0.2;     ///< DAPO clip-higher uses e.g. 0.28
+  double kl_coef = 0.0;           ///< 0 disables the reference model
+  std::string loss_norm = "token"; ///< "token" | "sequence"
+  bool scale_advantages = true;   ///< divide by the group's std (false = Dr. GRPO)
+  double max_grad_norm = 1.0;
+  double weight_decay = 0.0;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;              ///< 0 = off
+};
+
+/// [sagc]: group-size control (DESIGN.md §6, SAGC).
+struct sagc_config {
+  std::string policy = "static"; ///< "static" | "sagc" | "deadline"
+  int64_t group_size = 8;        ///< G for the static policy and the first step
+  int64_t g_min = 2;
+  int64_t g_max = 16;
+  double kappa = 3.0;            ///< straggler if duration > kappa × running median
+  double target_rate = 0.1;      ///< ε, long-run straggler-event rate
+  int64_t window = 256;          ///< rollouts in the running statistic
+};
+
+/// [salt]: subspace-adaptive coefficients (DESIGN.md §6, SALT).
+struct salt_config {
+  bool enabled = false;
+  int64_t rank = 0;              ///< 0 = chosen from the spectrum
+  double max_amplification = 4.0;
+};
+
+/// [sync]: learner → rollout weight synchronisation (DESIGN.md §6, SparseRL-Sync).
+struct sync_config {
+  std::string mode = "full";     ///< "full" | "sparse"
+  int64_t bucket_bytes = 64ll << 20;
+  int64_t full_every = 0;        ///< a full anchor every N versions; 0 = never forced
+};
+
+/// [rollout]: rollout workers.
+struct rollout_config {
+  int64_t max_batch = 64;        ///< sequences decoded together per worker
+  std::string speculative = "off"; ///< "off" | "on" | "auto"
+  int64_t kv_cache_tokens = 1 << 20;
+};
+
+/// [scheduler]: request placement.
+struct scheduler_config {
+  std::string policy = "round_robin"; ///< "round_robin" | "least_loaded" | "cache_aware"
+  double imbalance_threshold = 2.0;
+};
+
+/// [network]: how nodes connect and how failures are detected.
+struct network_config {
+  /// BASP heartbeat period, ms. With connection_timeout_ms it bounds how long a silent
+  /// (frozen or partitioned) node goes unnoticed; a killed process is seen at once (FIN/RST).
+  int64_t heartbeat_ms = 250;
+  int64_t connection_timeout_ms = 2000;
+  int64_t connect_timeout_ms = 15000; ///< how long a connecting node retries reaching the hub
+  int64_t join_timeout_ms = 60000;    ///< how long the hub waits for every node to join
+  bool insecure = false;              ///< allow non-loopback listen/connect without TLS
+  std::string tls_certificate;        ///< PEM, relative paths resolve against the config file
+  std::string tls_key;
+  std::string tls_ca_file;
+  std::string tls_passphrase;
+
+  bool tls_enabled() const {
+    return !tls_certificate.empty();
+  }
+};
+
+/// [smoke]: the ping/pong roles of configs/smoke.toml (topology smoke run).
+struct smoke_config {
+  int64_t rounds = 20;
+  int64_t interval_ms = 10;   ///< pause between rounds
+  int64_t payload_bytes = 64; ///< filler carried by each ping
+};
+
+/// One entry of a node's `actors` list: `"role"` or `{ role = "...", count = N }`.
+struct role_spec {
+  std::string role;
+  int64_t count = 1;
+  int line = 0;
+};
+
+/// One [[node]]: a process (or, under `sorl train`, a part of the single process).
+struct node_config {
+  std::string name;
+  std::optional<endpoint> listen; ///< set on the hub node, which publishes the directory
+  std::string connect;            ///< node to connect to; defaults to the only listening node
+  std::vector<role_spec> actors;
+  int line = 0;
+};
+
+/// The whole experiment file.
+struct experiment_config {
+  std::string file; ///< path it was loaded from ("<string>" for parse_config)
+  run_config run;
+  model_config model;
+  task_config task;
+  algorithm_config algorithm;
+  sagc_config sagc;
+  salt_config salt;
+  sync_config sync;
+  rollout_config rollout;
+  scheduler_config scheduler;
+  network_config network;
+  smoke_config smoke;
+  std::vector<node_config> nodes;
+
+  /// The node with `listen`, or nullptr (single-node files need none).
+  const node_config* hub() const;
+  const node_config* find_node(std::string_view name) const;
+  /// Number of actors of `role` over all nodes.
+  int64_t count_role(std::string_view role) const;
+};
+
+/// Parses TOML text. `known_roles` is the set of role names the topology can spawn, so an
+/// unknown role is reported with its line. `base_dir` resolves relative input paths.
+/// Raises config_exception listing every error (syntax, unknown key, wrong type, value out
+/// of range, duplicate node name, unknown role, non-loopback address without TLS).
+experiment_config parse_config(std::string_view text, const std::string& file,
+                               const std::set<std::string>& known_roles,
+                               const std::string& base_dir = ".");
+
+/// Reads and parses a file; a missing or unreadable file is a config_exception too.
+experiment_config load_config(const std::string& path,
+                              const std::set<std::string>& known_roles);
+
+} // namespace sorl

@@ -1,0 +1,310 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/config.hpp"
+
+using sorl::config_error;
+using sorl::config_exception;
+using sorl::parse_config;
+
+namespace {
+
+const std::set<std::string> roles{"ping", "pong"};
+
+const char* minimal = R"(
+[[node]]
+name = "main"
+actors = ["ping", "pong"]
+)";
+
+/// Parses `text` expecting failure and returns the errors.
+std::vector<config_error> errors_of(const std::string& text) {
+  try {
+    parse_config(text, "test.toml", roles);
+  } catch (const config_exception& e) {
+    return e.errors();
+  }
+  FAIL("expected a config_exception for:\n" << text);
+  return {};
+}
+
+/// The one error of `text`, checked for file name.
+config_error only_error(const std::string& text) {
+  auto errs = errors_of(text);
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].file == "test.toml");
+  return errs[0];
+}
+
+} // namespace
+
+TEST_CASE("a minimal file gets every default") {
+  auto cfg = parse_config(minimal, "test.toml", roles);
+  CHECK(cfg.run.name == "sorl");
+  CHECK(cfg.run.steps == 100);
+  CHECK(cfg.sagc.group_size == 8);
+  CHECK(cfg.sync.mode == "full");
+  CHECK(cfg.network.heartbeat_ms == 250);
+  REQUIRE(cfg.nodes.size() == 1);
+  CHECK(cfg.nodes[0].name == "main");
+  REQUIRE(cfg.nodes[0].actors.size() == 2);
+  CHECK(cfg.nodes[0].actors[1].role == "pong");
+  CHECK(cfg.nodes[0].actors[1].count == 1);
+  CHECK(cfg.hub() == nullptr);
+}
+
+TEST_CASE("typed values and role counts are read") {
+  auto cfg = parse_config(R"(
+[run]
+seed = 7
+steps = 3
+[algorithm]
+lr = 1          # an integer is accepted where a float is expected
+clip_eps_high = 0.28
+[sagc]
+policy = "sagc"
+g_min = 4
+g_max = 32
+group_size = 16
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "w"
+actors = [{ role = "pong", count = 3 }]
+)",
+                          "test.toml", roles);
+  CHECK(cfg.run.seed == 7);
+  CHECK(cfg.algorithm.lr == 1.0);
+  CHECK(cfg.algorithm.clip_eps_high == Approx(0.28));
+  CHECK(cfg.sagc.g_max == 32);
+  CHECK(cfg.count_role("pong") == 3);
+  REQUIRE(cfg.hub() != nullptr);
+  CHECK(cfg.hub()->name == "main");
+  CHECK(cfg.hub()->listen->port == 0);
+}
+
+TEST_CASE("an unknown key is reported with its line and dotted path") {
+  auto e = only_error("[sagc]\ng_max = 8\ngmin = 2\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "sagc.gmin");
+  CHECK_THAT(e.message, Catch::Contains("unknown key"));
+  CHECK_THAT(e.to_string(), Catch::StartsWith("test.toml:3:1: key 'sagc.gmin': unknown key"));
+}
+
+TEST_CASE("an unknown section is reported") {
+  auto e = only_error("[sagcc]\ng_max = 8\n" + std::string{minimal});
+  CHECK(e.line == 1);
+  CHECK(e.key == "sagcc");
+}
+
+TEST_CASE("a wrong type names expected and actual types") {
+  auto e = only_error("[run]\nname = \"x\"\nsteps = \"ten\"\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "run.steps");
+  CHECK(e.message == "expected an integer, got a string");
+}
+
+TEST_CASE("an out-of-range value names the range") {
+  auto e = only_error("[algorithm]\n\ntop_p = 1.5\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "algorithm.top_p");
+  CHECK_THAT(e.message, Catch::Contains("out of range [0, 1]"));
+
+  auto e2 = only_error("[algorithm]\nlr = 0.0\n" + std::string{minimal});
+  CHECK(e2.key == "algorithm.lr");
+  CHECK_THAT(e2.message, Catch::Contains("(0, 1]"));
+}
+
+TEST_CASE("a value outside an enumeration lists the allowed ones") {
+  auto e = only_error("[sync]\nmode = \"sparce\"\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "sync.mode");
+  CHECK(e.message == "\"sparce\" is not one of \"full\", \"sparse\"");
+}
+
+TEST_CASE("inconsistent group bounds are an error") {
+  auto e = only_error("[sagc]\ng_min = 16\ng_max = 8\n" + std::string{minimal});
+  CHECK(e.key == "sagc.g_min");
+  CHECK(e.line == 1); // the [sagc] table: the conflict is between two keys
+}
+
+TEST_CASE("a duplicate node name points at the second definition") {
+  auto e = only_error(R"([[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "main"
+actors = ["pong"]
+)");
+  CHECK(e.line == 6);
+  CHECK(e.key == "node[2].name");
+  CHECK_THAT(e.message, Catch::Contains("duplicate node name \"main\" (first defined on line 2)"));
+}
+
+TEST_CASE("a role that does not exist is reported at its line") {
+  auto e = only_error(R"([[node]]
+name = "main"
+actors = ["ping",
+          "learnr"]
+)");
+  CHECK(e.line == 4);
+  CHECK(e.key == "node[1].actors[2]");
+  CHECK_THAT(e.message, Catch::Contains("unknown role \"learnr\" (known roles: ping, pong)"));
+  auto e2 = only_error(R"([[node]]
+name = "main"
+actors = [{ role = "pongg", count = 2 }]
+)");
+  CHECK(e2.line == 3);
+  CHECK_THAT(e2.message, Catch::Contains("unknown role \"pongg\""));
+}
+
+TEST_CASE("a bad role count and unknown role-entry key are reported") {
+  auto errs = errors_of(R"([[node]]
+name = "main"
+actors = [{ role = "pong", count = -1, cuont = 2 }]
+)");
+  REQUIRE(errs.size() == 2);
+  CHECK(errs[0].key == "node[1].actors[1].count");
+  CHECK(errs[1].key == "node[1].actors[1].cuont");
+}
+
+TEST_CASE("every error in a file is reported, not just the first") {
+  auto errs = errors_of("[run]\nsteps = -1\n[sagc]\nkappa = \"x\"\nfoo = 1\n" + std::string{minimal});
+  REQUIRE(errs.size() == 3);
+  CHECK(errs[0].line == 2);
+  CHECK(errs[1].line == 4);
+  CHECK(errs[2].line == 5);
+}
+
+TEST_CASE("a TOML syntax error carries its line") {
+  auto e = only_error("[run]\nname = \"x\"\nsteps = = 3\n");
+  CHECK(e.line == 3);
+  CHECK_THAT(e.message, Catch::StartsWith("TOML syntax error"));
+}
+
+TEST_CASE("a malformed listen address is rejected") {
+  auto e = only_error("[[node]]\nname = \"main\"\nlisten = \"127.0.0.1\"\nactors = [\"ping\"]\n");
+  CHECK(e.line == 3);
+  CHECK(e.key == "node[1].listen");
+  auto e2 = only_error("[[node]]\nname = \"main\"\nlisten = \"h:70000\"\nactors = [\"ping\"]\n");
+  CHECK_THAT(e2.message, Catch::Contains("[0, 65535]"));
+}
+
+TEST_CASE("listening on a non-loopback address needs TLS or insecure = true") {
+  auto text = R"([[node]]
+name = "main"
+listen = "0.0.0.0:4242"
+actors = ["ping"]
+)";
+  auto e = only_error(text);
+  CHECK(e.line == 3);
+  CHECK(e.key == "node[1].listen");
+  CHECK_THAT(e.message, Catch::Contains("refusing to listen on non-loopback address 0.0.0.0:4242 "
+                                        "without TLS"));
+  auto ok = parse_config("[network]\ninsecure = true\n" + std::string{text}, "test.toml", roles);
+  CHECK(ok.network.insecure);
+  // Loopback in all its spellings needs neither.
+  for (auto addr : {"127.0.0.1:1", "127.1.2.3:1", "localhost:1", "[::1]:1"}) {
+    auto cfg = parse_config(std::string{"[[node]]\nname = \"m\"\nlisten = \""} + addr
+                              + "\"\nactors = [\"ping\"]\n",
+                            "test.toml", roles);
+    CHECK(cfg.hub()->listen->is_loopback());
+  }
+}
+
+TEST_CASE("TLS settings must be complete and point at files that exist") {
+  auto dir = std::filesystem::path{SORL_TEST_DATA_DIR} / "tls_files";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream{dir / "cert.pem"} << "x";
+  std::ofstream{dir / "key.pem"} << "x";
+  auto base = R"(
+[[node]]
+name = "main"
+listen = "10.1.2.3:4242"
+actors = ["ping"]
+)";
+  auto errs = errors_of("[network]\ntls_certificate = \"/dev/null\"\n" + std::string{base});
+  REQUIRE(errs.size() == 2);
+  CHECK(errs[0].key == "network.tls_key");
+  CHECK(errs[1].key == "network.tls_ca_file");
+  CHECK_THAT(errs[0].message, Catch::Contains("together"));
+  try {
+    parse_config("[network]\ntls_certificate = \"cert.pem\"\ntls_key = \"key.pem\"\n"
+                 "tls_ca_file = \"ca.pem\"\n"
+                   + std::string{base},
+                 "test.toml", roles, dir.string());
+    FAIL("missing CA file accepted");
+  } catch (const config_exception& ex) {
+    REQUIRE(ex.errors().size() == 1);
+    CHECK(ex.errors()[0].key == "network.tls_ca_file");
+    CHECK(ex.errors()[0].line == 4);
+  }
+  std::ofstream{dir / "ca.pem"} << "x";
+  auto cfg = parse_config("[network]\ntls_certificate = \"cert.pem\"\ntls_key = \"key.pem\"\n"
+                          "tls_ca_file = \"ca.pem\"\n"
+                            + std::string{base},
+                          "test.toml", roles, dir.string());
+  CHECK(cfg.network.tls_enabled());
+  CHECK(cfg.network.tls_ca_file == (dir / "ca.pem").string());
+}
+
+TEST_CASE("several nodes need exactly one hub and valid connect targets") {
+  auto e = only_error(R"([[node]]
+name = "a"
+actors = ["ping"]
+[[node]]
+name = "b"
+actors = ["pong"]
+)");
+  CHECK(e.key == "node");
+  auto e2 = only_error(R"([[node]]
+name = "a"
+listen = "127.0.0.1:1"
+actors = ["ping"]
+[[node]]
+name = "b"
+listen = "127.0.0.1:2"
+actors = ["pong"]
+)");
+  CHECK(e2.key == "node[2].listen");
+  CHECK(e2.line == 7);
+  auto e3 = only_error(R"([[node]]
+name = "a"
+listen = "127.0.0.1:1"
+actors = ["ping"]
+[[node]]
+name = "b"
+connect = "c"
+actors = ["pong"]
+)");
+  CHECK(e3.key == "node[2].connect");
+  CHECK(e3.line == 7);
+}
+
+TEST_CASE("a file without nodes is an error") {
+  auto e = only_error("[run]\nname = \"x\"\n");
+  CHECK(e.key == "node");
+}
+
+TEST_CASE("a missing file is an error naming it") {
+  try {
+    sorl::load_config("/nonexistent/x.toml", roles);
+    FAIL("no exception");
+  } catch (const config_exception& e) {
+    CHECK(e.errors().at(0).file == "/nonexistent/x.toml");
+    CHECK_THAT(e.what(), Catch::Contains("cannot open"));
+  }
+}
+
+TEST_CASE("the shipped configs are valid") {
+  for (auto name : {"smoke.toml"}) {
+    auto path = std::string{SORL_SOURCE_DIR} + "/configs/" + name;
+    CHECK_NOTHROW(sorl::load_config(path, roles));
+  }
+}

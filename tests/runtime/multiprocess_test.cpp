@@ -1,0 +1,169 @@
+// Real `sorl node` processes on loopback (port 0), every wait bounded.
+
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "tests/support/process.hpp"
+
+using namespace std::chrono_literals;
+using sorl::test::child_process;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string write_config(const std::string& name, const std::string& text) {
+  auto dir = fs::path{SORL_TEST_DATA_DIR};
+  fs::create_directories(dir);
+  auto path = dir / name;
+  std::ofstream{path} << text;
+  return path.string();
+}
+
+std::string three_nodes(int rounds, int interval_ms, int connect_timeout_ms = 10000) {
+  return "[smoke]\nrounds = " + std::to_string(rounds)
+         + "\ninterval_ms = " + std::to_string(interval_ms)
+         + "\n[network]\nheartbeat_ms = 100\nconnection_timeout_ms = 1000\n"
+           "join_timeout_ms = 20000\nconnect_timeout_ms = "
+         + std::to_string(connect_timeout_ms) + R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "rollout-a"
+actors = ["pong"]
+[[node]]
+name = "rollout-b"
+actors = ["pong"]
+)";
+}
+
+/// Starts the hub and reads the port the OS gave it.
+std::unique_ptr<child_process> start_hub(const std::string& config, std::string& port) {
+  auto hub = std::make_unique<child_process>(
+    std::vector<std::string>{SORL_BIN, "node", config, "--node", "main"});
+  REQUIRE(hub->wait_for("listening on 127.0.0.1:", 10s));
+  std::smatch m;
+  auto out = hub->output();
+  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
+  port = m[1];
+  return hub;
+}
+
+std::unique_ptr<child_process> start_node(const std::string& config, const std::string& name,
+                                          const std::string& port) {
+  return std::make_unique<child_process>(std::vector<std::string>{
+    SORL_BIN, "node", config, "--node", name, "--connect", "127.0.0.1:" + port});
+}
+
+double ms_between(child_process::clock::time_point a, child_process::clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+} // namespace
+
+TEST_CASE("three sorl node processes exchange envelopes and exit cleanly") {
+  auto cfg = write_config("mp_clean.toml", three_nodes(100, 1));
+  std::string port;
+  auto hub = start_hub(cfg, port);
+  auto a = start_node(cfg, "rollout-a", port);
+  auto b = start_node(cfg, "rollout-b", port);
+  auto hub_rc = hub->wait_exit(30s);
+  INFO(hub->output());
+  REQUIRE(hub_rc == 0);
+  CHECK(hub->wait_for("job finished: 100 rounds, 200 answers from 2 pongers", 1s));
+  CHECK(a->wait_exit(10s) == 0);
+  CHECK(b->wait_exit(10s) == 0);
+  CHECK(a->wait_for("job finished: 100 rounds", 1s));
+}
+
+TEST_CASE("a killed node is noticed by every other node at once and the rest finish") {
+  auto cfg = write_config("mp_kill.toml", three_nodes(300, 10));
+  std::string port;
+  auto hub = start_hub(cfg, port);
+  auto a = start_node(cfg, "rollout-a", port);
+  auto b = start_node(cfg, "rollout-b", port);
+  REQUIRE(hub->wait_for("roster complete", 15s));
+  REQUIRE(b->wait_for("first ping received", 5s));
+  std::this_thread::sleep_for(200ms);
+  auto killed_at = child_process::clock::now();
+  b->signal(SIGKILL);
+  auto hub_saw = hub->wait_for("peer down: pong#1@rollout-b (node lost", 5s);
+  auto a_saw = a->wait_for("peer down: pong#1@rollout-b (node lost", 5s);
+  INFO(hub->output() << a->output());
+  REQUIRE(hub_saw);
+  REQUIRE(a_saw);
+  auto hub_ms = ms_between(killed_at, *hub_saw);
+  auto a_ms = ms_between(killed_at, *a_saw);
+  // Documented bound for a dead process: its sockets close at once; allow 1 s for a busy CI.
+  CHECK(hub_ms < 1000.0);
+  CHECK(a_ms < 1000.0);
+  WARN("kill detection: hub " << hub_ms << " ms, other node " << a_ms << " ms");
+  CHECK(hub->wait_exit(30s) == 0);
+  CHECK(a->wait_exit(10s) == 0);
+  CHECK(hub->wait_for("job finished: 300 rounds", 1s));
+  CHECK(b->wait_exit(5s) == 128 + SIGKILL);
+}
+
+TEST_CASE("a frozen node is dropped after the connection timeout") {
+  auto cfg = write_config("mp_freeze.toml", three_nodes(400, 10));
+  std::string port;
+  auto hub = start_hub(cfg, port);
+  auto a = start_node(cfg, "rollout-a", port);
+  auto b = start_node(cfg, "rollout-b", port);
+  REQUIRE(hub->wait_for("roster complete", 15s));
+  REQUIRE(b->wait_for("first ping received", 5s));
+  auto frozen_at = child_process::clock::now();
+  b->signal(SIGSTOP);
+  auto hub_saw = hub->wait_for("peer down: pong#1@rollout-b (node lost", 10s);
+  INFO(hub->output());
+  REQUIRE(hub_saw);
+  auto ms = ms_between(frozen_at, *hub_saw);
+  // connection_timeout_ms = 1000 with heartbeats every 100 ms: dropped after ~1 s, and
+  // never before the timeout could have run out.
+  CHECK(ms > 500.0);
+  CHECK(ms < 3000.0);
+  WARN("frozen-node detection: " << ms << " ms (connection_timeout_ms = 1000)");
+  CHECK(a->wait_for("peer down: pong#1@rollout-b", 5s));
+  CHECK(hub->wait_exit(30s) == 0);
+  CHECK(a->wait_exit(10s) == 0);
+  b->signal(SIGKILL);
+}
+
+TEST_CASE("sorl refuses a non-loopback listen address without TLS") {
+  auto text = R"(
+[[node]]
+name = "main"
+listen = "0.0.0.0:0"
+actors = ["ping", "pong"]
+)";
+  auto cfg = write_config("mp_tls.toml", text);
+  for (auto cmd : {"node", "train"}) {
+    std::vector<std::string> argv{SORL_BIN, cmd, cfg};
+    if (std::string{cmd} == "node") {
+      argv.push_back("--node");
+      argv.push_back("main");
+    }
+    child_process p{argv};
+    CHECK(p.wait_exit(10s) == 2);
+    INFO(p.output());
+    CHECK(p.wait_for("mp_tls.toml:4:10: key 'node[1].listen': refusing to listen on "
+                     "non-loopback address 0.0.0.0:0 without TLS",
+                     1s));
+    CHECK(p.wait_for("nothing started", 1s));
+  }
+}
+
+TEST_CASE("a node that cannot reach its hub gives up after the connect timeout") {
+  auto cfg = write_config("mp_unreachable.toml", three_nodes(1, 1, 300));
+  // Port 1 on loopback: nothing listens there.
+  child_process p{{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect", "127.0.0.1:1"}};
+  CHECK(p.wait_exit(10s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("cannot reach the hub at 127.0.0.1:1 within 300 ms", 1s));
+}

@@ -1,0 +1,77 @@
+#include <catch2/catch.hpp>
+
+#include "actors/roles.hpp"
+#include "runtime/config.hpp"
+#include "runtime/topology.hpp"
+
+using namespace sorl;
+
+namespace {
+
+experiment_config smoke(const std::string& nodes, int rounds = 25) {
+  auto text = "[smoke]\nrounds = " + std::to_string(rounds)
+              + "\ninterval_ms = 0\npayload_bytes = 32\n" + nodes;
+  return parse_config(text, "smoke-test.toml", role_names(builtin_roles()));
+}
+
+} // namespace
+
+TEST_CASE("one process runs every node, exchanges envelopes and shuts down cleanly") {
+  auto cfg = smoke(R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "a"
+actors = [{ role = "pong", count = 2 }]
+[[node]]
+name = "b"
+actors = ["pong"]
+)");
+  auto outcome = std::make_shared<run_outcome>();
+  auto result = run_in_process(cfg, builtin_roles(), outcome);
+  CHECK(result.exit_code == 0);
+  CHECK(result.leaked_actors == 0);
+  CHECK(result.why == "25 rounds, 75 answers from 3 pongers");
+  CHECK(outcome->get("smoke.rounds") == 25.0);
+  CHECK(outcome->get("smoke.answers") == 75.0);
+  CHECK_FALSE(outcome->get("smoke.rejected"));
+}
+
+TEST_CASE("a job whose roles cannot work fails with a reason and still stops every actor") {
+  auto cfg = smoke(R"(
+[[node]]
+name = "main"
+actors = ["ping"]
+)");
+  auto result = run_in_process(cfg, builtin_roles());
+  CHECK(result.exit_code == 1);
+  CHECK(result.why == "the topology has no pong actor");
+  CHECK(result.leaked_actors == 0);
+}
+
+TEST_CASE("a node without actors is allowed and stops with the job") {
+  auto cfg = smoke(R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping", "pong"]
+[[node]]
+name = "idle"
+actors = []
+)",
+                   3);
+  auto result = run_in_process(cfg, builtin_roles());
+  CHECK(result.exit_code == 0);
+  CHECK(result.leaked_actors == 0);
+}
+
+TEST_CASE("run_node refuses a node the file does not define") {
+  auto cfg = smoke("[[node]]\nname = \"main\"\nactors = [\"ping\", \"pong\"]\n");
+  node_options opts;
+  opts.node = "nope";
+  auto result = run_node(cfg, builtin_roles(), opts);
+  CHECK(result.exit_code == 2);
+  CHECK(result.why == "smoke-test.toml has no node \"nope\" (nodes: main)");
+}

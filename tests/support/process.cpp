@@ -1,0 +1,131 @@
+#include "tests/support/process.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace sorl::test {
+
+child_process::child_process(std::vector<std::string> argv) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    throw std::runtime_error(std::string{"pipe: "} + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  std::vector<char*> args;
+  for (auto& a : argv)
+    args.push_back(a.data());
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  fd_ = fds[0];
+  fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+}
+
+child_process::~child_process() {
+  if (!status_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+  if (fd_ >= 0)
+    close(fd_);
+}
+
+bool child_process::pump(std::chrono::milliseconds budget) {
+  if (fd_ < 0)
+    return false;
+  pollfd p{fd_, POLLIN, 0};
+  int ready = poll(&p, 1, static_cast<int>(budget.count()));
+  if (ready <= 0)
+    return true;
+  char buf[4096];
+  for (;;) {
+    auto n = read(fd_, buf, sizeof(buf));
+    if (n > 0) {
+      auto now = clock::now();
+      partial_.append(buf, static_cast<size_t>(n));
+      size_t pos;
+      while ((pos = partial_.find('\n')) != std::string::npos) {
+        lines_.emplace_back(now, partial_.substr(0, pos));
+        partial_.erase(0, pos + 1);
+      }
+      continue;
+    }
+    if (n == 0) {
+      if (!partial_.empty())
+        lines_.emplace_back(clock::now(), partial_);
+      partial_.clear();
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    return true; // EAGAIN
+  }
+}
+
+std::optional<child_process::clock::time_point>
+child_process::wait_for(const std::string& needle, std::chrono::milliseconds timeout) {
+  auto deadline = clock::now() + timeout;
+  size_t checked = 0;
+  for (;;) {
+    for (; checked < lines_.size(); ++checked)
+      if (lines_[checked].second.find(needle) != std::string::npos)
+        return lines_[checked].first;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    if (left.count() <= 0)
+      return std::nullopt;
+    if (!pump(std::min(left, std::chrono::milliseconds{50})) && checked == lines_.size())
+      return std::nullopt;
+  }
+}
+
+std::optional<int> child_process::wait_exit(std::chrono::milliseconds timeout) {
+  auto deadline = clock::now() + timeout;
+  while (!status_) {
+    pump(std::chrono::milliseconds{10});
+    int st = 0;
+    auto r = waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      break;
+    }
+    if (clock::now() >= deadline)
+      return std::nullopt;
+  }
+  for (int i = 0; i < 200 && pump(std::chrono::milliseconds{10}); ++i) {
+  }
+  return status_;
+}
+
+void child_process::signal(int sig) {
+  if (!status_ && pid_ > 0)
+    kill(pid_, sig);
+}
+
+std::string child_process::output() const {
+  std::string out;
+  for (auto& [t, line] : lines_)
+    out += line + '\n';
+  return out + partial_;
+}
+
+} // namespace sorl::test

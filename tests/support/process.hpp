@@ -1,0 +1,51 @@
+#pragma once
+
+// A child process for multi-process tests: started with posix_spawn, stdout and stderr
+// captured through one pipe, every wait bounded. Killed on destruction if still running.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace sorl::test {
+
+class child_process {
+public:
+  using clock = std::chrono::steady_clock;
+
+  /// Starts `argv[0]` with `argv`; raises std::runtime_error if it cannot be started.
+  explicit child_process(std::vector<std::string> argv);
+  ~child_process();
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+
+  /// Waits until a line containing `needle` appears in the output; returns when it was read,
+  /// or std::nullopt after `timeout`. Lines seen earlier count too.
+  std::optional<clock::time_point> wait_for(const std::string& needle,
+                                            std::chrono::milliseconds timeout);
+
+  /// Waits for exit; returns the exit status (128 + signal if killed), or nullopt on timeout.
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout);
+
+  void signal(int sig);
+  pid_t pid() const {
+    return pid_;
+  }
+  /// Everything read so far.
+  std::string output() const;
+
+private:
+  /// Reads what is available within `budget`; returns false at end of output.
+  bool pump(std::chrono::milliseconds budget);
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::optional<int> status_;
+  std::string partial_;
+  std::vector<std::pair<clock::time_point, std::string>> lines_;
+};
+
+} // namespace sorl::test
