@@ -68,6 +68,14 @@ int main(int argc, char** argv) {
   CLI::App app{"sorl: synchronous on-policy RL of language models, as an actor system.\n"
                "One TOML file describes the experiment and which actors run on which node."};
   app.require_subcommand(1);
+  app.fallthrough(); // --log-level may follow the subcommand too
+  app.footer("Examples:\n"
+             "  sorl train                                 the default job (configs/smoke.toml)\n"
+             "  sorl check configs/smoke.toml              validate a file, print its topology\n"
+             "  sorl node configs/smoke.toml --node main   start the hub of a multi-process run\n"
+             "  sorl node configs/smoke.toml --node rollout-a\n"
+             "                                             start another node; it finds the hub\n"
+             "Exit codes: 0 job finished, 1 job failed, 2 nothing started.");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
     ->capture_default_str();

@@ -330,7 +330,7 @@ void parse_model(table_reader& r, model_config& c, const std::string& base) {
 }
 
 void parse_task(table_reader& r, task_config& c, const std::string& base) {
-  r.choice("name", c.name, {"arithmetic", "guess_number", "jsonl"});
+  r.choice("name", c.name, {"arithmetic", "number_guess", "jsonl"});
   r.string("path", c.path);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("turns", c.turns, 1, 1 << 16);

@@ -71,7 +71,7 @@ struct model_config {
 
 /// [task]: the verifiable-reward task or multi-turn environment.
 struct task_config {
-  std::string name = "arithmetic"; ///< "arithmetic" | "guess_number" | "jsonl"
+  std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "jsonl"
   std::string path;                ///< JSONL prompts file (name = "jsonl"), relative to the config file
   int64_t max_new_tokens = 16;     ///< per turn, tokens
   int64_t turns = 1;               ///< maximum turns per episode (multi-turn environments)

@@ -167,3 +167,75 @@ TEST_CASE("a node that cannot reach its hub gives up after the connect timeout")
   INFO(p.output());
   CHECK(p.wait_for("cannot reach the hub at 127.0.0.1:1 within 300 ms", 1s));
 }
+
+namespace {
+
+/// Runs a command to completion (bounded) and requires exit status 0.
+void run_ok(std::vector<std::string> argv) {
+  child_process p{std::move(argv)};
+  auto rc = p.wait_exit(60s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+}
+
+/// Makes a CA and a certificate signed by it under `dir` (ca.pem, node.pem, node.key).
+void make_pki(const fs::path& dir) {
+  fs::create_directories(dir);
+  auto d = dir.string();
+  run_ok({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+          d + "/ca.key", "-out", d + "/ca.pem", "-days", "2", "-subj", "/CN=sorl-test-ca"});
+  run_ok({"/usr/bin/openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout",
+          d + "/node.key", "-out", d + "/node.csr", "-subj", "/CN=localhost"});
+  run_ok({"/usr/bin/openssl", "x509", "-req", "-in", d + "/node.csr", "-CA", d + "/ca.pem",
+          "-CAkey", d + "/ca.key", "-CAcreateserial", "-out", d + "/node.pem", "-days", "2"});
+}
+
+std::string tls_config(const std::string& pki, int connect_timeout_ms) {
+  return "[smoke]\nrounds = 30\ninterval_ms = 1\n[network]\nconnect_timeout_ms = "
+         + std::to_string(connect_timeout_ms) + "\ntls_certificate = \"" + pki
+         + "/node.pem\"\ntls_key = \"" + pki + "/node.key\"\ntls_ca_file = \"" + pki
+         + "/ca.pem\"\n" + R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "w"
+actors = ["pong"]
+)";
+}
+
+} // namespace
+
+TEST_CASE("nodes with certificates from the hub's CA run the job over TLS; others are refused") {
+  if (!fs::exists("/usr/bin/openssl"))
+    FAIL("openssl is needed to make test certificates (scripts/install-deps installs it)");
+  auto root = fs::path{SORL_TEST_DATA_DIR} / "pki";
+  fs::remove_all(root);
+  make_pki(root / "good");
+  make_pki(root / "other");
+  auto good = write_config("mp_tls_good.toml", tls_config((root / "good").string(), 10000));
+  auto other = write_config("mp_tls_other.toml", tls_config((root / "other").string(), 1500));
+
+  auto hub = std::make_unique<child_process>(
+    std::vector<std::string>{SORL_BIN, "node", good, "--node", "main"});
+  REQUIRE(hub->wait_for("(TLS)", 10s));
+  std::smatch m;
+  auto out = hub->output();
+  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
+  std::string port = m[1];
+
+  // A certificate from another CA: the handshake fails, the node gives up, the hub goes on.
+  child_process stranger{{SORL_BIN, "node", other, "--node", "w", "--connect",
+                          "127.0.0.1:" + port}};
+  CHECK(stranger.wait_exit(20s) == 2);
+  INFO(stranger.output());
+  CHECK(stranger.wait_for("cannot reach the hub", 1s));
+
+  child_process friend_node{{SORL_BIN, "node", good, "--node", "w", "--connect",
+                             "127.0.0.1:" + port}};
+  CHECK(friend_node.wait_exit(30s) == 0);
+  CHECK(hub->wait_exit(30s) == 0);
+  INFO(hub->output());
+  CHECK(hub->wait_for("job finished: 30 rounds, 30 answers from 1 pongers", 1s));
+}
