@@ -1,0 +1,75 @@
+@0xbfdd645e29be1c94;
+# Rollout protocol: trainer → scheduler → rollout_worker requests, worker timing events,
+# finished trajectories. Times are the worker's steady_clock in nanoseconds; durations are
+# only ever computed on one clock. Ids are stable; evolve by adding fields only.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("sorl::msg");
+
+enum TaskSplit {
+  train @0;
+  eval @1;
+}
+
+enum FinishReason {
+  eos @0;      # the policy ended its answer (EOS or end of turn)
+  length @1;   # max_new_tokens or the context limit reached
+  stop @2;     # a stop string
+  abort @3;    # cancelled (deadline, worker shutdown, step abandoned)
+}
+
+# One rollout to generate: sample `sampleIndex` of group `groupId` in step `step`.
+struct GenerateRequest {
+  requestId @0 :UInt64;      # unique within the run
+  step @1 :UInt64;
+  groupId @2 :UInt64;        # unique within the run; siblings share it
+  sampleIndex @3 :UInt32;    # 0 ≤ sampleIndex < groupSize
+  groupSize @4 :UInt32;
+  split @5 :TaskSplit;       # which split of the task the prompt comes from
+  taskIndex @6 :UInt64;      # prompt (or environment episode) index within the split
+  seed @7 :UInt64;           # sampler seed of this rollout
+  weightVersion @8 :UInt64;  # the version the worker must hold
+  maxNewTokens @9 :UInt32;   # per turn, tokens
+  temperature @10 :Float32;  # 0 = greedy
+  topP @11 :Float32;
+  topK @12 :UInt32;          # 0 = off
+}
+
+enum EventKind {
+  start @0;
+  chunk @1;
+  finish @2;
+}
+
+# Timing of one rollout, sent by the worker to the SAGC controller and the scheduler.
+struct RolloutEvent {
+  requestId @0 :UInt64;
+  step @1 :UInt64;
+  groupId @2 :UInt64;
+  kind @3 :EventKind;
+  workerNs @4 :Int64;        # worker's steady_clock, ns
+  tokens @5 :UInt32;         # tokens generated so far (all turns)
+  worker @6 :Text;           # "rollout_worker#i@node"
+  finishReason @7 :FinishReason;   # meaningful for kind = finish
+  inFlight @8 :UInt32;       # requests the worker holds after this event (its load)
+}
+
+# A finished rollout: everything the learner needs, plus the facts that metrics report.
+struct Trajectory {
+  requestId @0 :UInt64;
+  step @1 :UInt64;
+  groupId @2 :UInt64;
+  sampleIndex @3 :UInt32;
+  promptTokens @4 :List(Int32);
+  responseTokens @5 :List(Int32);   # all tokens after the prompt, every turn
+  lossMask @6 :Data;                # one byte per response token: 1 = sampled by the policy
+  samplingLogprobs @7 :List(Float32); # per response token; 0 where lossMask = 0
+  reward @8 :Float32;               # in [0, 1]; 0 for malformed output or a task error
+  rewardReason @9 :Text;
+  finishReason @10 :FinishReason;
+  turns @11 :UInt32;
+  startNs @12 :Int64;               # worker clock
+  endNs @13 :Int64;
+  weightVersion @14 :UInt64;
+  worker @15 :Text;
+}

@@ -1,0 +1,75 @@
+@0xfee48a409a211bb9;
+# Trainer ↔ learner ↔ sync_publisher, trainer ↔ sagc_controller. Ids are stable; evolve by
+# adding fields only.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("sorl::msg");
+
+using Rollout = import "rollout.capnp";
+
+# Trainer → SAGC controller: the group size for `step`, please.
+struct GroupSizeQuery {
+  step @0 :UInt64;
+}
+
+# Controller → trainer: the decision and its inputs, for the log.
+struct GroupSizeDecision {
+  step @0 :UInt64;
+  groupSize @1 :UInt32;
+  reason @2 :Text;
+}
+
+# Trainer → SAGC controller at the end of the rollout phase: the step's timing summary.
+struct StepTimingQuery {
+  step @0 :UInt64;
+}
+
+struct StepTiming {
+  step @0 :UInt64;
+  rollouts @1 :UInt32;
+  durationP50Ns @2 :Int64;
+  durationP90Ns @3 :Int64;
+  durationMaxNs @4 :Int64;
+  stragglers @5 :UInt32;     # rollouts over kappa × running median
+  stragglerEvent @6 :Bool;
+  thresholdNs @7 :Int64;     # 0 = not enough history yet
+}
+
+# Trainer → learner: one synchronous step's batch.
+struct TrainBatch {
+  step @0 :UInt64;
+  trajectories @1 :List(Rollout.Trajectory);
+}
+
+# Learner → trainer: the update is done; metrics as (name, value) pairs.
+struct TrainResult {
+  step @0 :UInt64;
+  version @1 :UInt64;        # weight version the update produced
+  metricNames @2 :List(Text);
+  metricValues @3 :List(Float64);
+  ok @4 :Bool;
+  reason @5 :Text;
+}
+
+# Learner → sync_publisher: the new rollout weights (bf16 bit patterns), in model order.
+struct WeightSnapshot {
+  version @0 :UInt64;
+  names @1 :List(Text);
+  shapes @2 :List(List(Int64));
+  dtype @3 :import "sync.capnp".WeightDtype;
+  data @4 :List(Data);       # one blob per tensor
+}
+
+# Trainer → learner: save a checkpoint of model, optimizer and RNG at `step`.
+struct CheckpointRequest {
+  step @0 :UInt64;
+  dir @1 :Text;              # run directory
+  trainerState @2 :Text;     # JSON: trainer RNG and counters, stored in the sidecar
+}
+
+struct CheckpointDone {
+  step @0 :UInt64;
+  path @1 :Text;
+  ok @2 :Bool;
+  reason @3 :Text;
+}
