@@ -4,11 +4,15 @@
 #include <filesystem>
 #include <iostream>
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
+#include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
 #include "runtime/log.hpp"
 #include "runtime/topology.hpp"
@@ -20,7 +24,7 @@ namespace fs = std::filesystem;
 /// The default job's config: next to the working directory first, then in the source tree
 /// this binary was built from, so `build/sorl train` works from anywhere in a checkout.
 std::string default_config() {
-  const char* name = "configs/smoke.toml";
+  const char* name = "configs/default.toml";
   if (fs::exists(name))
     return name;
   auto in_tree = fs::path{SORL_SOURCE_DIR} / name;
@@ -31,7 +35,22 @@ std::string default_config() {
 
 sorl::experiment_config load_or_exit(const std::string& path) {
   try {
-    return sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+    auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+    // A training topology builds its task now, so a malformed dataset stops everything
+    // before any actor (or the warm start) runs.
+    for (const auto& n : cfg.nodes)
+      for (const auto& a : n.actors)
+        if (a.role == "trainer" || a.role == "rollout_worker" || a.role == "learner") {
+          try {
+            sorl::make_task_from(cfg);
+          } catch (const std::exception& e) {
+            std::cerr << path << ": [task]: " << e.what() << '\n';
+            std::cerr << "sorl: " << path << ": nothing started\n";
+            std::exit(2);
+          }
+          return cfg;
+        }
+    return cfg;
   } catch (const sorl::config_exception& e) {
     for (const auto& err : e.errors())
       std::cerr << err.to_string() << '\n';
@@ -47,6 +66,66 @@ int report(const char* what, const sorl::run_result& r) {
   else
     fmt::print(stderr, "sorl {}: job failed: {}\n", what, r.why);
   return r.exit_code;
+}
+
+/// Runs the supervised warm start of `cfg` and prints a progress line per step.
+int run_warm_start(const sorl::experiment_config& cfg) {
+  auto opts = sorl::sft_options_from(cfg);
+  if (opts.output_dir.empty()) {
+    std::cerr << "sorl sft: " << cfg.file << ": set model.checkpoint, the directory the warm "
+              << "start writes\n";
+    return 2;
+  }
+  fmt::print("sorl sft: {} preset, task {}, {} steps of {} demonstrations ({:.0f}% wrong) → {}\n",
+             opts.preset, opts.task, opts.steps, opts.batch_size, 100 * opts.wrong_fraction,
+             opts.output_dir);
+  std::fflush(stdout);
+  try {
+    auto report = sorl::ml::run_sft(opts, [](const sorl::ml::sft_progress& p) {
+      if (p.eval) {
+        fmt::print("  step {:>5}/{}  held-out accuracy {:.3f} (greedy, {} prompts)\n", p.step,
+                   p.steps, p.eval->accuracy, p.eval->count);
+      } else if (p.step % 25 == 0 || p.step == p.steps) {
+        fmt::print("  step {:>5}/{}  loss {:.4f}  lr {:.2e}  {:.0f} tok/s  {:.0f} s\n", p.step,
+                   p.steps, p.loss, p.lr, p.tokens_per_second, p.elapsed_seconds);
+      }
+      std::fflush(stdout);
+    });
+    fmt::print("sorl sft: accuracy {} → {} in {:.1f} s; checkpoint {}\n",
+               report.before ? fmt::format("{:.3f}", report.before->accuracy) : "n/a",
+               report.after ? fmt::format("{:.3f}", report.after->accuracy) : "n/a",
+               report.total_seconds, report.checkpoint.string());
+  } catch (const std::exception& e) {
+    std::cerr << "sorl sft: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}
+
+/// With model.warm_start, creates the warm-start checkpoint when there is none yet.
+int ensure_warm_start(const sorl::experiment_config& cfg) {
+  if (!cfg.model.warm_start)
+    return 0;
+  try {
+    if (sorl::ml::latest_checkpoint(cfg.model.checkpoint))
+      return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "sorl: model.checkpoint " << cfg.model.checkpoint << ": " << e.what() << '\n';
+    return 2;
+  }
+  fmt::print("sorl: no warm-start checkpoint under {} yet: running `sorl sft` first\n",
+             cfg.model.checkpoint);
+  return run_warm_start(cfg);
+}
+
+/// True when `node` (or, without one, any node) hosts the learner.
+bool hosts_learner(const sorl::experiment_config& cfg, const std::string& node) {
+  for (const auto& n : cfg.nodes)
+    if (node.empty() || n.name == node)
+      for (const auto& a : n.actors)
+        if (a.role == "learner")
+          return true;
+  return false;
 }
 
 void print_topology(const sorl::experiment_config& cfg) {
@@ -70,7 +149,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(); // --log-level may follow the subcommand too
   app.footer("Examples:\n"
-             "  sorl train                                 the default job (configs/smoke.toml)\n"
+             "  sorl train                                 the default job (configs/default.toml)\n"
+             "  sorl train configs/smoke.toml              topology smoke run, no ML\n"
              "  sorl check configs/smoke.toml              validate a file, print its topology\n"
              "  sorl node configs/smoke.toml --node main   start the hub of a multi-process run\n"
              "  sorl node configs/smoke.toml --node rollout-a\n"
@@ -81,10 +161,20 @@ int main(int argc, char** argv) {
     ->capture_default_str();
 
   std::string train_config;
+  bool resume = false;
   auto* train = app.add_subcommand(
     "train", "Run every node of CONFIG in this one process (debugging, CI, the default job)");
   train->add_option("config", train_config,
-                    "experiment + topology TOML (default: configs/smoke.toml)");
+                    "experiment + topology TOML (default: configs/default.toml)");
+  train->add_flag("--resume", resume,
+                  "continue from the latest checkpoint in the run directory (run.output_dir/"
+                  "run.name/checkpoints): model, optimizer, RNG and step");
+
+  std::string sft_config;
+  auto* sft = app.add_subcommand(
+    "sft", "Supervised warm start: train CONFIG's [model] on demonstrations of its [task]\n"
+           "(with a share of wrong ones, [sft]) and write a checkpoint to model.checkpoint");
+  sft->add_option("config", sft_config, "experiment TOML")->required();
 
   std::string node_config;
   sorl::node_options node_opts;
@@ -98,6 +188,7 @@ int main(int argc, char** argv) {
                    "HOST:PORT of the hub, overriding its `listen` (e.g. when it used port 0)");
   node->add_option("--port-file", node_opts.port_file,
                    "hub only: write the bound port to this file once listening");
+  node->add_flag("--resume", resume, "continue from the run directory's latest checkpoint");
 
   std::string check_config;
   auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");
@@ -123,15 +214,29 @@ int main(int argc, char** argv) {
     print_topology(load_or_exit(check_config));
     return 0;
   }
+  if (sft->parsed())
+    return run_warm_start(load_or_exit(sft_config));
   if (train->parsed()) {
     if (train_config.empty())
       train_config = default_config();
     auto cfg = load_or_exit(train_config);
+    cfg.run.resume = resume;
+    if (cfg.run.threads > 0)
+      at::set_num_threads(static_cast<int>(cfg.run.threads));
+    if (hosts_learner(cfg, "") && !resume)
+      if (int rc = ensure_warm_start(cfg))
+        return rc;
     spdlog::info("sorl train: {} ({} nodes in one process)", cfg.file, cfg.nodes.size());
     return report("train", sorl::run_in_process(cfg, sorl::builtin_roles()));
   }
   if (node->parsed()) {
     auto cfg = load_or_exit(node_config);
+    cfg.run.resume = resume;
+    if (cfg.run.threads > 0)
+      at::set_num_threads(static_cast<int>(cfg.run.threads));
+    if (hosts_learner(cfg, node_opts.node) && !resume)
+      if (int rc = ensure_warm_start(cfg))
+        return rc;
     if (!connect.empty()) {
       std::string why;
       auto ep = sorl::endpoint::parse(connect, &why);

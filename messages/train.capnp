@@ -73,3 +73,26 @@ struct CheckpointDone {
   ok @2 :Bool;
   reason @3 :Text;
 }
+
+# Trainer → learner: greedy held-out accuracy of the current policy, please.
+struct EvalRequest {
+  tag @0 :Text;              # "before" | "after" | …, echoed back
+  count @1 :UInt32;          # held-out prompts (or episodes)
+}
+
+struct EvalResult {
+  tag @0 :Text;
+  count @1 :UInt32;
+  accuracy @2 :Float64;      # fraction with reward 1
+  meanReward @3 :Float64;
+  meanLength @4 :Float64;    # response tokens
+  seconds @5 :Float64;
+}
+
+# Learner → trainer once its model is loaded and version `version` is being published.
+struct LearnerReady {
+  version @0 :UInt64;        # = training steps already taken
+  resumed @1 :Bool;          # loaded from the run's own checkpoint (--resume)
+  trainerState @2 :Text;     # JSON the trainer stored with that checkpoint ("" if none)
+  source @3 :Text;           # where the weights came from, for the log
+}

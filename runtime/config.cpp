@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -320,30 +321,72 @@ void parse_run(table_reader& r, run_config& c) {
   r.integer("steps", c.steps, 0, 100'000'000);
   r.string("output_dir", c.output_dir);
   r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
+  r.integer("threads", c.threads, 0, 1024);
 }
 
 void parse_model(table_reader& r, model_config& c, const std::string& base) {
   r.choice("preset", c.preset, {"tiny", "50m"});
   r.string("checkpoint", c.checkpoint);
   c.checkpoint = resolve(base, c.checkpoint);
+  r.boolean("warm_start", c.warm_start);
   r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"});
+  if (c.warm_start && c.checkpoint.empty())
+    r.missing("checkpoint", "warm_start = true needs a checkpoint directory to create");
 }
 
 void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.choice("name", c.name, {"arithmetic", "number_guess", "jsonl"});
   r.string("path", c.path);
+  r.string("eval_path", c.eval_path);
+  r.choice("match", c.match, {"exact", "integer"});
+  r.integer("min_digits", c.min_digits, 1, 9);
+  r.integer("max_digits", c.max_digits, 1, 9);
+  if (auto* n = r.string("operators", c.operators)) {
+    bool ok = !c.operators.empty();
+    for (char ch : c.operators)
+      ok = ok && std::string_view{"+-*/"}.find(ch) != std::string_view::npos;
+    if (!ok)
+      r.error("operators", *n, fmt::format("\"{}\" must be a non-empty subset of \"+-*/\"",
+                                           c.operators));
+  }
+  r.boolean("allow_negative", c.allow_negative);
+  r.integer("lo", c.lo, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
+  r.integer("hi", c.hi, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
+  r.integer("max_turns", c.max_turns, 1, 1 << 16);
+  r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
-  r.integer("turns", c.turns, 1, 1 << 16);
-  r.integer("digits", c.digits, 1, 9);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
+  if (c.min_digits > c.max_digits)
+    r.missing("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
+                                        c.max_digits));
+  if (c.lo > c.hi)
+    r.missing("lo", fmt::format("lo = {} exceeds hi = {}", c.lo, c.hi));
   if (c.name == "jsonl" && c.path.empty())
     r.missing("path", "task \"jsonl\" needs a path to a JSONL prompts file");
   c.path = resolve(base, c.path);
+  c.eval_path = resolve(base, c.eval_path);
+  if (!c.path.empty() && !std::filesystem::exists(c.path))
+    r.missing("path", fmt::format("file \"{}\" does not exist", c.path));
+}
+
+void parse_sft(table_reader& r, sft_config& c) {
+  r.integer("steps", c.steps, 1, 100'000'000);
+  r.integer("batch_size", c.batch_size, 1, 1 << 20);
+  r.number("lr", c.lr, 0.0, 1.0, true);
+  r.integer("warmup_steps", c.warmup_steps, 0, 100'000'000);
+  r.number("wrong_fraction", c.wrong_fraction, 0.0, 1.0);
+  r.integer("eval_count", c.eval_count, 0, 1 << 24);
 }
 
 void parse_algorithm(table_reader& r, algorithm_config& c) {
   r.choice("name", c.name, {"grpo", "dapo"});
   r.integer("prompts_per_step", c.prompts_per_step, 1, 1 << 20);
+  r.boolean("dynamic_sampling", c.dynamic_sampling);
+  r.integer("max_refill_rounds", c.max_refill_rounds, 0, 1000);
+  r.choice("overlong", c.overlong, {"none", "filter", "shape"});
+  r.integer("overlong_cache", c.overlong_cache, 1, 1 << 20);
+  r.integer("epochs", c.epochs, 1, 1000);
+  r.integer("minibatches", c.minibatches, 1, 1 << 16);
   r.number("lr", c.lr, 0.0, 1.0, true);
   r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0);
   r.number("clip_eps_high", c.clip_eps_high, 0.0, 10.0);
@@ -607,6 +650,7 @@ experiment_config parse_config(std::string_view text, const std::string& file,
   section("run", [&](table_reader& r) { parse_run(r, cfg.run); });
   section("model", [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
   section("task", [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
+  section("sft", [&](table_reader& r) { parse_sft(r, cfg.sft); });
   section("algorithm", [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });
   section("sagc", [&](table_reader& r) { parse_sagc(r, cfg.sagc); });
   section("salt", [&](table_reader& r) { parse_salt(r, cfg.salt); });

@@ -60,29 +60,68 @@ struct run_config {
   int64_t steps = 100;           ///< synchronous RL steps
   std::string output_dir = "runs"; ///< relative paths resolve against the working directory
   int64_t checkpoint_every = 10;   ///< steps between checkpoints; 0 = only at the end
+  /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
+  /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
+  int64_t threads = 1;
+  /// Continue from the latest checkpoint in the run directory (set by `sorl train --resume`,
+  /// not read from the file).
+  bool resume = false;
+
+  /// output_dir/name: where metrics.jsonl, checkpoints/ and plots/ go.
+  std::string run_dir() const {
+    return output_dir + "/" + name;
+  }
 };
 
 /// [model]: which policy to build or load.
 struct model_config {
   std::string preset = "tiny";    ///< "tiny" | "50m"
-  std::string checkpoint;         ///< safetensors path to start from; empty = preset init
+  /// Checkpoint root (a directory of step-N checkpoints, runtime/ml/checkpoint.hpp) to start
+  /// from; empty = random init from the preset. Relative to the config file.
+  std::string checkpoint;
+  /// When `checkpoint` holds no checkpoint yet, create it with the warm start ([sft]) first.
+  bool warm_start = false;
   std::string rollout_dtype = "bf16"; ///< dtype of the rollout workers' weights: "bf16" | "fp32"
 };
 
-/// [task]: the verifiable-reward task or multi-turn environment.
+/// [task]: the verifiable-reward task or multi-turn environment (runtime/ml/tasks.hpp).
 struct task_config {
   std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "jsonl"
-  std::string path;                ///< JSONL prompts file (name = "jsonl"), relative to the config file
+  std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
+  std::string eval_path;           ///< optional held-out JSONL
+  std::string match = "exact";     ///< jsonl answer match: "exact" | "integer"
+  int64_t min_digits = 1;          ///< arithmetic operand digits
+  int64_t max_digits = 2;
+  std::string operators = "+";     ///< arithmetic: non-empty subset of "+-*/"
+  bool allow_negative = true;
+  int64_t lo = 1;                  ///< number_guess: hidden number range
+  int64_t hi = 100;
+  int64_t max_turns = 10;          ///< number_guess: guesses per episode
+  double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens
-  int64_t turns = 1;               ///< maximum turns per episode (multi-turn environments)
-  int64_t digits = 2;              ///< operand digits (arithmetic)
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation
+};
+
+/// [sft]: the supervised warm start (`sorl sft`, runtime/ml/sft.hpp).
+struct sft_config {
+  int64_t steps = 600;
+  int64_t batch_size = 32;
+  double lr = 2e-3;
+  int64_t warmup_steps = 50;
+  double wrong_fraction = 0.2;     ///< share of deliberately wrong demonstrations
+  int64_t eval_count = 200;        ///< held-out prompts evaluated before and after
 };
 
 /// [algorithm]: GRPO / DAPO hyper-parameters (DESIGN.md §6).
 struct algorithm_config {
   std::string name = "grpo";      ///< "grpo" | "dapo"
   int64_t prompts_per_step = 8;   ///< B
+  bool dynamic_sampling = false;  ///< DAPO: drop zero-signal groups and refill
+  int64_t max_refill_rounds = 3;
+  std::string overlong = "none";  ///< truncated responses: "none" | "filter" | "shape" (DAPO)
+  int64_t overlong_cache = 4;     ///< DAPO soft overlong punishment interval, tokens
+  int64_t epochs = 1;             ///< passes over the batch per step
+  int64_t minibatches = 1;        ///< optimizer steps per pass
   double lr = 1e-4;
   double clip_eps_low = 0.2;
   double clip_eps_high = 0.2;     ///< DAPO clip-higher uses e.g. 0.28
@@ -182,6 +221,7 @@ struct experiment_config {
   run_config run;
   model_config model;
   task_config task;
+  sft_config sft;
   algorithm_config algorithm;
   sagc_config sagc;
   salt_config salt;

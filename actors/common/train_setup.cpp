@@ -1,0 +1,53 @@
+#include "actors/common/train_setup.hpp"
+
+namespace sorl {
+
+namespace {
+
+ml::task_options task_options_from(const experiment_config& cfg) {
+  ml::task_options o;
+  const auto& t = cfg.task;
+  o.seed = cfg.run.seed;
+  o.eval_fraction = t.eval_fraction;
+  o.arithmetic.min_digits = static_cast<int>(t.min_digits);
+  o.arithmetic.max_digits = static_cast<int>(t.max_digits);
+  o.arithmetic.operators = t.operators;
+  o.arithmetic.allow_negative = t.allow_negative;
+  o.number_guess.lo = t.lo;
+  o.number_guess.hi = t.hi;
+  o.number_guess.max_turns = static_cast<int>(t.max_turns);
+  o.jsonl.path = t.path;
+  o.jsonl.eval_path = t.eval_path;
+  o.jsonl.match = t.match == "integer" ? ml::answer_match::integer : ml::answer_match::exact;
+  return o;
+}
+
+} // namespace
+
+ml::any_task make_task_from(const experiment_config& cfg) {
+  return ml::make_task(cfg.task.name, task_options_from(cfg));
+}
+
+ml::model_dims model_dims_from(const experiment_config& cfg) {
+  return ml::preset(cfg.model.preset);
+}
+
+ml::sft_options sft_options_from(const experiment_config& cfg) {
+  ml::sft_options o;
+  o.preset = cfg.model.preset;
+  o.task = cfg.task.name;
+  o.task_config = task_options_from(cfg);
+  o.wrong_fraction = cfg.sft.wrong_fraction;
+  o.steps = cfg.sft.steps;
+  o.batch_size = cfg.sft.batch_size;
+  o.lr = cfg.sft.lr;
+  o.warmup_steps = cfg.sft.warmup_steps;
+  o.seed = cfg.run.seed;
+  o.eval_count = cfg.sft.eval_count;
+  o.eval_max_new_tokens = cfg.task.max_new_tokens;
+  o.output_dir = cfg.model.checkpoint;
+  o.threads = static_cast<int>(cfg.run.threads);
+  return o;
+}
+
+} // namespace sorl

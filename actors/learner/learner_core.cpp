@@ -1,0 +1,613 @@
+#include "actors/learner/learner_core.hpp"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+namespace sorl::learner {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Batch validation and grouping
+
+void validate_batch(const std::vector<rollout_sample>& batch, const ml::model_dims& dims) {
+  if (batch.empty())
+    throw std::invalid_argument("learner: empty batch");
+  auto check_ids = [&](const std::vector<std::int32_t>& ids, std::size_t i, const char* what) {
+    for (std::size_t t = 0; t < ids.size(); ++t)
+      if (ids[t] < 0 || ids[t] >= dims.vocab)
+        throw std::invalid_argument(fmt::format("learner: sample {} (group {}): {} token {} is {}, "
+                                                "outside [0, {})",
+                                                i, batch[i].group_id, what, t, ids[t], dims.vocab));
+  };
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const rollout_sample& s = batch[i];
+    if (s.prompt.empty())
+      throw std::invalid_argument(
+        fmt::format("learner: sample {} (group {}) has an empty prompt", i, s.group_id));
+    if (s.loss_mask.size() != s.response.size() || s.sampling_logprobs.size() != s.response.size())
+      throw std::invalid_argument(fmt::format(
+        "learner: sample {} (group {}): response has {} tokens but loss_mask {} and "
+        "sampling_logprobs {}",
+        i, s.group_id, s.response.size(), s.loss_mask.size(), s.sampling_logprobs.size()));
+    const auto len = static_cast<std::int64_t>(s.prompt.size() + s.response.size());
+    if (len > dims.max_seq)
+      throw std::invalid_argument(fmt::format(
+        "learner: sample {} (group {}): prompt {} + response {} tokens exceed max_seq {}", i,
+        s.group_id, s.prompt.size(), s.response.size(), dims.max_seq));
+    if (!std::isfinite(s.reward))
+      throw std::invalid_argument(fmt::format(
+        "learner: sample {} (group {}): reward {} is not finite", i, s.group_id, s.reward));
+    check_ids(s.prompt, i, "prompt");
+    check_ids(s.response, i, "response");
+  }
+}
+
+/// Sample indices per group, groups in order of first appearance (so results never depend on
+/// hash order).
+std::vector<std::vector<std::size_t>> group_indices(const std::vector<rollout_sample>& batch) {
+  std::unordered_map<std::uint64_t, std::size_t> slot;
+  std::vector<std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto [it, inserted] = slot.emplace(batch[i].group_id, groups.size());
+    if (inserted)
+      groups.emplace_back();
+    groups[it->second].push_back(i);
+  }
+  return groups;
+}
+
+/// Tokens the policy generated: the length DAPO's length limit is about. Environment tokens of
+/// a multi-turn response don't count, so a generation budget maps onto overlong_max_len.
+std::int64_t generated_tokens(const rollout_sample& s) {
+  std::int64_t n = 0;
+  for (const std::uint8_t m : s.loss_mask)
+    n += m != 0 ? 1 : 0;
+  return n;
+}
+
+float shaping_term(const rollout_sample& s, const learner_options& o) {
+  if (o.overlong != overlong_mode::shape)
+    return 0.0f;
+  return overlong_penalty(generated_tokens(s), o.overlong_max_len, o.overlong_cache_len);
+}
+
+struct advantage_result {
+  std::vector<float> advantages; // per sample
+  std::int64_t groups = 0;
+  std::int64_t zero_signal_groups = 0;
+  double penalty_sum = 0.0;
+};
+
+advantage_result compute_advantages(const std::vector<rollout_sample>& batch,
+                                    const learner_options& o) {
+  advantage_result out;
+  out.advantages.assign(batch.size(), 0.0f);
+  const auto groups = group_indices(batch);
+  out.groups = static_cast<std::int64_t>(groups.size());
+  for (const auto& g : groups) {
+    std::vector<float> rewards;
+    rewards.reserve(g.size());
+    for (const std::size_t i : g) {
+      const rollout_sample& s = batch[i];
+      if (!std::isfinite(s.reward))
+        throw std::invalid_argument(fmt::format(
+          "learner: sample {} (group {}): reward {} is not finite", i, s.group_id, s.reward));
+      const float pen = shaping_term(s, o);
+      out.penalty_sum += pen;
+      rewards.push_back(s.reward + pen);
+    }
+    if (!has_signal(rewards))
+      ++out.zero_signal_groups;
+    const std::vector<float> adv = group_advantages(rewards, o.scale_advantages, o.advantage_eps);
+    for (std::size_t k = 0; k < g.size(); ++k)
+      out.advantages[g[k]] = adv[k];
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing and log-probs
+
+/// A batch as right-padded tensors on the model's device.
+struct packed_batch {
+  at::Tensor ids;       // [N, L] int64, padding 0
+  at::Tensor attention; // [N, L] int64, 1 = real token
+  at::Tensor rows;      // [N, T] int64: logit position of response token t, prompt_len + t − 1
+  at::Tensor targets;   // [N, T] int64: response token ids, padding 0
+  at::Tensor mask;      // [N, T] fp32: 1 = trained token
+  at::Tensor sampling;  // [N, T] fp32: the rollout's sampling log-probs, padding 0
+  std::vector<std::int64_t> seq_len;  // prompt + response, per sample
+  std::vector<std::int64_t> resp_len; // response, per sample
+};
+
+/// `trained(i)` says whether sample i's loss_mask counts at all (overlong filtering).
+template <class Trained>
+packed_batch pack(const std::vector<rollout_sample>& batch, c10::Device device, Trained trained) {
+  packed_batch p;
+  const auto n = static_cast<std::int64_t>(batch.size());
+  std::int64_t L = 0, T = 0;
+  for (const auto& s : batch) {
+    p.seq_len.push_back(static_cast<std::int64_t>(s.prompt.size() + s.response.size()));
+    p.resp_len.push_back(static_cast<std::int64_t>(s.response.size()));
+    L = std::max(L, p.seq_len.back());
+    T = std::max(T, p.resp_len.back());
+  }
+  at::Tensor ids = at::zeros({n, L}, at::kLong);
+  at::Tensor attention = at::zeros({n, L}, at::kLong);
+  at::Tensor rows = at::zeros({n, T}, at::kLong);
+  at::Tensor targets = at::zeros({n, T}, at::kLong);
+  at::Tensor mask = at::zeros({n, T}, at::kFloat);
+  at::Tensor sampling = at::zeros({n, T}, at::kFloat);
+  auto* ids_p = ids.data_ptr<std::int64_t>();
+  auto* att_p = attention.data_ptr<std::int64_t>();
+  auto* rows_p = rows.data_ptr<std::int64_t>();
+  auto* tgt_p = targets.data_ptr<std::int64_t>();
+  auto* mask_p = mask.data_ptr<float>();
+  auto* samp_p = sampling.data_ptr<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const rollout_sample& s = batch[static_cast<std::size_t>(i)];
+    const auto plen = static_cast<std::int64_t>(s.prompt.size());
+    const bool train_this = trained(static_cast<std::size_t>(i));
+    std::int64_t col = 0;
+    for (const std::int32_t tok : s.prompt) {
+      ids_p[i * L + col] = tok;
+      att_p[i * L + col] = 1;
+      ++col;
+    }
+    for (std::size_t t = 0; t < s.response.size(); ++t) {
+      ids_p[i * L + col] = s.response[t];
+      att_p[i * L + col] = 1;
+      ++col;
+      const std::int64_t k = i * T + static_cast<std::int64_t>(t);
+      // The logits at position j predict token j + 1.
+      rows_p[k] = plen + static_cast<std::int64_t>(t) - 1;
+      tgt_p[k] = s.response[t];
+      mask_p[k] = (train_this && s.loss_mask[t] != 0) ? 1.0f : 0.0f;
+      samp_p[k] = s.sampling_logprobs[t];
+    }
+  }
+  p.ids = ids.to(device);
+  p.attention = attention.to(device);
+  p.rows = rows.to(device);
+  p.targets = targets.to(device);
+  p.mask = mask.to(device);
+  p.sampling = sampling.to(device);
+  return p;
+}
+
+/// Log-probs [n, T] fp32 of `targets` read from the logits at `rows`, and optionally the
+/// per-position entropy [n, T] (never differentiable). The log-probs are differentiable when
+/// grad mode is on.
+at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
+                          const at::Tensor& attention, const at::Tensor& rows,
+                          const at::Tensor& targets, double temperature,
+                          at::Tensor* entropy = nullptr) {
+  const at::Tensor logits = model.forward(ids, attention); // [n, L, V]
+  const std::int64_t n = rows.size(0), T = rows.size(1), V = logits.size(2);
+  // Keep only the response rows before the softmax: prompt positions cost nothing more.
+  at::Tensor picked = logits.gather(1, rows.unsqueeze(-1).expand({n, T, V})); // [n, T, V]
+  if (temperature != 1.0)
+    picked = picked / temperature;
+  const at::Tensor lsm = at::log_softmax(picked, -1);
+  if (entropy != nullptr) {
+    at::NoGradGuard no_grad; // a metric only
+    *entropy = -(lsm.exp() * lsm).sum(-1);
+  }
+  return lsm.gather(2, targets.unsqueeze(-1)).squeeze(-1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shuffling: a generator of our own, so that minibatch order is the same on every platform
+// (std::shuffle and the std distributions are implementation-defined).
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// Uniform in [0, bound], rejection-sampled so that there is no modulo bias.
+std::uint64_t uniform_upto(std::uint64_t& state, std::uint64_t bound) {
+  const std::uint64_t range = bound + 1;
+  const std::uint64_t limit = ~std::uint64_t{0} - (~std::uint64_t{0} % range);
+  std::uint64_t x = splitmix64(state);
+  while (x >= limit)
+    x = splitmix64(state);
+  return x % range;
+}
+
+std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed, std::int64_t step,
+                                      int epoch) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    order[static_cast<std::size_t>(i)] = i;
+  std::uint64_t state = seed;
+  state ^= splitmix64(state) + static_cast<std::uint64_t>(step);
+  state ^= splitmix64(state) + static_cast<std::uint64_t>(epoch);
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<std::int64_t>(uniform_upto(state, static_cast<std::uint64_t>(i)));
+    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
+  }
+  return order;
+}
+
+constexpr const char* adam_step_name = "adam.step";
+const std::string exp_avg_prefix = "adam.exp_avg.";
+const std::string exp_avg_sq_prefix = "adam.exp_avg_sq.";
+const std::string reference_prefix = "reference.";
+
+bool finite_in(double v, double lo, double hi) {
+  return std::isfinite(v) && v >= lo && v < hi;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// learner_options
+
+void learner_options::validate() const {
+  auto fail = [](const char* field, double v, const char* rule) {
+    throw std::invalid_argument(
+      fmt::format("learner_options.{} must be {}, got {}", field, rule, v));
+  };
+  if (!(std::isfinite(lr) && lr > 0.0))
+    fail("lr", lr, "> 0 and finite");
+  if (!finite_in(adam_beta1, 0.0, 1.0))
+    fail("adam_beta1", adam_beta1, "in [0, 1)");
+  if (!finite_in(adam_beta2, 0.0, 1.0))
+    fail("adam_beta2", adam_beta2, "in [0, 1)");
+  if (!(std::isfinite(adam_eps) && adam_eps > 0.0))
+    fail("adam_eps", adam_eps, "> 0 and finite");
+  if (!(std::isfinite(weight_decay) && weight_decay >= 0.0 && lr * weight_decay < 1.0))
+    fail("weight_decay", weight_decay, ">= 0 with lr * weight_decay < 1");
+  if (std::isnan(max_grad_norm))
+    fail("max_grad_norm", max_grad_norm, "a number (<= 0 disables clipping)");
+  loss.validate();
+  if (!(std::isfinite(advantage_eps) && advantage_eps >= 0.0))
+    fail("advantage_eps", advantage_eps, ">= 0 and finite");
+  if (overlong == overlong_mode::shape &&
+      (overlong_max_len <= 0 || overlong_cache_len < 0 || overlong_cache_len > overlong_max_len))
+    throw std::invalid_argument(fmt::format(
+      "learner_options: overlong shaping needs overlong_max_len > 0 and 0 <= overlong_cache_len "
+      "<= overlong_max_len, got {} and {}",
+      overlong_max_len, overlong_cache_len));
+  if (!(std::isfinite(temperature) && temperature > 0.0))
+    fail("temperature", temperature, "> 0 and finite");
+  if (epochs < 1)
+    fail("epochs", epochs, ">= 1");
+  if (minibatches < 1)
+    fail("minibatches", minibatches, ">= 1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Free functions
+
+std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
+                                    const learner_options& options) {
+  options.validate();
+  return compute_advantages(batch, options).advantages;
+}
+
+std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
+                                                  const std::vector<rollout_sample>& batch,
+                                                  double temperature) {
+  validate_batch(batch, model.dims());
+  if (!(std::isfinite(temperature) && temperature > 0.0))
+    throw std::invalid_argument(
+      fmt::format("response_logprobs: temperature must be > 0, got {}", temperature));
+  const packed_batch p = pack(batch, model.device(), [](std::size_t) { return true; });
+  at::NoGradGuard no_grad;
+  const at::Tensor logp = token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature)
+                            .to(at::kCPU)
+                            .contiguous();
+  std::vector<std::vector<float>> out(batch.size());
+  const float* src = logp.data_ptr<float>();
+  const std::int64_t T = logp.size(1);
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    out[i].assign(src + static_cast<std::int64_t>(i) * T,
+                  src + static_cast<std::int64_t>(i) * T + p.resp_len[i]);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// learner_core
+
+learner_core::learner_core(ml::policy_model& model, learner_options options, std::uint64_t seed)
+  : model_(model), options_(std::move(options)), seed_(seed) {
+  options_.validate();
+  if (model_.weight_dtype() != at::kFloat)
+    throw std::invalid_argument(fmt::format("learner_core: the training model must hold fp32 "
+                                            "weights, got {}",
+                                            c10::toString(model_.weight_dtype())));
+  model_.set_requires_grad(true);
+  if (options_.loss.kl_coef > 0.0)
+    reference_ = std::make_unique<ml::policy_model>(model_.clone(at::kFloat));
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : model_.parameters()) {
+    exp_avg_.push_back(at::zeros_like(p));
+    exp_avg_sq_.push_back(at::zeros_like(p));
+  }
+}
+
+learner_core::~learner_core() = default;
+
+step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate_batch(batch, model_.dims());
+  step_metrics m;
+  m.samples = static_cast<std::int64_t>(batch.size());
+
+  // 1. Advantages (after shaping). Everything that can throw on bad input happens before any
+  //    state changes.
+  const advantage_result adv = compute_advantages(batch, options_);
+  m.groups = adv.groups;
+  m.zero_signal_groups = adv.zero_signal_groups;
+  m.overlong_penalty_mean = adv.penalty_sum / static_cast<double>(batch.size());
+  double reward_sum = 0.0, adv_abs_sum = 0.0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    reward_sum += batch[i].reward;
+    adv_abs_sum += std::fabs(adv.advantages[i]);
+  }
+  m.reward_mean = reward_sum / static_cast<double>(batch.size());
+  m.advantage_abs_mean = adv_abs_sum / static_cast<double>(batch.size());
+
+  // 2. Pack. Overlong filtering zeroes the whole loss mask of a truncated sample; it still
+  //    counted in its group's statistics above.
+  const bool filter = options_.overlong == overlong_mode::filter;
+  for (const auto& s : batch)
+    if (filter && s.truncated)
+      ++m.overlong_filtered;
+  const c10::Device device = model_.device();
+  const packed_batch p =
+    pack(batch, device, [&](std::size_t i) { return !(filter && batch[i].truncated); });
+  const at::Tensor advantages = at::tensor(adv.advantages, at::kFloat).to(device);
+
+  // 3./4. Old log-probs (and entropy, mismatch) with the current weights, reference log-probs.
+  const auto n = static_cast<std::int64_t>(batch.size());
+  const std::int64_t n_mb = std::min<std::int64_t>(options_.minibatches, n);
+  // With one epoch of one minibatch, the only update's forward runs on the pre-update weights
+  // and the very same tensors: its log-probs *are* the old ones, bit for bit, so the separate
+  // no-grad pass is skipped (a quarter of the step's compute).
+  const bool single_pass = options_.epochs == 1 && n_mb == 1;
+  at::Tensor old_logp, ref_logp, first_new_logp, entropy;
+  if (single_pass) {
+    first_new_logp =
+      token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature, &entropy);
+    old_logp = first_new_logp.detach();
+  }
+  {
+    at::NoGradGuard no_grad;
+    if (!single_pass)
+      old_logp = token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature,
+                                &entropy);
+    if (reference_)
+      ref_logp =
+        token_logprobs(*reference_, p.ids, p.attention, p.rows, p.targets, options_.temperature);
+    const at::Tensor trained = p.mask.ne(0);
+    m.tokens_trained = static_cast<std::int64_t>(p.mask.sum().item<double>());
+    if (m.tokens_trained > 0) {
+      const auto n_tok = static_cast<double>(m.tokens_trained);
+      const at::Tensor gap =
+        at::where(trained, (p.sampling - old_logp).abs(), at::zeros_like(old_logp));
+      m.mismatch_mean = gap.sum().item<double>() / n_tok;
+      m.mismatch_max = gap.max().item<double>();
+      m.entropy = (entropy * p.mask).sum().item<double>() / n_tok;
+    }
+  }
+
+  // 5. Epochs × minibatches of updates.
+  const auto& params = model_.parameters();
+  double loss_sum = 0.0, pg_sum = 0.0, kl_sum = 0.0, clip_lo_sum = 0.0, clip_hi_sum = 0.0;
+  double ratio_sum = 0.0, gnorm_sum = 0.0;
+  for (int epoch = 0; epoch < options_.epochs; ++epoch) {
+    // One minibatch needs no shuffle: the order would only change summation order.
+    const std::vector<std::int64_t> order =
+      n_mb > 1 ? permutation(n, seed_, step_, epoch) : std::vector<std::int64_t>();
+    for (std::int64_t b = 0; b < n_mb; ++b) {
+      // Near-equal contiguous slices of the shuffled order: sizes differ by at most one.
+      const std::int64_t begin = b * n / n_mb, end = (b + 1) * n / n_mb;
+      std::vector<std::int64_t> rows_idx;
+      std::int64_t L = 1, T = 0;
+      for (std::int64_t k = begin; k < end; ++k) {
+        const std::int64_t i = n_mb > 1 ? order[static_cast<std::size_t>(k)] : k;
+        rows_idx.push_back(i);
+        L = std::max(L, p.seq_len[static_cast<std::size_t>(i)]);
+        T = std::max(T, p.resp_len[static_cast<std::size_t>(i)]);
+      }
+      // The minibatch's rows, trimmed to its own longest sequence (shorter forwards); the
+      // whole batch as it is in the single pass.
+      const at::Tensor idx =
+        single_pass ? at::Tensor() : at::tensor(rows_idx, at::kLong).to(device);
+      auto rows_of = [&](const at::Tensor& t, std::int64_t cols) {
+        return single_pass ? t : t.index_select(0, idx).narrow(1, 0, cols);
+      };
+      const at::Tensor mask_mb = rows_of(p.mask, T);
+      if (mask_mb.sum().item<double>() == 0.0) {
+        ++m.skipped_updates;
+        continue;
+      }
+      const at::Tensor new_logp =
+        single_pass
+          ? first_new_logp
+          : token_logprobs(model_, rows_of(p.ids, L), rows_of(p.attention, L), rows_of(p.rows, T),
+                           rows_of(p.targets, T), options_.temperature);
+      const loss_terms terms = policy_loss(
+        new_logp, rows_of(old_logp, T), single_pass ? advantages : advantages.index_select(0, idx),
+        mask_mb, ref_logp.defined() ? rows_of(ref_logp, T) : at::Tensor(), options_.loss);
+
+      for (const auto& np : params)
+        np.second.mutable_grad() = at::Tensor();
+      terms.loss.backward();
+
+      // Global L2 norm over every gradient, as torch.nn.utils.clip_grad_norm_ computes it.
+      double grad_norm = 0.0;
+      {
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> norms;
+        for (const auto& np : params)
+          if (np.second.grad().defined())
+            norms.push_back(np.second.grad().norm());
+        grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
+        if (!std::isfinite(grad_norm)) {
+          for (const auto& np : params)
+            np.second.mutable_grad() = at::Tensor();
+          ++m.skipped_updates;
+          continue;
+        }
+        if (options_.max_grad_norm > 0.0) {
+          const double coef = options_.max_grad_norm / (grad_norm + 1e-6);
+          if (coef < 1.0)
+            for (const auto& np : params)
+              if (np.second.grad().defined())
+                np.second.mutable_grad().mul_(coef);
+        }
+      }
+      adamw_update();
+      for (const auto& np : params)
+        np.second.mutable_grad() = at::Tensor(); // free the gradients between steps
+
+      ++m.updates;
+      loss_sum += terms.loss.item<double>();
+      pg_sum += terms.pg_loss;
+      kl_sum += terms.kl;
+      clip_lo_sum += terms.clip_frac_low;
+      clip_hi_sum += terms.clip_frac_high;
+      ratio_sum += terms.ratio_mean;
+      m.ratio_max = std::max(m.ratio_max, terms.ratio_max);
+      gnorm_sum += grad_norm;
+      m.grad_norm_max = std::max(m.grad_norm_max, grad_norm);
+    }
+  }
+  if (m.updates > 0) {
+    const auto u = static_cast<double>(m.updates);
+    m.loss = loss_sum / u;
+    m.pg_loss = pg_sum / u;
+    m.kl = kl_sum / u;
+    m.clip_frac_low = clip_lo_sum / u;
+    m.clip_frac_high = clip_hi_sum / u;
+    m.ratio_mean = ratio_sum / u;
+    m.grad_norm = gnorm_sum / u;
+  }
+  ++step_;
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+
+void learner_core::adamw_update() {
+  // AdamW (Loshchilov & Hutter 2019, Algorithm 2) in torch.optim.AdamW's form: decoupled decay
+  // p ← p·(1 − lr·λ), then m ← β1·m + (1 − β1)·g, v ← β2·v + (1 − β2)·g²,
+  // p ← p − (lr / (1 − β1^t)) · m / (sqrt(v) / sqrt(1 − β2^t) + eps).
+  // Written out rather than using torch::optim so that the state is ours to save bit-exactly
+  // and identical across libtorch versions.
+  at::NoGradGuard no_grad;
+  ++adam_step_;
+  const double lr = options_.lr, b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  const double t = static_cast<double>(adam_step_);
+  const double bias1 = 1.0 - std::pow(b1, t);
+  const double bias2_sqrt = std::sqrt(1.0 - std::pow(b2, t));
+  const double step_size = lr / bias1;
+  const auto& params = model_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i].second;
+    const at::Tensor& g = p.grad();
+    if (!g.defined())
+      continue; // as torch: a parameter without a gradient is not stepped (nor decayed)
+    if (options_.weight_decay != 0.0)
+      p.mul_(1.0 - lr * options_.weight_decay);
+    exp_avg_[i].mul_(b1).add_(g, 1.0 - b1);
+    exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
+    const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.adam_eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+optimizer_state learner_core::save_optimizer_state() const {
+  optimizer_state s;
+  s.step = step_;
+  at::NoGradGuard no_grad;
+  s.tensors.emplace_back(adam_step_name, at::full({1}, adam_step_, at::kLong));
+  const auto& params = model_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    s.tensors.emplace_back(exp_avg_prefix + params[i].first, exp_avg_[i].to(at::kCPU).clone());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    s.tensors.emplace_back(exp_avg_sq_prefix + params[i].first,
+                           exp_avg_sq_[i].to(at::kCPU).clone());
+  if (reference_)
+    for (const auto& [name, t] : reference_->parameters())
+      s.tensors.emplace_back(reference_prefix + name, t.detach().to(at::kCPU).clone());
+  return s;
+}
+
+void learner_core::load_optimizer_state(const optimizer_state& state) {
+  if (state.step < 0)
+    throw std::invalid_argument(
+      fmt::format("load_optimizer_state: step must be >= 0, got {}", state.step));
+  std::unordered_map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : state.tensors) {
+    if (!by_name.emplace(name, &t).second)
+      throw std::invalid_argument(
+        fmt::format("load_optimizer_state: tensor '{}' appears twice", name));
+  }
+  auto take = [&](const std::string& name, const at::Tensor& like,
+                  at::ScalarType dtype) -> const at::Tensor& {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw std::invalid_argument(
+        fmt::format("load_optimizer_state: tensor '{}' is missing", name));
+    const at::Tensor& t = *it->second;
+    if (!t.defined() || t.scalar_type() != dtype || t.sizes() != like.sizes())
+      throw std::invalid_argument(
+        fmt::format("load_optimizer_state: tensor '{}' must be {} [{}], got {} [{}]", name,
+                    c10::toString(dtype), fmt::join(like.sizes(), ", "),
+                    t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                    t.defined() ? fmt::format("{}", fmt::join(t.sizes(), ", ")) : ""));
+    by_name.erase(it);
+    return t;
+  };
+
+  // Check everything first, copy after: a bad state leaves the learner as it was.
+  const at::Tensor step_like = at::zeros({1}, at::kLong);
+  const at::Tensor& step_t = take(adam_step_name, step_like, at::kLong);
+  const std::int64_t adam_step = step_t.to(at::kCPU).data_ptr<std::int64_t>()[0];
+  if (adam_step < 0)
+    throw std::invalid_argument(
+      fmt::format("load_optimizer_state: adam.step must be >= 0, got {}", adam_step));
+  const auto& params = model_.parameters();
+  std::vector<const at::Tensor*> m, v, ref;
+  for (const auto& [name, p] : params)
+    m.push_back(&take(exp_avg_prefix + name, p, at::kFloat));
+  for (const auto& [name, p] : params)
+    v.push_back(&take(exp_avg_sq_prefix + name, p, at::kFloat));
+  if (reference_)
+    for (const auto& [name, p] : reference_->parameters())
+      ref.push_back(&take(reference_prefix + name, p, at::kFloat));
+  if (!by_name.empty())
+    throw std::invalid_argument(
+      fmt::format("load_optimizer_state: unexpected tensor '{}'{}", by_name.begin()->first,
+                  reference_ ? "" : " (a reference model is kept only when kl_coef > 0)"));
+
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    exp_avg_[i].copy_(*m[i]);
+    exp_avg_sq_[i].copy_(*v[i]);
+  }
+  if (reference_) {
+    const auto& rp = reference_->parameters();
+    for (std::size_t i = 0; i < rp.size(); ++i)
+      rp[i].second.copy_(*ref[i]);
+  }
+  adam_step_ = adam_step;
+  step_ = state.step;
+}
+
+} // namespace sorl::learner

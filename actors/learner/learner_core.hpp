@@ -1,0 +1,200 @@
+#pragma once
+
+// The learner's update step as a plain class: a batch of finished rollouts in, one GRPO / DAPO
+// policy update of a policy_model out, plus the step's metrics. The learner actor shell owns
+// one learner_core and only turns messages into train_step calls and metrics into messages.
+//
+// One train_step (DESIGN.md §6, "GRPO / DAPO"):
+//   1. group samples by group_id and compute group-relative advantages (grpo.hpp), after DAPO's
+//      soft overlong punishment when enabled;
+//   2. pack the batch into right-padded [N, L] ids with an attention mask;
+//   3. recompute the log-probs of every response token with the current weights, before any
+//      update: these are the "old" log-probs of the importance ratio. The rollout's own sampling
+//      log-probs only measure train/inference mismatch (bf16 weights, other kernels);
+//   4. with kl_coef > 0, log-probs of the frozen reference model;
+//   5. epochs × minibatches of forward, policy_loss, backward, gradient-norm clipping, AdamW.
+// After the first minibatch update the ratio leaves 1, so clipping can engage in later ones.
+
+#include "actors/learner/grpo.hpp"
+#include "actors/learner/rollout_sample.hpp"
+#include "runtime/ml/model.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sorl::learner {
+
+/// DAPO's handling of responses cut off at the length limit (Yu et al. 2025 §3.4).
+enum class overlong_mode {
+  none,   ///< truncated responses are trained like any other
+  filter, ///< overlong filtering: samples with `truncated` get loss mask 0 (kept in group stats)
+  /// Soft overlong punishment: reward += overlong_penalty(generated, max_len, cache_len), where
+  /// `generated` counts the response tokens with loss_mask ≠ 0 (all of them in single-turn
+  /// tasks; environment tokens of a multi-turn response don't count).
+  shape,
+};
+
+/// Hyper-parameters of the learner. Plain data: the TOML `[algorithm]` section is parsed into
+/// this at the entry point.
+struct learner_options {
+  double lr = 1e-6;           ///< AdamW learning rate (> 0)
+  double adam_beta1 = 0.9;    ///< first-moment decay, in [0, 1)
+  double adam_beta2 = 0.999;  ///< second-moment decay, in [0, 1)
+  double adam_eps = 1e-8;     ///< added to sqrt(v̂) (> 0)
+  double weight_decay = 0.01; ///< decoupled, applied to every parameter (≥ 0)
+  /// Clip the global L2 gradient norm to this (as torch.nn.utils.clip_grad_norm_); ≤ 0 disables
+  /// clipping (the norm is still measured and reported).
+  double max_grad_norm = 1.0;
+  loss_options loss;            ///< clip ε_low / ε_high, kl_coef, token | sequence normalisation
+  bool scale_advantages = true; ///< divide by the group std (GRPO) or not (Dr. GRPO)
+  double advantage_eps = 1e-6;  ///< eps of group_advantages
+  overlong_mode overlong = overlong_mode::none;
+  std::int64_t overlong_max_len = 0;   ///< L_max of eq. 13, tokens (> 0 for mode shape)
+  std::int64_t overlong_cache_len = 0; ///< L_cache of eq. 13, tokens, in [0, L_max]
+  /// Logits are divided by this before log-softmax, to score tokens under the distribution the
+  /// rollout sampled from (it must match the rollout's temperature; > 0).
+  double temperature = 1.0;
+  int epochs = 1; ///< passes over the batch per train_step (≥ 1)
+  /// Optimizer updates per epoch (≥ 1); the batch is shuffled and split into this many
+  /// near-equal minibatches (fewer when the batch has fewer samples).
+  int minibatches = 1;
+
+  /// Throws std::invalid_argument naming the first field out of range (or not finite).
+  void validate() const;
+};
+
+/// What one train_step measured. Averages over "updates" are over the optimizer updates that
+/// were applied (0 when none was).
+struct step_metrics {
+  double loss = 0.0;           ///< pg_loss + kl_coef · kl, mean over updates
+  double pg_loss = 0.0;        ///< clipped surrogate, mean over updates
+  double kl = 0.0;             ///< k3 KL to the reference, mean over updates (0 without one)
+  double clip_frac_low = 0.0;  ///< see loss_terms, mean over updates
+  double clip_frac_high = 0.0; ///< see loss_terms, mean over updates
+  double ratio_mean = 0.0;     ///< mean importance ratio, mean over updates
+  double ratio_max = 0.0;      ///< largest importance ratio seen in any update
+  double grad_norm = 0.0;      ///< global L2 gradient norm before clipping, mean over updates
+  double grad_norm_max = 0.0;  ///< largest pre-clip gradient norm of any update
+  /// Train/inference mismatch: mean and max over trained tokens of |sampling logprob − old
+  /// logprob| (nats), the rollout's log-prob against the learner's recompute before any update.
+  double mismatch_mean = 0.0;
+  double mismatch_max = 0.0;
+  double entropy = 0.0;     ///< mean token entropy (nats) of the old policy over trained tokens
+  double reward_mean = 0.0; ///< mean task reward, before overlong shaping
+  double overlong_penalty_mean = 0.0;  ///< mean shaping term added to rewards (mode shape)
+  double advantage_abs_mean = 0.0;     ///< mean |A_i| over samples
+  std::int64_t samples = 0;            ///< N
+  std::int64_t groups = 0;             ///< distinct group ids
+  std::int64_t zero_signal_groups = 0; ///< groups whose (shaped) rewards are all equal, or G = 1
+  std::int64_t tokens_trained = 0;    ///< trained tokens in the batch (counted once, not per epoch)
+  std::int64_t overlong_filtered = 0; ///< samples masked out by overlong filtering
+  std::int64_t updates = 0;           ///< optimizer updates applied
+  /// Minibatches without an update: no trained token, or a non-finite gradient norm (then the
+  /// gradient is dropped so that one bad batch can't poison the weights and Adam's moments).
+  std::int64_t skipped_updates = 0;
+  double seconds = 0.0; ///< wall time of train_step
+};
+
+/// Optimizer state for a checkpoint's optimizer file (runtime/ml/checkpoint.hpp).
+///
+/// `tensors` holds new CPU tensors (copies, safe to keep while training continues):
+///   "adam.step"                    [1] int64: AdamW's update count t (bias correction)
+///   "adam.exp_avg.<param name>"    fp32, the parameter's shape: first moment m
+///   "adam.exp_avg_sq.<param name>" fp32, the parameter's shape: second moment v
+///   "reference.<param name>"       fp32: the frozen reference weights (only when kl_coef > 0,
+///                                  so that a resumed run penalises KL to the same reference)
+/// Parameter names are the model's Hugging Face names (policy_model::parameters()).
+struct optimizer_state {
+  std::int64_t step = 0; ///< train_step calls so far; the checkpoint's step
+  std::vector<ml::named_tensor> tensors;
+};
+
+/// Advantage of every sample of `batch`, in batch order: samples are grouped by group_id,
+/// rewards shaped by overlong_penalty(generated tokens, ...) when options.overlong is shape,
+/// then group_advantages(scale_advantages, advantage_eps) per group. Throws
+/// std::invalid_argument naming the sample for a non-finite reward, or for invalid options.
+std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
+                                    const learner_options& options);
+
+/// Log-prob (natural log, at `temperature`) of every response token of every sample under
+/// `model`, computed exactly as train_step computes the old log-probs (one right-padded batch
+/// forward, no grad), so rollouts that report these as sampling_logprobs show zero mismatch.
+/// Result [i][t] pairs with batch[i].response[t]. Throws std::invalid_argument for a malformed
+/// batch (see learner_core::train_step).
+std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
+                                                  const std::vector<rollout_sample>& batch,
+                                                  double temperature = 1.0);
+
+/// GRPO / DAPO learner over a caller-owned fp32 policy_model. Not thread-safe: call it from
+/// one thread (the learner actor's). libtorch's intra-op thread pool is used as configured by
+/// the caller (at::set_num_threads).
+///
+/// Determinism: the same weights, options, seed, batch and thread count give bit-identical
+/// weights after train_step; minibatch shuffling draws from a generator seeded by
+/// (seed, step, epoch), so it needs no state beyond the step count.
+class learner_core {
+public:
+  /// Takes `model` for training (sets requires_grad on its parameters) and, when
+  /// options.loss.kl_coef > 0, clones it into a frozen reference. `model` must outlive this.
+  /// Throws std::invalid_argument for invalid options or a model whose weights are not fp32.
+  learner_core(ml::policy_model& model, learner_options options, std::uint64_t seed);
+  ~learner_core();
+  learner_core(const learner_core&) = delete;
+  learner_core& operator=(const learner_core&) = delete;
+
+  /// One GRPO / DAPO update on `batch` (see the file comment). For every sample: prompt is
+  /// non-empty, loss_mask and sampling_logprobs have response.size() entries, token ids are in
+  /// [0, vocab), prompt + response fit in max_seq, reward is finite; otherwise
+  /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
+  /// response token t is read from the logits at position prompt.size() + t − 1.
+  /// Cost: epochs × (forward + backward) over the batch, plus one no-grad forward for the old
+  /// log-probs unless epochs = minibatches = 1 (then the update's own forward provides them,
+  /// bit-identically), plus one no-grad forward of the reference when kl_coef > 0.
+  /// An exception from libtorch midway may leave a partial update.
+  step_metrics train_step(const std::vector<rollout_sample>& batch);
+
+  /// Copies of the optimizer state (see optimizer_state).
+  optimizer_state save_optimizer_state() const;
+  /// Restores a state from save_optimizer_state of a learner with the same model shape and
+  /// kl_coef > 0 exactly when that one had it. All or nothing: throws std::invalid_argument
+  /// naming the first missing, extra, mis-shaped or mis-typed tensor before changing anything.
+  /// Together with the model weights this makes the next train_step bit-identical to the one
+  /// the saving learner would have taken.
+  void load_optimizer_state(const optimizer_state& state);
+
+  /// train_step calls so far (restored by load_optimizer_state).
+  std::int64_t step() const noexcept {
+    return step_;
+  }
+  /// AdamW updates applied so far, t of the bias correction.
+  std::int64_t optimizer_updates() const noexcept {
+    return adam_step_;
+  }
+  const learner_options& options() const noexcept {
+    return options_;
+  }
+  /// The model being trained (the caller's).
+  ml::policy_model& model() noexcept {
+    return model_;
+  }
+  /// The frozen reference, or nullptr when kl_coef is 0.
+  const ml::policy_model* reference() const noexcept {
+    return reference_.get();
+  }
+
+private:
+  void adamw_update();
+
+  ml::policy_model& model_;
+  learner_options options_;
+  std::uint64_t seed_;
+  std::unique_ptr<ml::policy_model> reference_;
+  std::vector<at::Tensor> exp_avg_;    ///< per parameter, in parameters() order
+  std::vector<at::Tensor> exp_avg_sq_; ///< per parameter, in parameters() order
+  std::int64_t step_ = 0;
+  std::int64_t adam_step_ = 0;
+};
+
+} // namespace sorl::learner

@@ -1,0 +1,275 @@
+#include "actors/rollout/worker_actor.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/common/shell_util.hpp"
+#include "actors/common/train_setup.hpp"
+#include "actors/rollout/worker_core.hpp"
+#include "actors/sync/weight_sync.hpp"
+#include "messages/rollout.capnp.h"
+#include "messages/sync.capnp.h"
+
+namespace sorl {
+
+namespace {
+
+constexpr uint64_t no_version = ~uint64_t{0};
+
+struct worker_state {
+  static inline const char* name = "sorl.rollout_worker";
+  std::unique_ptr<rollout::worker_core> core;
+  sync::weight_assembler assembler;
+  std::vector<sync::tensor_meta> expected;
+  uint64_t version = no_version;
+  bool ticking = false;
+  caf::actor trainer;
+  caf::actor scheduler;
+  caf::actor sagc;
+  caf::actor publisher;
+  std::string me;
+};
+
+msg::FinishReason to_msg(ml::finish_reason r) {
+  switch (r) {
+    case ml::finish_reason::eos:
+      return msg::FinishReason::EOS;
+    case ml::finish_reason::length:
+      return msg::FinishReason::LENGTH;
+    case ml::finish_reason::stop:
+      return msg::FinishReason::STOP;
+    case ml::finish_reason::abort:
+      return msg::FinishReason::ABORT;
+  }
+  return msg::FinishReason::ABORT;
+}
+
+envelope encode_event(const rollout::rollout_event& ev, const std::string& worker,
+                      uint32_t in_flight) {
+  return build_envelope<msg::RolloutEvent>([&](msg::RolloutEvent::Builder b) {
+    b.setRequestId(ev.request_id);
+    b.setStep(ev.step);
+    b.setGroupId(ev.group_id);
+    b.setKind(ev.kind == rollout::event_kind::start   ? msg::EventKind::START
+              : ev.kind == rollout::event_kind::chunk ? msg::EventKind::CHUNK
+                                                      : msg::EventKind::FINISH);
+    b.setWorkerNs(ev.ns);
+    b.setTokens(ev.tokens);
+    b.setWorker(worker);
+    b.setFinishReason(to_msg(ev.reason));
+    b.setInFlight(in_flight);
+  });
+}
+
+envelope encode_trajectory(const rollout::rollout_result& r, const std::string& worker,
+                           uint64_t version) {
+  return build_envelope<msg::Trajectory>([&](msg::Trajectory::Builder b) {
+    b.setRequestId(r.request.request_id);
+    b.setStep(r.request.step);
+    b.setGroupId(r.request.group_id);
+    b.setSampleIndex(r.request.sample_index);
+    auto prompt = b.initPromptTokens(static_cast<unsigned>(r.prompt.size()));
+    for (size_t i = 0; i < r.prompt.size(); ++i)
+      prompt.set(static_cast<unsigned>(i), r.prompt[i]);
+    auto resp = b.initResponseTokens(static_cast<unsigned>(r.response.size()));
+    for (size_t i = 0; i < r.response.size(); ++i)
+      resp.set(static_cast<unsigned>(i), r.response[i]);
+    b.setLossMask(kj::arrayPtr(r.loss_mask.data(), r.loss_mask.size()));
+    auto lp = b.initSamplingLogprobs(static_cast<unsigned>(r.logprobs.size()));
+    for (size_t i = 0; i < r.logprobs.size(); ++i)
+      lp.set(static_cast<unsigned>(i), r.logprobs[i]);
+    b.setReward(static_cast<float>(r.reward));
+    b.setRewardReason(r.reward_reason);
+    b.setFinishReason(to_msg(r.finish));
+    b.setTurns(r.turns);
+    b.setStartNs(r.start_ns);
+    b.setEndNs(r.end_ns);
+    b.setWeightVersion(version);
+    b.setWorker(worker);
+  });
+}
+
+using worker_actor_t = caf::stateful_actor<worker_state>;
+
+void send_ack(worker_actor_t* self, uint64_t version, bool ok, uint64_t hash,
+              const std::string& reason) {
+  auto ack = build_envelope<msg::WeightAck>([&](msg::WeightAck::Builder b) {
+    b.setVersion(version);
+    b.setWorker(self->state.me);
+    b.setOk(ok);
+    b.setModelHash(hash);
+    b.setReason(reason);
+  });
+  if (!ok)
+    spdlog::error("{}: version {} not applied: {}", self->state.me, version, reason);
+  self->send(self->state.publisher, ack);
+}
+
+/// Copies a verified version into the model; only called when no rollout is in flight.
+void apply_version(worker_actor_t* self) {
+  auto& st = self->state;
+  c10::InferenceMode guard;
+  const auto& params = st.core->model().parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& dst = params[i].second;
+    auto& bytes = st.assembler.staged(i);
+    auto src = at::from_blob(const_cast<uint8_t*>(bytes.data()), dst.sizes(),
+                             at::TensorOptions().dtype(dst.scalar_type()));
+    dst.copy_(src);
+  }
+  st.core->weights_changed();
+}
+
+void pump(worker_actor_t* self) {
+  auto& st = self->state;
+  auto finished = st.core->step();
+  auto in_flight = static_cast<uint32_t>(st.core->in_flight());
+  for (auto& ev : st.core->take_events()) {
+    auto env = encode_event(ev, st.me, in_flight);
+    self->send(st.sagc, env);
+    self->send(st.scheduler, env);
+  }
+  for (auto& r : finished)
+    self->send(st.trainer, encode_trajectory(r, st.me, st.version));
+}
+
+caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
+  auto& st = self->state;
+  st.me = ctx.name();
+  rollout::worker_options opts;
+  opts.max_batch = ctx.config->rollout.max_batch;
+  st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
+                                                   make_task_from(*ctx.config), opts);
+  for (const auto& [name, t] : st.core->model().parameters()) {
+    sync::tensor_meta m;
+    m.name = name;
+    m.shape.assign(t.sizes().begin(), t.sizes().end());
+    m.dtype = sync::weight_dtype::bf16;
+    st.expected.push_back(std::move(m));
+  }
+  return {
+    [self](roster_atom, const std::vector<peer_info>& roster) {
+      auto& st = self->state;
+      st.trainer = single_peer(roster, "trainer");
+      st.scheduler = single_peer(roster, "scheduler");
+      st.sagc = single_peer(roster, "sagc_controller");
+      st.publisher = single_peer(roster, "sync_publisher");
+    },
+    [self](const envelope& e) {
+      auto& st = self->state;
+      if (handle_as<msg::GenerateRequest>(e, st.me, [&](msg::GenerateRequest::Reader r) {
+            rollout::rollout_request req;
+            req.request_id = r.getRequestId();
+            req.step = r.getStep();
+            req.group_id = r.getGroupId();
+            req.sample_index = r.getSampleIndex();
+            req.group_size = r.getGroupSize();
+            req.split = r.getSplit() == msg::TaskSplit::EVAL ? ml::task_split::eval
+                                                              : ml::task_split::train;
+            req.task_index = r.getTaskIndex();
+            req.seed = r.getSeed();
+            req.weight_version = r.getWeightVersion();
+            req.max_new_tokens = r.getMaxNewTokens();
+            req.temperature = r.getTemperature();
+            req.top_p = r.getTopP();
+            req.top_k = r.getTopK();
+            if (req.weight_version != st.version)
+              spdlog::warn("{}: request {} wants version {}, holding {}", st.me,
+                           req.request_id, req.weight_version, st.version);
+            try {
+              st.core->enqueue(req);
+            } catch (const std::exception& ex) {
+              spdlog::error("{}: cannot take request {}: {}", st.me, req.request_id, ex.what());
+              return;
+            }
+            if (!st.ticking) {
+              st.ticking = true;
+              self->send(self, tick_atom::value);
+            }
+          }))
+        return;
+      if (handle_as<msg::WeightVersion>(e, st.me, [&](msg::WeightVersion::Reader v) {
+            std::vector<sync::tensor_meta> header;
+            for (auto t : v.getTensors()) {
+              sync::tensor_meta m;
+              m.name = t.getName();
+              for (auto d : t.getShape())
+                m.shape.push_back(d);
+              m.dtype = t.getDtype() == msg::WeightDtype::BF16 ? sync::weight_dtype::bf16
+                                                               : sync::weight_dtype::fp32;
+              m.hash = t.getHash();
+              header.push_back(std::move(m));
+            }
+            if (auto err = st.assembler.begin(v.getVersion(), header, v.getModelHash(),
+                                              v.getBucketCount(), st.expected))
+              send_ack(self, v.getVersion(), false, 0, *err);
+          }))
+        return;
+      if (handle_as<msg::WeightBucket>(e, st.me, [&](msg::WeightBucket::Reader b) {
+            std::vector<sync::chunk_view> chunks;
+            for (auto c : b.getChunks()) {
+              auto data = c.getData();
+              chunks.push_back({c.getTensor(), c.getOffset(), data.begin(), data.size()});
+            }
+            auto version = b.getVersion();
+            if (auto err = st.assembler.add_bucket(version, b.getIndex(), chunks,
+                                                   b.getChecksum())) {
+              st.assembler.reset();
+              send_ack(self, version, false, 0, *err);
+              return;
+            }
+            if (!st.assembler.complete())
+              return;
+            uint64_t hash = 0;
+            if (auto err = st.assembler.verify(&hash)) {
+              st.assembler.reset();
+              send_ack(self, version, false, hash, *err);
+              return;
+            }
+            if (!st.core->idle()) {
+              st.assembler.reset();
+              send_ack(self, version, false, hash, "rollouts in flight");
+              return;
+            }
+            apply_version(self);
+            st.version = version;
+            st.assembler.reset();
+            send_ack(self, version, true, hash, "");
+          }))
+        return;
+      log_unhandled(e, st.me);
+    },
+    [self](tick_atom) {
+      auto& st = self->state;
+      try {
+        pump(self);
+      } catch (const std::exception& ex) {
+        spdlog::critical("{}: decoding failed: {}", st.me, ex.what());
+        self->quit(caf::make_error(caf::sec::runtime_error, std::string{ex.what()}));
+        return;
+      }
+      if (st.core->idle())
+        st.ticking = false;
+      else
+        self->send(self, tick_atom::value); // behind whatever arrived meanwhile
+    },
+    [self](peer_down_atom, const peer_info& who, const std::string& why) {
+      spdlog::warn("{}: peer down: {} ({})", self->state.me, who.name(), why);
+    },
+    [self](shutdown_atom, bool, const std::string&) {
+      self->state.core->abort_all();
+      self->quit();
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_rollout_worker(caf::actor_system& sys, const role_context& ctx) {
+  return sys.spawn<caf::detached>(worker_actor, ctx);
+}
+
+} // namespace sorl

@@ -1,0 +1,272 @@
+#include "actors/rollout/worker_core.hpp"
+
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "runtime/ml/evaluate.hpp"
+
+namespace sorl::rollout {
+
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+/// Seed of turn `turn` of a rollout: turns draw fresh streams, reproducibly.
+uint64_t turn_seed(uint64_t seed, uint32_t turn) {
+  if (turn == 0)
+    return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (turn + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+} // namespace
+
+struct worker_core::rollout_state {
+  rollout_request req;
+  ml::task_prompt prompt;                  ///< single-turn
+  std::unique_ptr<ml::environment> env;    ///< multi-turn
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> context;            ///< prompt + response so far
+  std::vector<int32_t> response;
+  std::vector<uint8_t> mask;
+  std::vector<float> logprobs;
+  uint32_t turns = 0;
+  int64_t start_ns = 0;
+  double reward = 0.0;
+  std::string reason;
+  bool live = false;                       ///< submitted to the generator
+};
+
+worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts)
+  : task_(std::move(task)), opts_(std::move(opts)) {
+  if (!task_.single_turn && !task_.multi_turn)
+    throw std::invalid_argument("worker_core: empty task");
+  if (!opts_.clock)
+    opts_.clock = steady_ns;
+  model_ = std::make_unique<ml::policy_model>(ml::policy_model{dims, 0}.clone(c10::kBFloat16));
+  ml::generator_options g;
+  g.max_batch = opts_.max_batch;
+  gen_ = std::make_unique<ml::generator>(*model_, g);
+}
+
+worker_core::~worker_core() = default;
+
+ml::policy_model& worker_core::model() {
+  return *model_;
+}
+
+void worker_core::weights_changed() {
+  if (!rollouts_.empty())
+    throw std::logic_error("worker_core: weights changed with rollouts in flight");
+  model_->refresh_compute_weights();
+}
+
+void worker_core::enqueue(const rollout_request& r) {
+  if (rollouts_.count(r.request_id))
+    throw std::invalid_argument(fmt::format("rollout {} is already held", r.request_id));
+  auto st = std::make_unique<rollout_state>();
+  st->req = r;
+  if (task_.single_turn) {
+    st->prompt = task_.single_turn->prompt(r.split, r.task_index);
+    st->prompt_tokens = ml::encode_single_turn_prompt(tok_, st->prompt.prompt);
+  } else {
+    st->env = task_.multi_turn->make_environment();
+    auto first = st->env->reset(task_.multi_turn->episode_seed(r.split, r.task_index));
+    st->prompt_tokens =
+      ml::encode_chat(tok_, {ml::chat_message{ml::chat_role::user, first}}, true);
+  }
+  auto max_seq = model_->dims().max_seq;
+  if (static_cast<int64_t>(st->prompt_tokens.size()) >= max_seq)
+    throw std::invalid_argument(fmt::format("rollout {}: prompt of {} tokens does not fit the "
+                                            "context of {} tokens",
+                                            r.request_id, st->prompt_tokens.size(), max_seq));
+  st->context = st->prompt_tokens;
+  st->start_ns = opts_.clock();
+  events_.push_back({r.request_id, r.step, r.group_id, event_kind::start, st->start_ns, 0, {}});
+  pending_.push_back(r.request_id);
+  rollouts_.emplace(r.request_id, std::move(st));
+}
+
+ml::sampling_params worker_core::params_for(const rollout_state& st) const {
+  ml::sampling_params p;
+  p.temperature = st.req.temperature;
+  p.top_p = st.req.top_p;
+  p.top_k = st.req.top_k;
+  p.max_new_tokens = st.req.max_new_tokens;
+  p.seed = turn_seed(st.req.seed, st.turns);
+  p.eos_token_ids = {tok_.special_id(ml::special_token::eos)};
+  if (task_.multi_turn)
+    p.eos_token_ids.push_back(tok_.special_id(ml::special_token::end_turn));
+  return p;
+}
+
+void worker_core::submit_turn(rollout_state& st) {
+  auto id = gen_->submit(st.context, params_for(st),
+                         std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
+  by_gen_[{id, st.req.sample_index}] = st.req.request_id;
+  st.live = true;
+}
+
+void worker_core::flush_pending() {
+  // Siblings at their first turn share prompt, seed and sampling settings: one submit, one
+  // prefill, each sample on its own stream.
+  std::map<uint64_t, std::vector<rollout_state*>> first_turn;
+  for (auto id : pending_) {
+    auto& st = *rollouts_.at(id);
+    if (st.turns == 0)
+      first_turn[st.req.group_id].push_back(&st);
+    else
+      submit_turn(st);
+  }
+  pending_.clear();
+  for (auto& [group, members] : first_turn) {
+    // Split into chunks the generator can admit whole.
+    for (size_t from = 0; from < members.size(); from += static_cast<size_t>(opts_.max_batch)) {
+      auto to = std::min(members.size(), from + static_cast<size_t>(opts_.max_batch));
+      std::vector<int64_t> streams;
+      for (size_t i = from; i < to; ++i)
+        streams.push_back(members[i]->req.sample_index);
+      auto id = gen_->submit(members[from]->context, params_for(*members[from]), streams);
+      for (size_t i = from; i < to; ++i) {
+        by_gen_[{id, members[i]->req.sample_index}] = members[i]->req.request_id;
+        members[i]->live = true;
+      }
+    }
+  }
+}
+
+std::vector<rollout_result> worker_core::step() {
+  flush_pending();
+  std::vector<rollout_result> out;
+  if (gen_->idle())
+    return out;
+  for (auto& g : gen_->step()) {
+    auto it = by_gen_.find({g.request_id, g.sample_index});
+    if (it == by_gen_.end())
+      throw std::logic_error("worker_core: generator returned an unknown sample");
+    auto id = it->second;
+    by_gen_.erase(it);
+    auto& st = *rollouts_.at(id);
+    st.live = false;
+    if (finish_turn(st, g))
+      out.push_back(finalize(st, g.reason));
+  }
+  return out;
+}
+
+bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g) {
+  st.response.insert(st.response.end(), g.tokens.begin(), g.tokens.end());
+  st.context.insert(st.context.end(), g.tokens.begin(), g.tokens.end());
+  st.mask.insert(st.mask.end(), g.tokens.size(), 1);
+  st.logprobs.insert(st.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
+  ++st.turns;
+  std::vector<int32_t> body = g.tokens;
+  if (g.reason == ml::finish_reason::eos && !body.empty())
+    body.pop_back();
+  auto text = tok_.decode(body, ml::decode_specials::skip);
+  if (task_.single_turn) {
+    try {
+      auto r = task_.single_turn->score(st.prompt, text);
+      st.reward = r.reward;
+      st.reason = r.reason;
+    } catch (const std::exception& e) {
+      st.reward = 0.0;
+      st.reason = std::string{"task error: "} + e.what();
+    }
+    return true;
+  }
+  ml::env_step step;
+  try {
+    step = st.env->step(text);
+  } catch (const std::exception& e) {
+    st.reward = 0.0;
+    st.reason = std::string{"environment error: "} + e.what();
+    return true;
+  }
+  st.reward += step.reward;
+  st.reason = step.reason;
+  if (step.done || st.turns >= static_cast<uint32_t>(task_.multi_turn->max_turns()))
+    return true;
+  // The environment's turn, in encode_chat's layout; none of it is trained on.
+  std::vector<int32_t> env_tokens;
+  auto end_turn = tok_.special_id(ml::special_token::end_turn);
+  if (g.tokens.empty() || g.tokens.back() != end_turn)
+    env_tokens.push_back(end_turn);
+  env_tokens.push_back(tok_.special_id(ml::special_token::user));
+  auto obs = tok_.encode(step.observation);
+  env_tokens.insert(env_tokens.end(), obs.begin(), obs.end());
+  env_tokens.push_back(end_turn);
+  env_tokens.push_back(tok_.special_id(ml::special_token::assistant));
+  if (static_cast<int64_t>(st.context.size() + env_tokens.size()) >= model_->dims().max_seq) {
+    st.reason = "context full after " + std::to_string(st.turns) + " turns";
+    return true;
+  }
+  st.response.insert(st.response.end(), env_tokens.begin(), env_tokens.end());
+  st.context.insert(st.context.end(), env_tokens.begin(), env_tokens.end());
+  st.mask.insert(st.mask.end(), env_tokens.size(), 0);
+  st.logprobs.insert(st.logprobs.end(), env_tokens.size(), 0.0f);
+  events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::chunk,
+                     opts_.clock(), static_cast<uint32_t>(st.response.size()), {}});
+  pending_.push_back(st.req.request_id);
+  return false;
+}
+
+rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason) {
+  rollout_result r;
+  r.request = st.req;
+  r.prompt = std::move(st.prompt_tokens);
+  r.response = std::move(st.response);
+  r.loss_mask = std::move(st.mask);
+  r.logprobs = std::move(st.logprobs);
+  r.reward = std::isfinite(st.reward) ? std::clamp(st.reward, 0.0, 1.0) : 0.0;
+  r.reward_reason = std::isfinite(st.reward) ? st.reason : "reward was not finite: " + st.reason;
+  r.finish = reason;
+  r.turns = st.turns;
+  r.start_ns = st.start_ns;
+  r.end_ns = opts_.clock();
+  events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::finish,
+                     r.end_ns, static_cast<uint32_t>(r.response.size()), reason});
+  rollouts_.erase(st.req.request_id);
+  return r;
+}
+
+std::vector<rollout_result> worker_core::abort_all() {
+  std::set<uint64_t> gen_ids;
+  for (auto& [key, id] : by_gen_)
+    gen_ids.insert(key.first);
+  for (auto g : gen_ids)
+    gen_->abort(g);
+  by_gen_.clear();
+  pending_.clear();
+  std::vector<rollout_result> out;
+  while (!rollouts_.empty()) {
+    auto& st = *rollouts_.begin()->second;
+    st.reward = 0.0;
+    st.reason = "aborted";
+    out.push_back(finalize(st, ml::finish_reason::abort));
+  }
+  return out;
+}
+
+std::vector<rollout_event> worker_core::take_events() {
+  std::vector<rollout_event> out;
+  out.swap(events_);
+  return out;
+}
+
+bool worker_core::idle() const {
+  return rollouts_.empty();
+}
+
+} // namespace sorl::rollout

@@ -1,0 +1,136 @@
+#pragma once
+
+// The rollout worker's logic, free of CAF (DESIGN.md §3 step 3): continuous batching of
+// rollout requests over the bf16 policy, prompt prefill once per group of siblings that
+// arrive together, reward scoring for single-turn tasks and environment stepping for
+// multi-turn ones, and worker-clock timing events for every rollout.
+//
+// Token layout of a rollout (the same as the warm start's, runtime/ml/sft.hpp):
+//   single-turn  prompt = <|bos|> encode(prompt text); response = sampled tokens (<|eos|> kept)
+//   multi-turn   prompt = encode_chat(first observation, generation prompt); response = every
+//                token after it: sampled action tokens (mask 1) and the environment's
+//                <|user|> observation <|end_turn|> <|assistant|> tokens (mask 0)
+// Response tokens are exactly the sampled ids, never a re-encoding of decoded text.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/ml/generate.hpp"
+#include "runtime/ml/model.hpp"
+#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/tokenizer.hpp"
+
+namespace sorl::rollout {
+
+/// One rollout to generate (mirrors msg::GenerateRequest).
+struct rollout_request {
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t group_id = 0;
+  uint32_t sample_index = 0;  ///< the sampler stream: tokens never depend on batch mates
+  uint32_t group_size = 1;
+  ml::task_split split = ml::task_split::train;
+  uint64_t task_index = 0;
+  uint64_t seed = 0;          ///< the group's seed
+  uint64_t weight_version = 0;
+  uint32_t max_new_tokens = 16; ///< per turn
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  uint32_t top_k = 0;
+};
+
+enum class event_kind { start, chunk, finish };
+
+/// Timing of a rollout on the worker's clock.
+struct rollout_event {
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t group_id = 0;
+  event_kind kind = event_kind::start;
+  int64_t ns = 0;            ///< worker clock, nanoseconds
+  uint32_t tokens = 0;       ///< response tokens so far
+  ml::finish_reason reason = ml::finish_reason::length; ///< for finish
+};
+
+/// A finished rollout.
+struct rollout_result {
+  rollout_request request;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> response;
+  std::vector<uint8_t> loss_mask;     ///< per response token, 1 = sampled by the policy
+  std::vector<float> logprobs;        ///< per response token (0 where mask = 0)
+  double reward = 0.0;                ///< in [0, 1]
+  std::string reward_reason;
+  ml::finish_reason finish = ml::finish_reason::length;
+  uint32_t turns = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+/// Steady-clock nanoseconds; injectable for tests.
+using clock_fn = std::function<int64_t()>;
+
+struct worker_options {
+  int64_t max_batch = 64;   ///< samples decoding at once
+  clock_fn clock;           ///< default: std::chrono::steady_clock
+};
+
+/// Owns the rollout copy of the policy (bf16 weights), a generator and the task. Called on
+/// one thread (the actor's).
+class worker_core {
+public:
+  /// Builds a bf16 model of `dims` (weights arrive by sync before the first request).
+  /// Raises std::invalid_argument for an empty task.
+  worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts = {});
+  ~worker_core();
+
+  /// The rollout weights; the sync path writes into parameters() in place, then calls
+  /// weights_changed(). Never change weights while rollouts are in flight.
+  ml::policy_model& model();
+  void weights_changed();
+
+  /// Queues a rollout and emits its start event. Siblings queued before the next step() are
+  /// prefilled once. Raises std::invalid_argument for a prompt that does not fit max_seq.
+  void enqueue(const rollout_request& r);
+
+  /// Admits queued rollouts and advances every live one by one token; returns the rollouts
+  /// that finished (reward scored, environment stepped to the end).
+  std::vector<rollout_result> step();
+
+  /// Aborts every rollout (queued or live): they come back with finish_reason::abort,
+  /// reward 0.
+  std::vector<rollout_result> abort_all();
+
+  /// Events since the last call, in order.
+  std::vector<rollout_event> take_events();
+
+  bool idle() const;
+  /// Rollouts held (queued, live, or between turns).
+  size_t in_flight() const {
+    return rollouts_.size();
+  }
+
+private:
+  struct rollout_state;
+  void submit_turn(rollout_state& st);
+  void flush_pending();
+  bool finish_turn(rollout_state& st, const ml::generation_result& g);
+  rollout_result finalize(rollout_state& st, ml::finish_reason reason);
+  ml::sampling_params params_for(const rollout_state& st) const;
+
+  ml::any_task task_;
+  ml::byte_tokenizer tok_;
+  worker_options opts_;
+  std::unique_ptr<ml::policy_model> model_;
+  std::unique_ptr<ml::generator> gen_;
+  std::map<uint64_t, std::unique_ptr<rollout_state>> rollouts_; ///< by request id
+  std::vector<uint64_t> pending_;                               ///< request ids to submit
+  std::map<std::pair<uint64_t, int64_t>, uint64_t> by_gen_;     ///< (gen id, stream) → request
+  std::vector<rollout_event> events_;
+};
+
+} // namespace sorl::rollout

@@ -1,0 +1,116 @@
+#include "actors/scheduler/scheduler_actor.hpp"
+
+#include <map>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/common/shell_util.hpp"
+#include "actors/scheduler/placement.hpp"
+#include "messages/rollout.capnp.h"
+
+namespace sorl {
+
+namespace {
+
+struct scheduler_state {
+  static inline const char* name = "sorl.scheduler";
+  std::string me;
+  caf::actor directory;
+  std::unique_ptr<scheduler::placement> placement;
+  std::map<std::string, caf::actor> workers;
+  std::map<uint64_t, envelope> in_flight; ///< request id → the request, for re-placement
+  std::vector<uint64_t> unplaced;         ///< waiting for a worker
+};
+
+using scheduler_actor_t = caf::stateful_actor<scheduler_state>;
+
+void fail_job(scheduler_actor_t* self, std::string why) {
+  spdlog::error("{}: {}", self->state.me, why);
+  self->send(self->state.directory, shutdown_atom::value, false, std::move(why));
+}
+
+void place(scheduler_actor_t* self, uint64_t request_id, uint64_t group_id) {
+  auto& st = self->state;
+  auto where = st.placement->place(request_id, group_id, 0);
+  if (!where) {
+    fail_job(self, fmt::format("cannot place request {}: {}", request_id, where.error));
+    return;
+  }
+  self->send(st.workers.at(*where.worker), st.in_flight.at(request_id));
+}
+
+caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
+  auto& st = self->state;
+  st.me = ctx.name();
+  st.directory = ctx.directory;
+  scheduler::placement_options o;
+  o.policy = scheduler::parse_placement_policy(ctx.config->scheduler.policy);
+  o.group_affinity = true;
+  o.imbalance_threshold = ctx.config->scheduler.imbalance_threshold;
+  st.placement = std::make_unique<scheduler::placement>(o);
+  return {
+    [self](roster_atom, const std::vector<peer_info>& roster) {
+      auto& st = self->state;
+      for (auto& p : peers_with_role(roster, "rollout_worker")) {
+        st.workers.emplace(p.name(), p.handle);
+        if (!st.placement->is_live(p.name()))
+          st.placement->join(p.name());
+      }
+    },
+    [self](const envelope& e) {
+      auto& st = self->state;
+      if (handle_as<msg::GenerateRequest>(e, st.me, [&](msg::GenerateRequest::Reader r) {
+            auto id = r.getRequestId();
+            if (!st.in_flight.emplace(id, e).second) {
+              spdlog::warn("{}: request {} submitted twice", st.me, id);
+              return;
+            }
+            try {
+              place(self, id, r.getGroupId());
+            } catch (const std::exception& ex) {
+              fail_job(self, fmt::format("placing request {}: {}", id, ex.what()));
+            }
+          }))
+        return;
+      if (handle_as<msg::RolloutEvent>(e, st.me, [&](msg::RolloutEvent::Reader ev) {
+            if (ev.getKind() != msg::EventKind::FINISH)
+              return;
+            auto id = ev.getRequestId();
+            if (st.in_flight.erase(id) == 0)
+              return;
+            try {
+              st.placement->complete(id);
+            } catch (const std::exception& ex) {
+              spdlog::warn("{}: completing request {}: {}", st.me, id, ex.what());
+            }
+          }))
+        return;
+      log_unhandled(e, st.me);
+    },
+    [self](peer_down_atom, const peer_info& who, const std::string& why) {
+      auto& st = self->state;
+      if (who.role != "rollout_worker")
+        return;
+      st.workers.erase(who.name());
+      auto orphans = st.placement->worker_lost(who.name());
+      spdlog::warn("{}: {} is gone ({}); re-placing {} requests", st.me, who.name(), why,
+                   orphans.size());
+      for (auto& o : orphans) {
+        if (st.in_flight.count(o.request_id) == 0)
+          continue;
+        place(self, o.request_id, o.group_id);
+      }
+    },
+    [self](shutdown_atom, bool, const std::string&) { self->quit(); },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_scheduler(caf::actor_system& sys, const role_context& ctx) {
+  return sys.spawn(scheduler_actor, ctx);
+}
+
+} // namespace sorl

@@ -1,0 +1,103 @@
+#pragma once
+
+// Bookkeeping of one synchronous step on the trainer (DESIGN.md §3 steps 1–4), free of CAF:
+// which rollouts were requested, which groups are complete, which groups carry a learning
+// signal, and (DAPO dynamic sampling, Yu et al. 2025 §3.2) which replacement groups to
+// request when zero-signal groups are dropped.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sorl::trainer {
+
+/// Counters that make prompt choice and seeds reproducible across restarts (checkpointed).
+struct trainer_counters {
+  uint64_t next_group_id = 0;
+  uint64_t next_request_id = 0;
+  uint64_t task_cursor = 0;   ///< next training prompt index (wraps at the task size)
+};
+
+/// One rollout to request. `seed` is the group's sampler seed: sample i uses stream i, so a
+/// rollout's tokens depend only on (run seed, group id, sample index), never on placement.
+struct rollout_spec {
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t group_id = 0;
+  uint32_t sample_index = 0;
+  uint32_t group_size = 0;
+  uint64_t task_index = 0;
+  uint64_t seed = 0;
+};
+
+/// What on_rollout() made of a finished rollout.
+enum class rollout_verdict { accepted, unknown_request, duplicate };
+
+/// Options of a step.
+struct step_options {
+  uint64_t step = 0;
+  uint32_t prompts = 1;          ///< B: groups to train on
+  uint32_t group_size = 1;       ///< G
+  uint64_t run_seed = 0;
+  std::optional<uint64_t> task_size; ///< training prompts available; nullopt = unbounded
+  bool dynamic_sampling = false; ///< DAPO: replace zero-signal groups
+  uint32_t max_refill_rounds = 3; ///< then train on what has signal
+};
+
+/// The rollouts of one step and their rewards.
+class step_plan {
+public:
+  /// Requests B groups of G rollouts, drawing prompts and ids from `counters` (advanced).
+  /// Raises std::invalid_argument for B = 0, G = 0 or an empty task.
+  step_plan(const step_options& opts, trainer_counters& counters);
+
+  /// Every rollout requested so far (initial and refills), in request order.
+  const std::vector<rollout_spec>& requested() const {
+    return requested_;
+  }
+  /// Rollouts requested by the last call to the constructor or refill().
+  std::vector<rollout_spec> take_new_requests();
+
+  /// Records a finished rollout's reward; NaN or infinite rewards count as 0.
+  rollout_verdict on_rollout(uint64_t request_id, double reward);
+
+  /// True when every requested group is complete.
+  bool rollouts_complete() const;
+
+  /// After rollouts_complete(): with dynamic sampling, requests replacement groups for the
+  /// zero-signal ones (at most max_refill_rounds times) and returns true if it did.
+  bool refill(trainer_counters& counters);
+
+  /// Groups to train on, in request order: complete groups with signal first, up to B; when
+  /// dynamic sampling is off every requested group (zero-signal ones get zero advantages).
+  std::vector<uint64_t> training_groups() const;
+  /// Groups whose rewards are all equal (no signal), among those requested.
+  std::vector<uint64_t> zero_signal_groups() const;
+
+  uint32_t refill_rounds() const {
+    return refills_;
+  }
+  /// Mean reward over every finished rollout of the step.
+  double mean_reward() const;
+
+private:
+  void request_groups(uint32_t count, trainer_counters& counters);
+  bool group_has_signal(uint64_t group) const;
+  bool group_complete(uint64_t group) const;
+
+  step_options opts_;
+  std::vector<rollout_spec> requested_;
+  size_t new_from_ = 0;
+  std::vector<uint64_t> groups_;                     ///< in request order
+  std::map<uint64_t, size_t> by_request_;            ///< request id → index in requested_
+  std::map<uint64_t, std::vector<double>> rewards_;  ///< group → rewards received
+  std::map<uint64_t, uint32_t> done_;                ///< request ids finished (value unused)
+  uint32_t refills_ = 0;
+};
+
+/// Sampler seed of a group: splitmix64 of (run seed, group id).
+uint64_t group_seed(uint64_t run_seed, uint64_t group_id);
+
+} // namespace sorl::trainer

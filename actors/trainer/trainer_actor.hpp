@@ -1,0 +1,16 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include "runtime/topology.hpp"
+
+namespace sorl {
+
+/// Spawns the trainer, which runs the synchronous step loop (DESIGN.md §3): group size from
+/// the SAGC controller, B·G GenerateRequests to the scheduler, every group complete (DAPO
+/// refills when configured), the batch to the learner, the new version acknowledged by every
+/// rollout worker, one JSONL record and progress line per step, checkpoints every
+/// run.checkpoint_every steps, greedy held-out accuracy before and after.
+caf::actor spawn_trainer(caf::actor_system& sys, const role_context& ctx);
+
+} // namespace sorl

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Decode throughput, sorl vs an eager PyTorch loop, in one command:
+#   bench/decode.sh [decode_bench options, e.g. --threads 2 --batches 1,8,64]
+# Builds decode_bench in $BUILD_DIR (default: build/, configured ML-only if it does not exist),
+# runs it, then runs bench/decode_reference.py with Debian's /usr/bin/python3 (python3-torch)
+# on the same configurations, and prints one table with the ratio, plus a logits parity line.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DSORL_ONLY_ML=ON -DSORL_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build "$build" --target decode_bench >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$build/bench/decode_bench" --json "$tmp/sorl.jsonl" --dump "$tmp" "$@"
+/usr/bin/python3 "$root/bench/decode_reference.py" --sorl "$tmp/sorl.jsonl" --parity "$tmp"

@@ -1,0 +1,222 @@
+#include "runtime/ml/checkpoint.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace sorl::ml {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* format_name = "sorl.checkpoint";
+constexpr const char* model_file = "model.safetensors";
+constexpr const char* optimizer_file = "optimizer.safetensors";
+constexpr const char* state_file = "state.json";
+constexpr const char* latest_file = "latest";
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec)
+    throw checkpoint_error(to.string(), "",
+                           "cannot rename " + from.string() + " into place: " + ec.message());
+}
+
+/// Removes a directory tree when destroyed, unless released: cleans up a half-written
+/// temporary checkpoint when an exception leaves save_checkpoint.
+class dir_cleanup {
+public:
+  explicit dir_cleanup(fs::path dir) : dir_(std::move(dir)) {}
+  dir_cleanup(const dir_cleanup&) = delete;
+  dir_cleanup& operator=(const dir_cleanup&) = delete;
+  ~dir_cleanup() {
+    if (!dir_.empty()) {
+      std::error_code ec;
+      fs::remove_all(dir_, ec);
+    }
+  }
+  void release() { dir_.clear(); }
+
+private:
+  fs::path dir_;
+};
+
+bool valid_dir_name(const std::string& name) {
+  if (name.size() != 15 || name.compare(0, 5, "step-") != 0)
+    return false;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9')
+      return false;
+  return true;
+}
+
+} // namespace
+
+std::string checkpoint_dir_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%010lld", static_cast<long long>(step));
+  return buf;
+}
+
+fs::path save_checkpoint(const fs::path& root, const named_tensors& model,
+                         const named_tensors& optimizer, const checkpoint_state& state) {
+  if (state.step < 0 || state.step > 9'999'999'999LL)
+    throw std::invalid_argument("save_checkpoint: step must be in [0, 9999999999], got "
+                                + std::to_string(state.step));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec)
+    throw checkpoint_error(root.string(), "", "cannot create the checkpoint root: " + ec.message());
+
+  const std::string name = checkpoint_dir_name(state.step);
+  const std::string tag = std::to_string(::getpid());
+  const fs::path tmp = root / (".tmp-" + name + "-" + tag);
+  fs::remove_all(tmp, ec); // left over by a crashed process with a recycled pid
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw checkpoint_error(tmp.string(), "", "cannot create: " + ec.message());
+  dir_cleanup cleanup_tmp(tmp);
+
+  string_map model_meta{{"format", "pt"}, {"sorl.step", std::to_string(state.step)}};
+  const written_file model_info = save_safetensors(tmp / model_file, model, model_meta);
+  const written_file optim_info = save_safetensors(tmp / optimizer_file, optimizer, {});
+
+  json sidecar = {
+    {"format", format_name},
+    {"format_version", checkpoint_format_version},
+    {"step", state.step},
+    {"rng_states", state.rng_states},
+    {"metadata", state.metadata},
+    {"files",
+     {{model_file, {{"bytes", model_info.bytes}, {"xxh3_64", hex64(model_info.xxh3)}}},
+      {optimizer_file, {{"bytes", optim_info.bytes}, {"xxh3_64", hex64(optim_info.xxh3)}}}}},
+  };
+  std::string text;
+  try {
+    text = sidecar.dump(2) + "\n";
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(std::string("save_checkpoint: an rng state or metadata string is "
+                                            "not valid UTF-8 (")
+                                + e.what() + ")");
+  }
+  write_file_atomically(tmp / state_file, text);
+  fsync_dir(tmp);
+
+  // Move the finished directory into place; an existing one for this step stays (renamed
+  // aside) until `latest` has moved, so `latest` never names a missing directory.
+  const fs::path final_dir = root / name;
+  const fs::path old = root / (".old-" + name + "-" + tag);
+  const bool replacing = fs::exists(final_dir, ec);
+  if (replacing) {
+    fs::remove_all(old, ec);
+    rename_or_throw(final_dir, old);
+  }
+  rename_or_throw(tmp, final_dir);
+  cleanup_tmp.release();
+  fsync_dir(root);
+  write_file_atomically(root / latest_file, name + "\n");
+  if (replacing)
+    fs::remove_all(old, ec); // best effort: a leftover .old-* directory is harmless
+  return final_dir;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& root) {
+  const fs::path latest = root / latest_file;
+  std::error_code ec;
+  if (!fs::exists(latest, ec))
+    return std::nullopt;
+  std::string name = read_file_bytes(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  if (!valid_dir_name(name))
+    throw checkpoint_error(latest.string(), "",
+                           "malformed: expected a name like step-0000000123, got \""
+                             + name.substr(0, 40) + "\"");
+  const fs::path dir = root / name;
+  if (!fs::is_directory(dir, ec))
+    throw checkpoint_error(latest.string(), "", "names " + dir.string() + ", which does not exist");
+  return dir;
+}
+
+loaded_checkpoint load_checkpoint(const fs::path& dir, const named_tensors& model) {
+  const fs::path state_path = dir / state_file;
+  const std::string state_label = state_path.string();
+  const auto fail = [&](const std::string& what) { throw checkpoint_error(state_label, "", what); };
+
+  json sidecar;
+  try {
+    sidecar = json::parse(read_file_bytes(state_path));
+  } catch (const json::exception& e) {
+    fail(std::string("corrupt: not valid JSON (") + e.what() + ")");
+  }
+  loaded_checkpoint out;
+  out.dir = dir;
+  try {
+    if (!sidecar.is_object() || sidecar.value("format", std::string()) != format_name)
+      fail(std::string("not a sorl checkpoint sidecar (\"format\" is not \"") + format_name + "\")");
+    const auto version = sidecar.at("format_version").get<int>();
+    if (version != checkpoint_format_version)
+      fail("format_version " + std::to_string(version) + " is not supported (this build reads "
+           + std::to_string(checkpoint_format_version) + ")");
+    out.state.step = sidecar.at("step").get<std::int64_t>();
+    out.state.rng_states = sidecar.at("rng_states").get<string_map>();
+    out.state.metadata = sidecar.at("metadata").get<string_map>();
+  } catch (const json::exception& e) {
+    fail(std::string("corrupt: missing or mistyped field (") + e.what() + ")");
+  }
+
+  // Read and verify both files in full before touching the model.
+  const auto verified = [&](const char* file) {
+    const fs::path path = dir / file;
+    std::uint64_t want_bytes = 0;
+    std::string want_hash;
+    try {
+      const json& entry = sidecar.at("files").at(file);
+      want_bytes = entry.at("bytes").get<std::uint64_t>();
+      want_hash = entry.at("xxh3_64").get<std::string>();
+    } catch (const json::exception& e) {
+      fail(std::string("corrupt: no size/checksum for ") + file + " (" + e.what() + ")");
+    }
+    std::string bytes = read_file_bytes(path);
+    if (bytes.size() != want_bytes)
+      throw checkpoint_error(path.string(), "",
+                             (bytes.size() < want_bytes ? "truncated: " : "wrong size: ")
+                               + std::to_string(bytes.size()) + " bytes, the sidecar records "
+                               + std::to_string(want_bytes));
+    const std::string got_hash = hex64(content_hash(bytes));
+    if (got_hash != want_hash)
+      throw checkpoint_error(path.string(), "",
+                             "checksum mismatch: xxh3_64 " + got_hash + ", the sidecar records "
+                               + want_hash + " (the file is corrupt)");
+    return safetensors_reader::parse(std::move(bytes), path.string());
+  };
+  const safetensors_reader model_reader = verified(model_file);
+  const safetensors_reader optim_reader = verified(optimizer_file);
+  model_reader.check_matches(model);
+  out.optimizer = optim_reader.tensors();
+  model_reader.copy_into(model);
+  return out;
+}
+
+} // namespace sorl::ml

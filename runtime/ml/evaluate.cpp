@@ -1,0 +1,245 @@
+#include "runtime/ml/evaluate.hpp"
+
+#include "runtime/ml/generate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace sorl::ml {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+// splitmix64's finaliser; decorrelates the per-prompt sampling seeds.
+std::uint64_t mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t sample_seed(std::uint64_t seed, std::uint64_t index, int turn) {
+  return mix(mix(seed) ^ mix(index * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(turn)));
+}
+
+void check(const eval_options& o) {
+  if (o.count < 0)
+    throw std::invalid_argument(fmt::format("eval_options.count must be >= 0, got {}", o.count));
+  if (o.max_new_tokens < 1)
+    throw std::invalid_argument(
+        fmt::format("eval_options.max_new_tokens must be >= 1, got {}", o.max_new_tokens));
+  if (o.batch < 1)
+    throw std::invalid_argument(fmt::format("eval_options.batch must be >= 1, got {}", o.batch));
+  if (!o.greedy && !(o.temperature > 0.0f && std::isfinite(o.temperature)))
+    throw std::invalid_argument(fmt::format(
+        "eval_options.temperature must be finite and > 0 when sampling, got {}", o.temperature));
+  if (o.keep_samples < 0)
+    throw std::invalid_argument(
+        fmt::format("eval_options.keep_samples must be >= 0, got {}", o.keep_samples));
+}
+
+sampling_params base_params(const eval_options& o, std::vector<std::int32_t> stop_ids) {
+  sampling_params p;
+  p.temperature = o.greedy ? 0.0f : o.temperature;
+  p.max_new_tokens = o.max_new_tokens;
+  p.eos_token_ids = std::move(stop_ids);
+  return p;
+}
+
+// The completion's text: the stop token (last token of an eos finish) dropped, specials skipped.
+std::string completion_text(const tokenizer& tok, const generation_result& r) {
+  std::vector<token_id> body = r.tokens;
+  if (r.reason == finish_reason::eos && !body.empty()) body.pop_back();
+  return tok.decode(body, decode_specials::skip);
+}
+
+bool truncated(const generation_result& r) { return r.reason == finish_reason::length; }
+
+void finish_report(eval_report& rep, const std::vector<eval_sample>& all, std::int64_t keep,
+                   std::int64_t generated, clock_type::time_point start) {
+  rep.count = static_cast<std::int64_t>(all.size());
+  double reward = 0.0, tokens = 0.0, turns = 0.0;
+  for (const auto& s : all) {
+    reward += s.reward;
+    tokens += static_cast<double>(s.response_tokens);
+    turns += s.turns;
+    if (s.reward == 1.0) ++rep.correct;
+  }
+  if (rep.count > 0) {
+    const double n = static_cast<double>(rep.count);
+    rep.accuracy = static_cast<double>(rep.correct) / n;
+    rep.mean_reward = reward / n;
+    rep.mean_response_tokens = tokens / n;
+    rep.mean_turns = turns / n;
+  }
+  rep.seconds = seconds_since(start);
+  rep.tokens_per_second = rep.seconds > 0.0 ? static_cast<double>(generated) / rep.seconds : 0.0;
+  const auto k = static_cast<std::size_t>(std::min<std::int64_t>(keep, rep.count));
+  rep.samples.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+// How many prompts of a split exist from `first` on, capped at `count`.
+std::int64_t block_size(std::optional<std::uint64_t> size, std::uint64_t first, std::int64_t count) {
+  if (!size) return count;
+  if (first >= *size) return 0;
+  return static_cast<std::int64_t>(std::min<std::uint64_t>(*size - first, static_cast<std::uint64_t>(count)));
+}
+
+}  // namespace
+
+std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std::string& prompt_text) {
+  std::vector<token_id> ids{tok.special_id(special_token::bos)};
+  const std::vector<token_id> body = tok.encode(prompt_text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
+                     const eval_options& opts) {
+  check(opts);
+  const auto start = clock_type::now();
+  const std::int64_t n = block_size(task.size(opts.split), opts.first_index, opts.count);
+  const std::int64_t max_seq = model.dims().max_seq;
+
+  std::vector<task_prompt> prompts;
+  prompts.reserve(static_cast<std::size_t>(n));
+  generator gen(model, generator_options{opts.batch, kv_cache_options{}});
+  const sampling_params base = base_params(opts, {tok.special_id(special_token::eos)});
+  std::unordered_map<std::uint64_t, std::size_t> slot;  // request id → position in prompts
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t index = opts.first_index + static_cast<std::uint64_t>(i);
+    prompts.push_back(task.prompt(opts.split, index));
+    std::vector<token_id> ids = encode_single_turn_prompt(tok, prompts.back().prompt);
+    if (static_cast<std::int64_t>(ids.size()) >= max_seq)
+      throw std::invalid_argument(fmt::format(
+          "evaluate: prompt {} of split {} has {} tokens; the model's context is {}", index,
+          to_string(opts.split), ids.size(), max_seq));
+    sampling_params p = base;
+    p.seed = sample_seed(opts.seed, index, 0);
+    slot[gen.submit(std::move(ids), p, 1)] = prompts.size() - 1;
+  }
+
+  std::vector<eval_sample> all(static_cast<std::size_t>(n));
+  std::int64_t generated = 0;
+  std::int64_t cut = 0;
+  for (const generation_result& r : gen.run_until_idle()) {
+    const std::size_t i = slot.at(r.request_id);
+    eval_sample& s = all[i];
+    s.index = prompts[i].index;
+    s.prompt = prompts[i].prompt;
+    s.completion = completion_text(tok, r);
+    const reward_result score = task.score(prompts[i], s.completion);
+    s.reward = score.reward;
+    s.reason = score.reason;
+    s.turns = 1;
+    s.response_tokens = static_cast<std::int64_t>(r.tokens.size());
+    generated += s.response_tokens;
+    if (truncated(r)) ++cut;
+  }
+  eval_report rep;
+  rep.truncated = cut;
+  finish_report(rep, all, opts.keep_samples, generated, start);
+  return rep;
+}
+
+eval_report evaluate(const policy_model& model, const tokenizer& tok, const multi_turn_task& task,
+                     const eval_options& opts) {
+  check(opts);
+  const auto start = clock_type::now();
+  const std::int64_t max_seq = model.dims().max_seq;
+
+  struct episode {
+    std::unique_ptr<environment> env;
+    std::vector<chat_message> chat;
+    std::vector<std::string> actions;
+    bool done = false;
+    eval_sample result;
+  };
+  std::vector<episode> eps(static_cast<std::size_t>(opts.count));
+  for (std::size_t i = 0; i < eps.size(); ++i) {
+    episode& e = eps[i];
+    e.result.index = opts.first_index + i;
+    e.result.turns = 0;
+    e.env = task.make_environment();
+    e.result.prompt = e.env->reset(task.episode_seed(opts.split, e.result.index));
+    e.chat.push_back({chat_role::user, e.result.prompt});
+  }
+
+  // Actions stop at end-of-turn; EOS also ends one, in case the model closes the whole chat.
+  const sampling_params base = base_params(
+      opts, {tok.special_id(special_token::end_turn), tok.special_id(special_token::eos)});
+  std::int64_t generated = 0;
+  std::int64_t cut = 0;
+  // One generator per turn wave: every waiting episode's next action is decoded in one batch.
+  // TODO(perf): keep each episode's KV across turns instead of re-prefilling the whole chat.
+  for (int turn = 0; turn < task.max_turns(); ++turn) {
+    generator gen(model, generator_options{opts.batch, kv_cache_options{}});
+    std::unordered_map<std::uint64_t, std::size_t> slot;
+    for (std::size_t i = 0; i < eps.size(); ++i) {
+      episode& e = eps[i];
+      if (e.done) continue;
+      std::vector<token_id> ids = encode_chat(tok, e.chat, /*add_generation_prompt=*/true);
+      if (static_cast<std::int64_t>(ids.size()) >= max_seq) {
+        e.done = true;
+        e.result.reason = fmt::format("chat of {} tokens fills the model's context ({})",
+                                      ids.size(), max_seq);
+        continue;
+      }
+      sampling_params p = base;
+      p.seed = sample_seed(opts.seed, e.result.index, turn);
+      slot[gen.submit(std::move(ids), p, 1)] = i;
+    }
+    if (slot.empty()) break;
+    for (const generation_result& r : gen.run_until_idle()) {
+      episode& e = eps[slot.at(r.request_id)];
+      std::string action = completion_text(tok, r);
+      e.result.response_tokens += static_cast<std::int64_t>(r.tokens.size());
+      generated += static_cast<std::int64_t>(r.tokens.size());
+      if (truncated(r)) ++cut;
+      const env_step step = e.env->step(action);
+      e.result.turns = e.env->turns();
+      e.result.reward += step.reward;
+      e.result.reason = step.reason;
+      e.actions.push_back(action);
+      e.chat.push_back({chat_role::assistant, std::move(action)});
+      if (step.done)
+        e.done = true;
+      else
+        e.chat.push_back({chat_role::user, step.observation});
+    }
+  }
+
+  std::vector<eval_sample> all;
+  all.reserve(eps.size());
+  for (episode& e : eps) {
+    if (!e.done && e.result.reason.empty())
+      e.result.reason = fmt::format("no result within {} turns", task.max_turns());
+    for (std::size_t a = 0; a < e.actions.size(); ++a)
+      e.result.completion += (a == 0 ? "" : " | ") + e.actions[a];
+    e.result.reward = std::clamp(e.result.reward, 0.0, 1.0);
+    all.push_back(std::move(e.result));
+  }
+  eval_report rep;
+  rep.truncated = cut;
+  finish_report(rep, all, opts.keep_samples, generated, start);
+  return rep;
+}
+
+eval_report evaluate(const policy_model& model, const tokenizer& tok, const any_task& task,
+                     const eval_options& opts) {
+  if (task.single_turn) return evaluate(model, tok, *task.single_turn, opts);
+  if (task.multi_turn) return evaluate(model, tok, *task.multi_turn, opts);
+  throw std::invalid_argument("evaluate: the task is empty (neither single- nor multi-turn)");
+}
+
+}  // namespace sorl::ml

@@ -1,0 +1,90 @@
+#pragma once
+
+// Batched generation with continuous batching: a generator owns a kv_cache, admits groups of
+// samples, prefills each group's prompt once (siblings fork the prompt's KV), and advances all
+// live samples by one token per step() in one forward pass; finished samples leave the batch
+// at once and queued groups take their place. Called from one thread (a rollout worker).
+
+#include "runtime/ml/kv_cache.hpp"
+#include "runtime/ml/model.hpp"
+#include "runtime/ml/sampler.hpp"
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace sorl::ml {
+
+/// Limits of a generator.
+struct generator_options {
+  /// Most samples decoding at once; a group is admitted whole when it fits (FIFO).
+  std::int64_t max_batch = 64;
+  kv_cache_options cache{};
+};
+
+/// One finished sample of a request.
+struct generation_result {
+  std::uint64_t request_id = 0;
+  std::int64_t sample_index = 0;        ///< its random stream: 0..group_size-1, or the given stream
+  std::int64_t prompt_tokens = 0;
+  std::vector<std::int32_t> tokens;     ///< completion, EOS / stop-completing token included
+  std::vector<float> logprobs;          ///< training log-prob of each token (sampler.hpp)
+  finish_reason reason = finish_reason::length;
+};
+
+/// Continuous-batching sampler over a policy_model. The model must outlive the generator and
+/// must not change weights while samples are in flight (their KV would mix two versions).
+class generator {
+ public:
+  /// Throws std::invalid_argument for max_batch < 1 or bad cache options.
+  explicit generator(const policy_model& model, generator_options opts = {});
+  ~generator();
+  generator(const generator&) = delete;
+  generator& operator=(const generator&) = delete;
+
+  /// Queues a request of `group_size` samples of `prompt` (token ids, 1 <= size < max_seq).
+  /// Sample i draws from sampler_rng(params.seed, i), so its tokens do not depend on the other
+  /// requests in flight (up to the floating-point caveat in sampler.hpp). `detokenize` is
+  /// needed when params.stop_strings is non-empty. Returns the request id.
+  /// Throws std::invalid_argument for bad params, an empty or too long prompt, token ids
+  /// outside the vocabulary, or group_size outside [1, max_batch].
+  std::uint64_t submit(std::vector<std::int32_t> prompt, const sampling_params& params,
+                       std::int64_t group_size = 1, detokenize_fn detokenize = {});
+  /// As above with explicit random streams: sibling i draws from sampler_rng(params.seed,
+  /// streams[i]) and comes back with sample_index = streams[i]. A rollout worker that holds
+  /// only some samples of a group passes their indices, so each sample's tokens are the same
+  /// whichever worker generates it. Throws std::invalid_argument also for negative or
+  /// repeated streams.
+  std::uint64_t submit(std::vector<std::int32_t> prompt, const sampling_params& params,
+                       std::vector<std::int64_t> streams, detokenize_fn detokenize = {});
+
+  /// Admits queued groups that fit, runs one forward pass (prefill of admitted prompts and
+  /// one decode token for every live sample, ragged) and samples one token for each.
+  /// Returns the samples that finished in this step (empty when idle).
+  std::vector<generation_result> step();
+  /// Calls step() until nothing is queued or live; returns every finished sample in order.
+  std::vector<generation_result> run_until_idle();
+  /// Cancels a request: its live and queued samples come back now with finish_reason::abort
+  /// and the tokens generated so far. Unknown or finished ids return nothing.
+  std::vector<generation_result> abort(std::uint64_t request_id);
+
+  std::int64_t live_samples() const noexcept;
+  std::int64_t queued_requests() const noexcept;
+  bool idle() const noexcept { return live_samples() == 0 && queued_requests() == 0; }
+  const kv_cache& cache() const noexcept;
+
+ private:
+  struct request;
+  struct sample;
+  generation_result finish(sample& s, finish_reason reason);
+
+  const policy_model& model_;
+  generator_options opts_;
+  std::unique_ptr<kv_cache> cache_;
+  std::deque<std::shared_ptr<request>> queue_;
+  std::vector<std::unique_ptr<sample>> live_;
+  std::uint64_t next_request_ = 1;
+};
+
+}  // namespace sorl::ml

@@ -1,0 +1,180 @@
+#include "runtime/ml/jsonl_task.hpp"
+
+#include "runtime/ml/tasks_random.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+namespace sorl::ml {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string json_type_name(const json& j) {
+  if (j.is_number_float())
+    return "a non-integer number";
+  return std::string("a ") + j.type_name();
+}
+
+} // namespace
+
+std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw task_data_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
+  std::vector<jsonl_record> records;
+  std::string line;
+  std::size_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
+    if (trim_ascii_whitespace(line).empty())
+      continue;
+    const auto fail = [&](const std::string& what) { throw task_data_error(path, line_no, what); };
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      fail(std::string("invalid JSON: ") + e.what());
+    }
+    if (!j.is_object())
+      fail("expected a JSON object, got " + json_type_name(j));
+    jsonl_record rec;
+    rec.line = line_no;
+
+    const auto prompt = j.find("prompt");
+    if (prompt == j.end())
+      fail("missing field \"prompt\"");
+    if (!prompt->is_string())
+      fail("field \"prompt\" must be a string, got " + json_type_name(*prompt));
+    rec.prompt = prompt->get<std::string>();
+    if (rec.prompt.empty())
+      fail("field \"prompt\" is empty");
+
+    const auto answer = j.find("answer");
+    if (answer == j.end())
+      fail("missing field \"answer\"");
+    if (answer->is_string())
+      rec.answer = answer->get<std::string>();
+    else if (answer->is_number_integer()) // signed or unsigned; dump() is its decimal text
+      rec.answer = answer->dump();
+    else
+      fail("field \"answer\" must be a string or an integer, got " + json_type_name(*answer));
+    if (trim_ascii_whitespace(rec.answer).empty())
+      fail("field \"answer\" is empty");
+    if (match == answer_match::integer) {
+      const integer_answer parsed = parse_integer_answer(rec.answer);
+      if (!parsed.value)
+        fail("field \"answer\" is not an integer answer (integer match mode): " + parsed.error);
+    }
+    records.push_back(std::move(rec));
+  }
+  if (in.bad())
+    throw task_data_error(path, line_no, std::string("read error: ") + std::strerror(errno));
+  if (records.empty())
+    throw task_data_error(path, 0, "no records (the file is empty or blank)");
+  return records;
+}
+
+jsonl_task::jsonl_task(const jsonl_options& options, double eval_fraction) : options_(options) {
+  if (options.path.empty())
+    throw std::invalid_argument("jsonl task: option \"path\" is required");
+  if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
+    throw std::invalid_argument("jsonl task: eval_fraction must be in [0, 1), got "
+                                + std::to_string(eval_fraction));
+  auto records = load_jsonl(options.path, options.match);
+  if (!options.eval_path.empty()) {
+    train_ = std::move(records);
+    eval_ = load_jsonl(options.eval_path, options.match);
+    return;
+  }
+  for (auto& rec : records) {
+    if (detail::split_of(detail::hash_text(rec.prompt), eval_fraction) == task_split::eval)
+      eval_.push_back(std::move(rec));
+    else
+      train_.push_back(std::move(rec));
+  }
+}
+
+std::string_view jsonl_task::name() const {
+  return "jsonl";
+}
+
+const std::vector<jsonl_record>& jsonl_task::records(task_split split) const {
+  return split == task_split::eval ? eval_ : train_;
+}
+
+std::optional<std::uint64_t> jsonl_task::size(task_split split) const {
+  return records(split).size();
+}
+
+task_prompt jsonl_task::prompt(task_split split, std::uint64_t index) const {
+  const auto& recs = records(split);
+  if (index >= recs.size())
+    throw std::out_of_range("jsonl task: index " + std::to_string(index) + " out of range for the "
+                            + std::string(to_string(split)) + " split of size "
+                            + std::to_string(recs.size()));
+  task_prompt out;
+  out.split = split;
+  out.index = index;
+  out.prompt = recs[index].prompt;
+  out.reference = recs[index].answer;
+  return out;
+}
+
+reward_result jsonl_task::score(const task_prompt& prompt, std::string_view completion) const {
+  if (options_.match == answer_match::integer) {
+    const integer_answer got = parse_integer_answer(completion);
+    if (!got.value)
+      return {0.0, got.error};
+    const integer_answer want = parse_integer_answer(prompt.reference);
+    if (!want.value)
+      return {0.0, "reference is not an integer: " + quote_for_reason(prompt.reference)};
+    if (*got.value != *want.value)
+      return {0.0, "wrong answer: got " + std::to_string(*got.value) + ", expected "
+                     + std::to_string(*want.value)};
+    return {1.0, "correct"};
+  }
+  const std::string_view got = trim_ascii_whitespace(completion);
+  if (got.empty())
+    return {0.0, "empty completion"};
+  const std::string_view want = trim_ascii_whitespace(prompt.reference);
+  if (got != want)
+    return {0.0, "wrong answer: got " + quote_for_reason(got) + ", expected "
+                   + quote_for_reason(want)};
+  return {1.0, "correct"};
+}
+
+std::string jsonl_task::wrong_completion(const task_prompt& prompt, std::uint64_t seed) const {
+  detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
+  if (options_.match == answer_match::integer) {
+    const integer_answer ref = parse_integer_answer(prompt.reference);
+    std::int64_t offset = rng.between(1, 10);
+    if (rng.below(2) == 0)
+      offset = -offset;
+    return std::to_string(ref.value.value_or(0) + offset);
+  }
+  // Another train record's answer: a plausible output in the dataset's own style, and
+  // never an eval answer (demonstrations are training data). Random probes first, so
+  // generating many demonstrations doesn't scan the dataset for each.
+  const std::string_view want = trim_ascii_whitespace(prompt.reference);
+  if (train_.empty())
+    return "";
+  for (int probe = 0; probe < 64; ++probe) {
+    const auto& rec = train_[rng.below(train_.size())];
+    if (trim_ascii_whitespace(rec.answer) != want)
+      return rec.answer;
+  }
+  for (const auto& rec : train_)
+    if (trim_ascii_whitespace(rec.answer) != want)
+      return rec.answer;
+  return "";
+}
+
+} // namespace sorl::ml

@@ -1,0 +1,456 @@
+#include "runtime/ml/model.hpp"
+
+#include "runtime/ml/kv_cache.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <tuple>
+
+namespace sorl::ml {
+
+// ---------------------------------------------------------------------------------------------
+// model_dims
+
+std::int64_t model_dims::parameter_count() const noexcept {
+  const std::int64_t hd = head_dim();
+  const std::int64_t q = n_heads * hd;
+  const std::int64_t kv = n_kv_heads * hd;
+  const std::int64_t attn = d_model * q + 2 * d_model * kv + q * d_model + (qkv_bias ? q + 2 * kv : 0);
+  const std::int64_t mlp = 3 * d_model * d_ff;
+  const std::int64_t per_layer = attn + mlp + 2 * d_model;
+  return vocab * d_model + n_layers * per_layer + d_model + (tie_embeddings ? 0 : vocab * d_model);
+}
+
+void model_dims::validate() const {
+  auto require_positive = [](const char* field, std::int64_t v) {
+    if (v <= 0) throw std::invalid_argument(fmt::format("model_dims.{} must be > 0, got {}", field, v));
+  };
+  require_positive("vocab", vocab);
+  require_positive("d_model", d_model);
+  require_positive("n_layers", n_layers);
+  require_positive("n_heads", n_heads);
+  require_positive("n_kv_heads", n_kv_heads);
+  require_positive("d_ff", d_ff);
+  require_positive("max_seq", max_seq);
+  if (d_model % n_heads != 0)
+    throw std::invalid_argument(
+        fmt::format("model_dims.d_model ({}) must be a multiple of n_heads ({})", d_model, n_heads));
+  if (n_heads % n_kv_heads != 0)
+    throw std::invalid_argument(fmt::format(
+        "model_dims.n_heads ({}) must be a multiple of n_kv_heads ({})", n_heads, n_kv_heads));
+  if (head_dim() % 2 != 0)
+    throw std::invalid_argument(
+        fmt::format("model_dims head_dim = d_model / n_heads = {} must be even for RoPE", head_dim()));
+  if (!(rope_theta > 0.0))
+    throw std::invalid_argument(fmt::format("model_dims.rope_theta must be > 0, got {}", rope_theta));
+  if (!(norm_eps > 0.0))
+    throw std::invalid_argument(fmt::format("model_dims.norm_eps must be > 0, got {}", norm_eps));
+}
+
+model_dims preset(std::string_view name) {
+  model_dims d;
+  if (name == "tiny") {
+    d.vocab = 272;
+    d.d_model = 128;
+    d.n_layers = 4;
+    d.n_heads = 4;
+    d.n_kv_heads = 2;
+    d.d_ff = 384;
+    d.max_seq = 512;
+  } else if (name == "50m") {
+    d.vocab = 272;
+    d.d_model = 768;
+    d.n_layers = 8;
+    d.n_heads = 12;
+    d.n_kv_heads = 4;
+    d.d_ff = 2048;
+    d.max_seq = 1024;
+  } else {
+    throw std::invalid_argument(fmt::format("unknown model preset '{}' (known: tiny, 50m)", name));
+  }
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// building blocks
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.size(-1) == weight.size(0), "rms_norm: last dim of x (", x.size(-1),
+              ") != weight size (", weight.size(0), ")");
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t max_seq, std::int64_t head_dim,
+                                              double theta, c10::Device device) {
+  TORCH_CHECK(max_seq > 0 && head_dim > 0 && head_dim % 2 == 0,
+              "rope_tables: need max_seq > 0 and an even head_dim > 0, got max_seq=", max_seq,
+              " head_dim=", head_dim);
+  const std::int64_t half = head_dim / 2;
+  // Double precision here: fp32 angles lose ~pos * 1e-7 rad, visible at long positions.
+  at::Tensor cos = at::empty({max_seq, half}, at::kDouble);
+  at::Tensor sin = at::empty({max_seq, half}, at::kDouble);
+  auto* c = cos.data_ptr<double>();
+  auto* s = sin.data_ptr<double>();
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    for (std::int64_t p = 0; p < max_seq; ++p) {
+      const double angle = static_cast<double>(p) * inv_freq;
+      c[p * half + i] = std::cos(angle);
+      s[p * half + i] = std::sin(angle);
+    }
+  }
+  return {cos.to(device, at::kFloat), sin.to(device, at::kFloat)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t hd = x.size(-1);
+  TORCH_CHECK(hd % 2 == 0 && cos.size(-1) * 2 == hd && sin.sizes() == cos.sizes(),
+              "apply_rope: head_dim ", hd, " does not match tables of width ", cos.size(-1));
+  const std::int64_t half = hd / 2;
+  const at::Tensor x1 = x.narrow(-1, 0, half);
+  const at::Tensor x2 = x.narrow(-1, half, half);
+  const at::Tensor c = cos.unsqueeze(-2);  // broadcast over heads
+  const at::Tensor s = sin.unsqueeze(-2);
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+namespace {
+
+// Compute-dtype (fp32) views of one decoder layer's weights.
+struct layer_weights {
+  at::Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w;
+  at::Tensor gate_w, up_w, down_w;
+  at::Tensor in_norm, post_norm;
+};
+
+// Scaled dot-product attention with grouped-query heads, shared by the full and the cached
+// path so that both round alike. q: [B, T, H, hd]; k, v: [B, S, KV, hd]; masked: [B, T, S]
+// bool (true = hidden). Query head h reads kv head h / (H / KV), as HF repeat_kv.
+// Returns [B, T, H * hd].
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& masked) {
+  const std::int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3);
+  const std::int64_t S = k.size(1), KV = k.size(2), rep = H / KV;
+  // Grouping the query heads of one kv head into the row dimension lets one matmul serve them
+  // all without materialising repeated keys.
+  const at::Tensor qg = q.view({B, T, KV, rep, hd}).permute({0, 2, 3, 1, 4}).reshape({B, KV, rep * T, hd});
+  at::Tensor scores = at::matmul(qg, k.permute({0, 2, 3, 1}));  // [B, KV, rep*T, S]
+  scores = scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+  scores = scores.view({B, KV, rep, T, S})
+               .masked_fill(masked.view({B, 1, 1, T, S}), -std::numeric_limits<double>::infinity());
+  const at::Tensor probs = at::softmax(scores, -1).view({B, KV, rep * T, S});
+  const at::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}));  // [B, KV, rep*T, hd]
+  return out.view({B, KV, rep, T, hd}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * hd});
+}
+
+at::Tensor swiglu_mlp(const layer_weights& w, const at::Tensor& x) {
+  return at::linear(at::silu(at::linear(x, w.gate_w)) * at::linear(x, w.up_w), w.down_w);
+}
+
+// Linear layer of the no-grad decoding path; see decode_gemm. x: [rows, in] fp32.
+// oneDNN's fixed cost (two layout conversions) exceeds its gain on tiny products, where the
+// BLAS gemv is as fast: below ~2^18 multiply-adds (the tiny preset at batch 1) ATen is used.
+at::Tensor decode_linear(bool onednn, const at::Tensor& x, const at::Tensor& w,
+                         const at::Tensor& b = {}) {
+  constexpr std::int64_t onednn_min_macs = std::int64_t{1} << 18;
+  if (onednn && x.size(0) * w.size(0) * w.size(1) >= onednn_min_macs)
+    return at::mkldnn_linear(x.contiguous().to_mkldnn(), w, b).to_dense();
+  return at::linear(x, w, b);
+}
+
+at::Tensor decode_mlp(bool onednn, const layer_weights& w, const at::Tensor& x) {
+  return decode_linear(onednn, at::silu(decode_linear(onednn, x, w.gate_w)) * decode_linear(onednn, x, w.up_w),
+                       w.down_w);
+}
+
+void check_ids(const at::Tensor& ids, std::int64_t vocab) {
+  if (ids.numel() == 0) return;
+  const std::int64_t lo = ids.min().item<std::int64_t>();
+  const std::int64_t hi = ids.max().item<std::int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < vocab, "token ids must lie in [0, ", vocab, "), got min ", lo,
+              " max ", hi);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// policy_model
+
+struct policy_model::impl {
+  model_dims dims;
+  c10::Device device = c10::kCPU;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<named_tensor> params;
+
+  // fp32 compute image: aliases of params for fp32 models, casts for bf16 ones.
+  at::Tensor embed, final_norm, lm_head;
+  std::vector<layer_weights> layers;
+  std::vector<std::int64_t> seen_versions;  // params' version counters at the last bind()
+
+  at::Tensor rope_cos, rope_sin;  // [max_seq, head_dim/2] fp32
+  decode_gemm gemm = decode_gemm::automatic;
+
+  void bind();
+  void bind_if_stale();
+};
+
+void policy_model::impl::bind() {
+  std::vector<at::Tensor> w;
+  w.reserve(params.size());
+  for (const auto& p : params) w.push_back(dtype == c10::kFloat ? p.second : p.second.to(c10::kFloat));
+  std::size_t i = 0;
+  embed = w[i++];
+  layers.assign(static_cast<std::size_t>(dims.n_layers), layer_weights{});
+  for (auto& l : layers) {
+    l.q_w = w[i++];
+    if (dims.qkv_bias) l.q_b = w[i++];
+    l.k_w = w[i++];
+    if (dims.qkv_bias) l.k_b = w[i++];
+    l.v_w = w[i++];
+    if (dims.qkv_bias) l.v_b = w[i++];
+    l.o_w = w[i++];
+    l.gate_w = w[i++];
+    l.up_w = w[i++];
+    l.down_w = w[i++];
+    l.in_norm = w[i++];
+    l.post_norm = w[i++];
+  }
+  final_norm = w[i++];
+  lm_head = dims.tie_embeddings ? embed : w[i++];
+  TORCH_INTERNAL_ASSERT(i == w.size(), "parameter layout drifted: bound ", i, " of ", w.size());
+  seen_versions.clear();
+  for (const auto& p : params)
+    seen_versions.push_back(p.second.is_inference() ? 0 : p.second._version());
+}
+
+void policy_model::impl::bind_if_stale() {
+  if (dtype == c10::kFloat) return;  // the compute image is the parameters themselves
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& t = params[i].second;
+    if (!t.is_inference() && t._version() != seen_versions[i]) {
+      bind();
+      return;
+    }
+  }
+}
+
+policy_model::policy_model(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+policy_model::policy_model(policy_model&&) noexcept = default;
+policy_model& policy_model::operator=(policy_model&&) noexcept = default;
+policy_model::~policy_model() = default;
+
+policy_model::policy_model(const model_dims& dims, std::uint64_t seed, double init_std,
+                           c10::Device device)
+    : impl_(std::make_unique<impl>()) {
+  dims.validate();
+  TORCH_CHECK(init_std >= 0.0, "policy_model: init_std must be >= 0, got ", init_std);
+  auto& m = *impl_;
+  m.dims = dims;
+  m.device = device;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const auto cpu = at::TensorOptions().dtype(at::kFloat).device(c10::kCPU);
+  auto normal = [&](std::int64_t rows, std::int64_t cols) {
+    return at::empty({rows, cols}, cpu).normal_(0.0, init_std, gen).to(device);
+  };
+  auto ones = [&](std::int64_t n) { return at::ones({n}, cpu).to(device); };
+  auto zeros = [&](std::int64_t n) { return at::zeros({n}, cpu).to(device); };
+  const std::int64_t d = dims.d_model, hd = dims.head_dim();
+  const std::int64_t q = dims.n_heads * hd, kv = dims.n_kv_heads * hd;
+  auto& ps = m.params;
+  ps.emplace_back("model.embed_tokens.weight", normal(dims.vocab, d));
+  for (std::int64_t l = 0; l < dims.n_layers; ++l) {
+    const std::string pre = fmt::format("model.layers.{}.", l);
+    ps.emplace_back(pre + "self_attn.q_proj.weight", normal(q, d));
+    if (dims.qkv_bias) ps.emplace_back(pre + "self_attn.q_proj.bias", zeros(q));
+    ps.emplace_back(pre + "self_attn.k_proj.weight", normal(kv, d));
+    if (dims.qkv_bias) ps.emplace_back(pre + "self_attn.k_proj.bias", zeros(kv));
+    ps.emplace_back(pre + "self_attn.v_proj.weight", normal(kv, d));
+    if (dims.qkv_bias) ps.emplace_back(pre + "self_attn.v_proj.bias", zeros(kv));
+    ps.emplace_back(pre + "self_attn.o_proj.weight", normal(d, q));
+    ps.emplace_back(pre + "mlp.gate_proj.weight", normal(dims.d_ff, d));
+    ps.emplace_back(pre + "mlp.up_proj.weight", normal(dims.d_ff, d));
+    ps.emplace_back(pre + "mlp.down_proj.weight", normal(d, dims.d_ff));
+    ps.emplace_back(pre + "input_layernorm.weight", ones(d));
+    ps.emplace_back(pre + "post_attention_layernorm.weight", ones(d));
+  }
+  ps.emplace_back("model.norm.weight", ones(d));
+  if (!dims.tie_embeddings) ps.emplace_back("lm_head.weight", normal(dims.vocab, d));
+  std::tie(m.rope_cos, m.rope_sin) = rope_tables(dims.max_seq, hd, dims.rope_theta, device);
+  m.bind();
+}
+
+const model_dims& policy_model::dims() const noexcept { return impl_->dims; }
+c10::Device policy_model::device() const noexcept { return impl_->device; }
+c10::ScalarType policy_model::weight_dtype() const noexcept { return impl_->dtype; }
+const std::vector<named_tensor>& policy_model::parameters() const noexcept { return impl_->params; }
+
+const at::Tensor& policy_model::parameter(std::string_view name) const {
+  for (const auto& p : impl_->params)
+    if (p.first == name) return p.second;
+  throw std::out_of_range(fmt::format("policy_model has no parameter '{}'", name));
+}
+
+void policy_model::set_requires_grad(bool requires_grad) {
+  TORCH_CHECK(impl_->dtype == c10::kFloat,
+              "set_requires_grad: only fp32 models train; this one holds ", impl_->dtype);
+  for (auto& p : impl_->params) p.second.set_requires_grad(requires_grad);
+}
+
+policy_model policy_model::clone(c10::ScalarType weight_dtype) const {
+  TORCH_CHECK(weight_dtype == c10::kFloat || weight_dtype == c10::kBFloat16,
+              "policy_model::clone: weight dtype must be Float or BFloat16, got ", weight_dtype);
+  auto p = std::make_unique<impl>();
+  p->dims = impl_->dims;
+  p->device = impl_->device;
+  p->dtype = weight_dtype;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : impl_->params)
+    p->params.emplace_back(name, t.detach().to(weight_dtype).clone());
+  p->rope_cos = impl_->rope_cos;  // immutable tables: sharing is safe
+  p->rope_sin = impl_->rope_sin;
+  p->gemm = impl_->gemm;
+  p->bind();
+  return policy_model(std::move(p));
+}
+
+void policy_model::copy_weights_from(const policy_model& source) {
+  const model_dims& a = impl_->dims;
+  const model_dims& b = source.dims();
+  if (a.vocab != b.vocab || a.d_model != b.d_model || a.n_layers != b.n_layers ||
+      a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads || a.d_ff != b.d_ff ||
+      a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias)
+    throw std::invalid_argument("policy_model::copy_weights_from: source has different dims");
+  at::NoGradGuard no_grad;
+  const auto& src = source.parameters();
+  for (std::size_t i = 0; i < impl_->params.size(); ++i) impl_->params[i].second.copy_(src[i].second);
+  impl_->bind();
+}
+
+void policy_model::refresh_compute_weights() { impl_->bind(); }
+void policy_model::set_decode_gemm(decode_gemm g) noexcept { impl_->gemm = g; }
+decode_gemm policy_model::get_decode_gemm() const noexcept { return impl_->gemm; }
+
+at::Tensor policy_model::forward(const at::Tensor& ids_in, const at::Tensor& attention_mask) const {
+  auto& m = *impl_;
+  const model_dims& d = m.dims;
+  TORCH_CHECK(ids_in.dim() == 2, "forward: ids must be [batch, seq], got ", ids_in.sizes());
+  TORCH_CHECK(at::isIntegralType(ids_in.scalar_type(), /*includeBool=*/false),
+              "forward: ids must be an integer tensor, got ", ids_in.scalar_type());
+  const std::int64_t B = ids_in.size(0), T = ids_in.size(1);
+  TORCH_CHECK(T <= d.max_seq, "forward: seq ", T, " exceeds max_seq ", d.max_seq);
+  const at::Tensor ids = ids_in.to(m.device, at::kLong);
+  check_ids(ids, d.vocab);
+  m.bind_if_stale();
+
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(m.device);
+  at::Tensor positions;
+  at::Tensor masked;  // [B, T, T] bool
+  const at::Tensor causal_hidden = at::ones({T, T}, long_opts.dtype(at::kBool)).triu(1);
+  if (attention_mask.defined()) {
+    TORCH_CHECK(attention_mask.sizes() == ids_in.sizes(), "forward: attention_mask ",
+                attention_mask.sizes(), " must match ids ", ids_in.sizes());
+    const at::Tensor real = attention_mask.to(m.device).ne(0);  // [B, T]
+    positions = (at::cumsum(real.to(at::kLong), 1) - 1).clamp_min(0);
+    // A padding key is hidden, except from itself: no query row is ever fully masked, so
+    // padding rows stay finite (NaN there would poison masked losses through 0 * NaN).
+    const at::Tensor eye = at::eye(T, long_opts.dtype(at::kBool));
+    const at::Tensor key_hidden = real.logical_not().unsqueeze(1).logical_and(eye.logical_not().unsqueeze(0));
+    masked = causal_hidden.unsqueeze(0).logical_or(key_hidden);
+  } else {
+    positions = at::arange(T, long_opts).unsqueeze(0).expand({B, T});
+    masked = causal_hidden.unsqueeze(0).expand({B, T, T});
+  }
+  const std::int64_t H = d.n_heads, KV = d.n_kv_heads, hd = d.head_dim();
+  const at::Tensor flat_pos = positions.reshape({-1});
+  const at::Tensor cos = m.rope_cos.index_select(0, flat_pos).view({B, T, hd / 2});
+  const at::Tensor sin = m.rope_sin.index_select(0, flat_pos).view({B, T, hd / 2});
+
+  at::Tensor h = at::embedding(m.embed, ids);  // [B, T, d]
+  for (const auto& w : m.layers) {
+    const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
+    const at::Tensor q = apply_rope(at::linear(x, w.q_w, w.q_b).view({B, T, H, hd}), cos, sin);
+    const at::Tensor k = apply_rope(at::linear(x, w.k_w, w.k_b).view({B, T, KV, hd}), cos, sin);
+    const at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, KV, hd});
+    h = h + at::linear(attend(q, k, v, masked), w.o_w);
+    h = h + swiglu_mlp(w, rms_norm(h, w.post_norm, d.norm_eps));
+  }
+  return at::linear(rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
+}
+
+at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_id>& seqs,
+                                        const std::vector<std::vector<std::int32_t>>& tokens,
+                                        logits_for which) const {
+  auto& m = *impl_;
+  const model_dims& d = m.dims;
+  TORCH_CHECK(seqs.size() == tokens.size(), "forward_cached: ", seqs.size(), " sequences but ",
+              tokens.size(), " token lists");
+  TORCH_CHECK(!seqs.empty(), "forward_cached: no sequences");
+  const model_dims& cd = cache.dims();
+  TORCH_CHECK(cd.n_layers == d.n_layers && cd.n_kv_heads == d.n_kv_heads &&
+                  cd.head_dim() == d.head_dim() && cd.max_seq <= d.max_seq,
+              "forward_cached: cache shape (layers ", cd.n_layers, ", kv heads ", cd.n_kv_heads,
+              ", head_dim ", cd.head_dim(), ") does not match the model (", d.n_layers, ", ",
+              d.n_kv_heads, ", ", d.head_dim(), ")");
+  TORCH_CHECK(cache.device() == m.device && cache.dtype() == c10::kFloat,
+              "forward_cached: cache must be fp32 on ", m.device);
+
+  std::vector<std::int64_t> counts(seqs.size());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    counts[i] = static_cast<std::int64_t>(tokens[i].size());
+    total += counts[i];
+  }
+  at::Tensor ids = at::empty({total}, at::kLong);
+  {
+    auto* p = ids.data_ptr<std::int64_t>();
+    for (const auto& t : tokens)
+      for (const std::int32_t tok : t) {
+        TORCH_CHECK(tok >= 0 && tok < d.vocab, "forward_cached: token id ", tok,
+                    " outside [0, ", d.vocab, ")");
+        *p++ = tok;
+      }
+  }
+  ids = ids.to(m.device);
+
+  at::NoGradGuard no_grad;
+  m.bind_if_stale();
+  const kv_append_plan plan = cache.plan_append(seqs, counts);
+  try {
+    const std::int64_t B = plan.batch, N = plan.total_new, K = plan.max_new, S = plan.max_len;
+    const std::int64_t H = d.n_heads, KV = d.n_kv_heads, hd = d.head_dim();
+    const at::Tensor cos = m.rope_cos.index_select(0, plan.positions);  // [N, hd/2]
+    const at::Tensor sin = m.rope_sin.index_select(0, plan.positions);
+    const bool onednn = m.gemm == decode_gemm::automatic && m.device.is_cpu() && at::hasMKLDNN();
+    at::Tensor h = at::embedding(m.embed, ids);  // [N, d]
+    for (std::int64_t l = 0; l < d.n_layers; ++l) {
+      const auto& w = m.layers[static_cast<std::size_t>(l)];
+      const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
+      const at::Tensor q = apply_rope(decode_linear(onednn, x, w.q_w, w.q_b).view({N, H, hd}), cos, sin);
+      const at::Tensor k = apply_rope(decode_linear(onednn, x, w.k_w, w.k_b).view({N, KV, hd}), cos, sin);
+      const at::Tensor v = decode_linear(onednn, x, w.v_w, w.v_b);
+      at::Tensor kpool = cache.keys(l);
+      at::Tensor vpool = cache.values(l);
+      kpool.index_copy_(0, plan.write_slots, k.reshape({N, KV * hd}));
+      vpool.index_copy_(0, plan.write_slots, v);
+      const at::Tensor keys = kpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
+      const at::Tensor vals = vpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
+      const at::Tensor qp = K == 1 ? q.view({B, 1, H, hd}) : q.index_select(0, plan.pad_rows).view({B, K, H, hd});
+      at::Tensor a = attend(qp, keys, vals, plan.masked).view({B * K, H * hd});
+      if (K != 1) a = a.index_select(0, plan.unpad_rows);
+      h = h + decode_linear(onednn, a, w.o_w);
+      h = h + decode_mlp(onednn, w, rms_norm(h, w.post_norm, d.norm_eps));
+    }
+    if (which == logits_for::last && K != 1) h = h.index_select(0, plan.last_rows);
+    return decode_linear(onednn, rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
+  } catch (...) {
+    cache.rollback(plan);
+    throw;
+  }
+}
+
+}  // namespace sorl::ml

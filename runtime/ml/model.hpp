@@ -1,0 +1,164 @@
+#pragma once
+
+// The policy: a decoder-only transformer of the Llama / Qwen2 family (token embedding,
+// RMSNorm, rotary position embedding, grouped-query attention, SwiGLU MLP, optional tied
+// embedding / LM head), on plain ATen tensors so that checkpoints, the optimizer and weight
+// sync can iterate one ordered list of named tensors. Not thread-safe: one owner at a time.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sorl::ml {
+
+class kv_cache;
+/// Handle of one kv_cache sequence; never reused within a cache.
+using seq_id = std::int64_t;
+
+/// Shape of a policy model. Plain data: the TOML `[model]` section is parsed into this at the
+/// entry point. Field names follow Hugging Face `LlamaConfig` where one exists.
+struct model_dims {
+  std::int64_t vocab = 272;       ///< vocabulary size (byte tokenizer: 256 bytes + specials)
+  std::int64_t d_model = 128;     ///< hidden size
+  std::int64_t n_layers = 4;      ///< decoder layers
+  std::int64_t n_heads = 4;       ///< query heads; head_dim = d_model / n_heads
+  std::int64_t n_kv_heads = 2;    ///< key/value heads (grouped-query attention), divides n_heads
+  std::int64_t d_ff = 384;        ///< SwiGLU intermediate size
+  std::int64_t max_seq = 512;     ///< longest sequence (prompt + completion), tokens
+  double rope_theta = 10000.0;    ///< RoPE base (Su et al. 2021, RoFormer eq. 15)
+  double norm_eps = 1e-5;         ///< RMSNorm epsilon (Zhang & Sennrich 2019)
+  bool tie_embeddings = true;     ///< LM head reuses model.embed_tokens.weight
+  bool qkv_bias = false;          ///< q/k/v projections carry a bias (Qwen2 does, Llama does not)
+
+  /// Per-head width, d_model / n_heads.
+  std::int64_t head_dim() const noexcept { return d_model / n_heads; }
+  /// Number of scalar parameters, counting a tied embedding once.
+  std::int64_t parameter_count() const noexcept;
+  /// Throws std::invalid_argument naming the first inconsistent field (non-positive sizes,
+  /// n_heads not a multiple of n_kv_heads, d_model not a multiple of n_heads, odd head_dim).
+  void validate() const;
+};
+
+/// Named model shapes. "tiny": d 128, 4 layers, 4 heads / 2 kv heads, d_ff 384, vocab 272,
+/// max_seq 512 (~0.83M parameters, learns the built-in tasks on 2 CPU cores in minutes).
+/// "50m": d 768, 8 layers, 12 heads / 4 kv heads, d_ff 2048, vocab 272, max_seq 1024
+/// (50.55M parameters). Throws std::invalid_argument for any other name.
+model_dims preset(std::string_view name);
+
+/// A parameter with its Hugging Face name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+using named_tensor = std::pair<std::string, at::Tensor>;
+
+/// Which positions forward_cached returns logits for.
+enum class logits_for {
+  last,  ///< one row per sequence: the last appended token (what decoding needs)
+  all,   ///< one row per appended token, packed in call order (what draft verification needs)
+};
+
+/// Which GEMM implementation forward_cached uses for its linear layers (the training forward
+/// always uses at::linear, which autograd differentiates).
+enum class decode_gemm {
+  /// oneDNN (libtorch's bundled MKLDNN) for fp32 CPU products of >= 2^18 multiply-adds when
+  /// libtorch has it, else at::linear. Debian's libtorch sends fp32 GEMM to the reference
+  /// netlib BLAS, single-threaded and 5-30x slower than oneDNN at decode batch sizes 8-64;
+  /// on CUDA this is plain at::linear.
+  automatic,
+  aten,  ///< always at::linear (whatever BLAS libtorch was built with)
+};
+
+/// RMSNorm: x * rsqrt(mean(x^2, -1) + eps) * weight (Zhang & Sennrich 2019; HF LlamaRMSNorm).
+/// x: [..., d] fp32, weight: [d] fp32 → [..., d] fp32.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+/// RoPE tables for positions 0..max_seq-1: cos and sin of pos * theta^(-2i/head_dim),
+/// i < head_dim/2, computed in double and rounded to fp32. Returns {cos, sin}, each
+/// [max_seq, head_dim/2] fp32 on `device`.
+std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t max_seq, std::int64_t head_dim,
+                                              double theta, c10::Device device = c10::kCPU);
+
+/// Rotates x by its positions in the Hugging Face "rotate_half" layout: the first and second
+/// halves of each head are the (real, imaginary) parts, out = (x1 c - x2 s, x2 c + x1 s).
+/// x: [..., heads, head_dim] fp32; cos, sin: [..., head_dim/2] fp32 (leading dims of x without
+/// the heads dim) → same shape as x.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// Decoder-only transformer, HF Llama semantics (and Qwen2 with qkv_bias). Weights are held in
+/// `weight_dtype()` (fp32 for training, bf16 for a rollout copy); arithmetic is always fp32,
+/// from an fp32 image of bf16 weights that is rebuilt when the weights change.
+/// Move-only: copying would silently share parameters; use clone().
+class policy_model {
+ public:
+  /// Random init as HF Llama: linear and embedding weights ~ N(0, init_std^2), norm weights 1,
+  /// biases 0, drawn on the CPU from `seed` (same weights on every device), fp32.
+  /// Throws std::invalid_argument if `dims` is inconsistent.
+  policy_model(const model_dims& dims, std::uint64_t seed, double init_std = 0.02,
+               c10::Device device = c10::kCPU);
+  policy_model(policy_model&&) noexcept;
+  policy_model& operator=(policy_model&&) noexcept;
+  policy_model(const policy_model&) = delete;
+  policy_model& operator=(const policy_model&) = delete;
+  ~policy_model();
+
+  const model_dims& dims() const noexcept;
+  c10::Device device() const noexcept;
+  /// Storage dtype of parameters(): kFloat (training) or kBFloat16 (rollout copy).
+  c10::ScalarType weight_dtype() const noexcept;
+
+  /// Every parameter once, in HF state-dict order: model.embed_tokens.weight; per layer
+  /// self_attn.{q,k,v}_proj.weight (+ .bias if qkv_bias), self_attn.o_proj.weight,
+  /// mlp.{gate,up,down}_proj.weight, input_layernorm.weight, post_attention_layernorm.weight;
+  /// model.norm.weight; lm_head.weight unless tied (a tied head is the embedding, listed once).
+  /// The tensors are the model's storage: write into them in place (copy_, index_put_), never
+  /// replace them. Writes through ATen ops are noticed by the next forward; raw pointer writes
+  /// need refresh_compute_weights().
+  const std::vector<named_tensor>& parameters() const noexcept;
+  /// The parameter called `name`; throws std::out_of_range naming it if there is none.
+  const at::Tensor& parameter(std::string_view name) const;
+  /// Sets requires_grad on every parameter (fp32 models only; throws for bf16).
+  void set_requires_grad(bool requires_grad);
+
+  /// A deep copy whose weights are cast to `weight_dtype` (kFloat or kBFloat16; round to
+  /// nearest even). `clone(at::kBFloat16)` is the rollout copy of a training model.
+  policy_model clone(c10::ScalarType weight_dtype) const;
+  /// Copies (and casts) every weight from `source`, which must have the same dims; a full
+  /// weight sync. Throws std::invalid_argument on a dims mismatch.
+  void copy_weights_from(const policy_model& source);
+  /// Rebuilds the fp32 compute image of bf16 weights; needed only after raw pointer writes.
+  void refresh_compute_weights();
+  /// Chooses forward_cached's GEMM backend (default decode_gemm::automatic). The backends
+  /// round differently in the last bits (|Δlogit| ~1e-6), never more.
+  void set_decode_gemm(decode_gemm g) noexcept;
+  decode_gemm get_decode_gemm() const noexcept;
+
+  /// Training forward, differentiable. ids: [batch, seq] integer token ids < vocab;
+  /// attention_mask: optional [batch, seq] (bool or integer, nonzero = real token), any mix of
+  /// left and right padding: positions count real tokens only (HF position_ids =
+  /// cumsum(mask) - 1), so a padded row gives the same logits at its real tokens as the
+  /// unpadded sequence. Logits at padding positions are finite and meaningless.
+  /// Returns [batch, seq, vocab] fp32. Throws c10::Error on bad shapes / ids, seq > max_seq.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& attention_mask = {}) const;
+
+  /// Incremental forward over a KV cache: appends tokens[i] (k_i >= 1 tokens, ragged) to cache
+  /// sequence seqs[i], all in one pass, and returns their logits: [seqs.size(), vocab] fp32
+  /// for logits_for::last, [sum k_i, vocab] fp32 packed in call order for logits_for::all.
+  /// Runs without autograd. Matches forward() on the full sequences up to fp32 rounding
+  /// (tests hold max |Δ| <= 1e-4 on logits of magnitude ~1-10). If the pass throws, every
+  /// sequence is rolled back to its previous length. Throws c10::Error for unknown or repeated
+  /// sequences, empty token lists, ids >= vocab, or a sequence that would exceed max_seq.
+  at::Tensor forward_cached(kv_cache& cache, const std::vector<seq_id>& seqs,
+                            const std::vector<std::vector<std::int32_t>>& tokens,
+                            logits_for which = logits_for::last) const;
+
+ private:
+  struct impl;
+  explicit policy_model(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace sorl::ml

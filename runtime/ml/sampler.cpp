@@ -1,0 +1,191 @@
+#include "runtime/ml/sampler.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+namespace sorl::ml {
+
+const char* to_string(finish_reason r) noexcept {
+  switch (r) {
+    case finish_reason::eos: return "eos";
+    case finish_reason::length: return "length";
+    case finish_reason::stop: return "stop";
+    case finish_reason::abort: return "abort";
+  }
+  return "?";
+}
+
+void validate(const sampling_params& p) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f)
+    throw std::invalid_argument(
+        fmt::format("sampling_params.temperature must be finite and >= 0, got {}", p.temperature));
+  if (p.top_k < 0)
+    throw std::invalid_argument(fmt::format("sampling_params.top_k must be >= 0, got {}", p.top_k));
+  if (std::isnan(p.top_p)) throw std::invalid_argument("sampling_params.top_p is NaN");
+  if (p.max_new_tokens < 1)
+    throw std::invalid_argument(
+        fmt::format("sampling_params.max_new_tokens must be >= 1, got {}", p.max_new_tokens));
+  for (const auto& s : p.stop_strings)
+    if (s.empty()) throw std::invalid_argument("sampling_params.stop_strings holds an empty string");
+}
+
+// ---------------------------------------------------------------------------------------------
+// sampler_rng
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& x) noexcept {
+  std::uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
+
+}  // namespace
+
+sampler_rng::sampler_rng(std::uint64_t seed, std::uint64_t stream) noexcept {
+  // splitmix64 is a bijection of its state, so distinct streams of one seed start from
+  // distinct states.
+  std::uint64_t x = seed;
+  std::uint64_t mixed = splitmix64(x) + stream;
+  for (auto& w : s_) w = splitmix64(mixed);
+}
+
+std::uint64_t sampler_rng::next_u64() noexcept {
+  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const std::uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double sampler_rng::uniform() noexcept {
+  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
+
+// ---------------------------------------------------------------------------------------------
+// distributions
+
+namespace {
+
+std::int32_t argmax(const float* logits, std::int64_t vocab) {
+  std::int64_t best = -1;
+  for (std::int64_t i = 0; i < vocab; ++i) {
+    if (std::isnan(logits[i])) throw std::invalid_argument(fmt::format("logits[{}] is NaN", i));
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  if (logits[best] == -std::numeric_limits<float>::infinity())
+    throw std::invalid_argument("every logit is -inf: nothing to sample");
+  return static_cast<std::int32_t>(best);
+}
+
+}  // namespace
+
+std::vector<token_prob> sampling_distribution(const float* logits, std::int64_t vocab,
+                                              const sampling_params& p) {
+  validate(p);
+  if (vocab < 1) throw std::invalid_argument(fmt::format("vocab must be >= 1, got {}", vocab));
+  const std::int32_t best = argmax(logits, vocab);  // also rejects NaN / all -inf
+  if (p.temperature == 0.0f || p.top_k == 1 || p.top_p <= 0.0f) return {{best, 1.0}};
+
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  const double zmax = static_cast<double>(logits[best]) * inv_t;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  // Dividing by a positive temperature keeps the order, so ranking raw logits is exact.
+  const std::int64_t k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
+  // TODO(perf): for large vocabularies without top-k/top-p this full sort is avoidable.
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  order.resize(static_cast<std::size_t>(k));
+
+  std::vector<token_prob> out;
+  out.reserve(order.size());
+  double sum = 0.0;
+  for (const std::int32_t t : order) {
+    const double w = std::exp(static_cast<double>(logits[t]) * inv_t - zmax);
+    out.push_back({t, w});
+    sum += w;
+  }
+  for (auto& tp : out) tp.prob /= sum;
+
+  if (p.top_p < 1.0f) {
+    // Keep token i while the mass before it is still short of top_p: the smallest prefix
+    // whose mass reaches top_p (Holtzman et al. 2020, eq. 2).
+    const double target = static_cast<double>(p.top_p);
+    double mass = 0.0;
+    std::size_t keep = 0;
+    while (keep < out.size() && mass < target) mass += out[keep++].prob;
+    out.resize(keep);
+    for (auto& tp : out) tp.prob /= mass;
+  }
+  while (out.size() > 1 && out.back().prob == 0.0) out.pop_back();  // -inf logits
+  return out;
+}
+
+double training_logprob(const float* logits, std::int64_t vocab, float temperature,
+                        std::int32_t token) {
+  if (token < 0 || token >= vocab)
+    throw std::invalid_argument(fmt::format("token {} outside [0, {})", token, vocab));
+  const double inv_t = temperature > 0.0f ? 1.0 / static_cast<double>(temperature) : 1.0;
+  double zmax = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < vocab; ++i) zmax = std::max(zmax, static_cast<double>(logits[i]) * inv_t);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) * inv_t - zmax);
+  return static_cast<double>(logits[token]) * inv_t - zmax - std::log(sum);
+}
+
+sampled_token sample_token(const float* logits, std::int64_t vocab, const sampling_params& p,
+                           sampler_rng& rng) {
+  const std::vector<token_prob> dist = sampling_distribution(logits, vocab, p);
+  const double u = rng.uniform();
+  std::int32_t token = dist.back().token;  // if rounding leaves u past the last edge
+  double acc = 0.0;
+  for (const auto& tp : dist) {
+    acc += tp.prob;
+    if (u < acc) {
+      token = tp.token;
+      break;
+    }
+  }
+  return {token, static_cast<float>(training_logprob(logits, vocab, p.temperature, token))};
+}
+
+// ---------------------------------------------------------------------------------------------
+// stop_checker
+
+stop_checker::stop_checker(const sampling_params& p, detokenize_fn detokenize)
+    : eos_(p.eos_token_ids),
+      stops_(p.stop_strings),
+      max_new_tokens_(p.max_new_tokens),
+      detokenize_(std::move(detokenize)) {
+  if (!stops_.empty() && !detokenize_)
+    throw std::invalid_argument("stop_checker: stop strings need a detokenize function");
+}
+
+std::optional<finish_reason> stop_checker::check(const std::vector<std::int32_t>& completion) const {
+  if (completion.empty()) return std::nullopt;
+  if (std::find(eos_.begin(), eos_.end(), completion.back()) != eos_.end()) return finish_reason::eos;
+  if (!stops_.empty()) {
+    const std::string text = detokenize_(completion);
+    for (const auto& s : stops_)
+      if (text.find(s) != std::string::npos) return finish_reason::stop;
+  }
+  if (static_cast<std::int64_t>(completion.size()) >= max_new_tokens_) return finish_reason::length;
+  return std::nullopt;
+}
+
+}  // namespace sorl::ml

@@ -1,0 +1,264 @@
+#pragma once
+
+// Tasks with verifiable rewards: the interfaces rollout workers and the trainer use,
+// the plain option structs the TOML layer fills, and the task factory.
+//
+// Built-in tasks (each in its own header):
+//   "arithmetic"    single-turn, generated      runtime/ml/tasks_arithmetic.hpp
+//   "number_guess"  multi-turn environment      runtime/ml/environments.hpp
+//   "jsonl"         single-turn, user dataset   runtime/ml/jsonl_task.hpp
+//
+// Rewards are in [0, 1]. Model output is untrusted: a malformed completion or action
+// never throws, it scores 0 and says why in `reason`. Exceptions are for the caller's
+// mistakes (std::invalid_argument, std::out_of_range, std::logic_error) and for bad input
+// files (task_data_error).
+
+#include "runtime/ml/tokenizer.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sorl::ml {
+
+/// The part of a task a prompt comes from. The two splits never share a problem
+/// (see each task for what "problem" means), so eval accuracy measures prompts the
+/// policy was not trained on.
+enum class task_split { train, eval };
+
+/// "train" or "eval".
+std::string_view to_string(task_split split);
+
+/// One prompt of a single-turn task.
+struct task_prompt {
+  task_split split = task_split::train;
+  std::uint64_t index = 0; ///< position in its split; with the task, determines the prompt
+  std::string prompt;      ///< the text the policy continues (encoded after BOS)
+  std::string reference;   ///< the reference answer, in the task's answer format
+};
+
+/// A verifiable reward with the reason it was given.
+struct reward_result {
+  double reward = 0.0; ///< in [0, 1]
+  std::string reason;  ///< short, valid UTF-8 (safe to put into JSON logs)
+};
+
+/// A supervised example for the warm start: `completion` is what the policy should emit
+/// after `prompt`, without the EOS the caller appends.
+struct demonstration {
+  std::string prompt;
+  std::string completion;
+  bool correct = true; ///< false for the deliberately wrong share
+};
+
+/// A single-turn task: prompt → completion → reward. Immutable and thread-safe: one
+/// instance serves all workers.
+class single_turn_task {
+public:
+  virtual ~single_turn_task() = default;
+
+  /// The factory name ("arithmetic", "jsonl").
+  virtual std::string_view name() const = 0;
+
+  /// Number of prompts in `split`, or nullopt when prompts are generated without bound
+  /// (then every index is valid, and indices map to a seeded random stream).
+  virtual std::optional<std::uint64_t> size(task_split split) const = 0;
+
+  /// Prompt `index` of `split`; a pure function of the task's options, split and index.
+  /// Throws std::out_of_range when `index >= size(split)` or the split is empty.
+  virtual task_prompt prompt(task_split split, std::uint64_t index) const = 0;
+
+  /// Scores `completion` (the decoded generated text before the stop token, EOS or
+  /// `<|end_turn|>` excluded; special tokens skipped) against `prompt`. Never throws on
+  /// model output. Whether a rollout truncated at max_new_tokens counts as a failure is
+  /// the caller's choice (the learner's overlong handling); this sees only text.
+  virtual reward_result score(const task_prompt& prompt, std::string_view completion) const
+    = 0;
+
+  /// A plausible wrong completion for `prompt` (scores 0), deterministic in `seed`; for
+  /// the wrong share of demonstrations.
+  virtual std::string wrong_completion(const task_prompt& prompt, std::uint64_t seed) const
+    = 0;
+};
+
+/// What one environment step returns.
+struct env_step {
+  std::string observation; ///< text of the next user turn (empty once done)
+  double reward = 0.0;     ///< in [0, 1]; nonzero only on the final step
+  bool done = false;       ///< the episode is over: no further step is allowed
+  std::string reason;      ///< why this feedback / reward (valid UTF-8)
+};
+
+/// One episode's state of a multi-turn environment. Not thread-safe: one per episode.
+class environment {
+public:
+  virtual ~environment() = default;
+
+  /// Starts a new episode (discarding any running one); returns the first observation.
+  virtual std::string reset(std::uint64_t seed) = 0;
+
+  /// Applies the policy's action (the assistant turn's text, markers excluded). Never
+  /// throws on malformed actions: they cost a turn and get feedback saying why.
+  /// Throws std::logic_error if no episode is running (before reset or after done).
+  virtual env_step step(std::string_view action) = 0;
+
+  /// Actions taken in the current episode.
+  virtual int turns() const = 0;
+};
+
+/// A multi-turn task: a source of environments and of the episode seeds of each split.
+/// Immutable and thread-safe.
+class multi_turn_task {
+public:
+  virtual ~multi_turn_task() = default;
+
+  /// The factory name ("number_guess").
+  virtual std::string_view name() const = 0;
+
+  /// A fresh environment; call `reset(episode_seed(...))` on it.
+  virtual std::unique_ptr<environment> make_environment() const = 0;
+
+  /// The reset seed of episode `index` of `split`. Distinct (split, index) pairs give
+  /// distinct seeds for index < 2^63 (a bijective mix), so eval seeds are never train seeds.
+  virtual std::uint64_t episode_seed(task_split split, std::uint64_t index) const = 0;
+
+  /// The most actions an episode allows (the rollout's turn budget).
+  virtual int max_turns() const = 0;
+
+  /// A demonstration episode for the environment reset with `seed`: alternating user
+  /// observations and assistant actions, ending with the last action (the final
+  /// feedback is not part of it). `correct` picks an expert policy, otherwise one that
+  /// ignores feedback (it may still succeed by chance).
+  virtual std::vector<chat_message> demonstrate(std::uint64_t seed, bool correct) const = 0;
+};
+
+/// Thrown when a task's input file is unreadable or malformed. The message starts with
+/// "<path>:<line>: " (line 0 when the error concerns the whole file).
+class task_data_error : public std::runtime_error {
+public:
+  /// `line` 0 for whole-file errors.
+  task_data_error(std::string path, std::size_t line, const std::string& what);
+
+  /// The file concerned.
+  const std::string& path() const noexcept { return path_; }
+  /// 1-based line number, 0 for whole-file errors.
+  std::size_t line() const noexcept { return line_; }
+
+private:
+  std::string path_;
+  std::size_t line_;
+};
+
+// -- options (filled by the config layer; validated by make_task) ------------------------
+
+/// Options of the "arithmetic" task (runtime/ml/tasks_arithmetic.hpp).
+struct arithmetic_options {
+  int min_digits = 1;          ///< digits per operand, at least 1
+  int max_digits = 2;          ///< at most 9, so products fit in int64
+  std::string operators = "+"; ///< non-empty subset of "+-*/"
+  bool allow_negative = true;  ///< for '-': when false, operands are ordered so a-b >= 0
+};
+
+/// Options of the "number_guess" environment (runtime/ml/environments.hpp).
+struct number_guess_options {
+  std::int64_t lo = 1;   ///< smallest possible hidden number
+  std::int64_t hi = 100; ///< largest possible hidden number (>= lo, hi - lo < 2^62)
+  int max_turns = 10;    ///< guesses allowed; >= 1
+};
+
+/// How a "jsonl" task compares a completion with the reference answer.
+enum class answer_match {
+  exact,   ///< equal after trimming ASCII whitespace on both sides
+  integer, ///< `parse_integer_answer` format, equal values (references checked at load)
+};
+
+/// Options of the "jsonl" task (runtime/ml/jsonl_task.hpp).
+struct jsonl_options {
+  std::string path;      ///< the dataset; required
+  std::string eval_path; ///< optional held-out dataset; when set, it is the whole eval split
+  answer_match match = answer_match::exact;
+};
+
+/// Everything `make_task` needs; only the struct for the named task is read.
+struct task_options {
+  std::uint64_t seed = 0; ///< selects the generated prompts / episode seeds
+  /// Share of the problem space held out for the eval split, in [0, 1). 0 leaves the eval
+  /// split empty. Ignored by "jsonl" when `jsonl.eval_path` is set, and by "number_guess",
+  /// whose splits are disjoint seed streams.
+  double eval_fraction = 0.1;
+  arithmetic_options arithmetic;
+  number_guess_options number_guess;
+  jsonl_options jsonl;
+};
+
+/// A task of either kind; exactly one of the pointers is set.
+struct any_task {
+  std::shared_ptr<const single_turn_task> single_turn;
+  std::shared_ptr<const multi_turn_task> multi_turn;
+
+  /// Whether this is a multi-turn task (`multi_turn` set).
+  bool is_multi_turn() const noexcept { return multi_turn != nullptr; }
+  /// The task's factory name; "" when neither pointer is set.
+  std::string_view name() const;
+};
+
+/// Builds the task called `name` ("arithmetic", "number_guess" or "jsonl") from `options`.
+/// Throws std::invalid_argument for an unknown name (listing the known ones) or an
+/// invalid option (naming it), and task_data_error for an unreadable/malformed dataset.
+any_task make_task(std::string_view name, const task_options& options);
+
+/// The names `make_task` accepts.
+std::vector<std::string> task_names();
+
+// -- answer format ----------------------------------------------------------------------
+
+/// Result of `parse_integer_answer`: a value, or the reason there is none.
+struct integer_answer {
+  std::optional<std::int64_t> value;
+  std::string error; ///< set when `value` is empty
+};
+
+/// Parses the strict integer answer format used by "arithmetic", "number_guess" and
+/// "jsonl" in integer mode: optional ASCII whitespace (space, \t, \n, \r), then a
+/// canonical decimal integer `-?(0|[1-9][0-9]*)` that fits in int64 and isn't "-0",
+/// then optional ASCII whitespace — nothing else (no '+', no leading zeros, no text).
+integer_answer parse_integer_answer(std::string_view text);
+
+/// `text` without leading and trailing ASCII whitespace (space, \t, \n, \r).
+std::string_view trim_ascii_whitespace(std::string_view text);
+
+/// `text` quoted for a reason string: at most `max_bytes` bytes (then "..."), UTF-8
+/// sanitized, control characters escaped.
+std::string quote_for_reason(std::string_view text, std::size_t max_bytes = 40);
+
+// -- demonstrations for the supervised warm start ---------------------------------------
+
+/// `count` demonstrations from prompts first_index, first_index+1, ... of `split`.
+/// Exactly round(count * wrong_fraction) of them, at positions drawn from `seed`, carry
+/// `task.wrong_completion` instead of the reference. Throws std::invalid_argument if
+/// wrong_fraction is outside [0, 1]; std::out_of_range as `task.prompt` does.
+std::vector<demonstration> make_demonstrations(const single_turn_task& task, task_split split,
+                                               std::uint64_t first_index, std::size_t count,
+                                               double wrong_fraction, std::uint64_t seed);
+
+/// A demonstration episode of a multi-turn task.
+struct episode_demonstration {
+  std::vector<chat_message> chat; ///< see multi_turn_task::demonstrate
+  bool correct = true;            ///< whether the expert policy produced it
+};
+
+/// `count` demonstration episodes, episode seeds first_index, ... of `split`; exactly
+/// round(count * wrong_fraction) of them, at positions drawn from `seed`, come from the
+/// feedback-ignoring policy. Throws std::invalid_argument if wrong_fraction is outside
+/// [0, 1].
+std::vector<episode_demonstration>
+make_episode_demonstrations(const multi_turn_task& task, task_split split,
+                            std::uint64_t first_index, std::size_t count,
+                            double wrong_fraction, std::uint64_t seed);
+
+} // namespace sorl::ml

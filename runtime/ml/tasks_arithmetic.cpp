@@ -1,0 +1,158 @@
+#include "runtime/ml/tasks_arithmetic.hpp"
+
+#include "runtime/ml/tasks_random.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace sorl::ml {
+
+namespace {
+
+constexpr int max_supported_digits = 9;
+constexpr int max_draws = 100000;
+
+std::int64_t pow10(int n) {
+  std::int64_t p = 1;
+  for (int i = 0; i < n; ++i)
+    p *= 10;
+  return p;
+}
+
+// A number with a digit count drawn from [min_digits, max_digits]; one digit includes 0.
+std::int64_t draw_operand(detail::split_mix& rng, int min_digits, int max_digits,
+                          bool nonzero) {
+  const int digits = static_cast<int>(rng.between(min_digits, max_digits));
+  const std::int64_t lo = digits == 1 ? (nonzero ? 1 : 0) : pow10(digits - 1);
+  return rng.between(lo, pow10(digits) - 1);
+}
+
+struct problem {
+  std::int64_t a = 0;
+  char op = '+';
+  std::int64_t b = 0;
+  std::int64_t result = 0;
+
+  std::string text() const { return std::to_string(a) + op + std::to_string(b); }
+};
+
+problem draw_problem(detail::split_mix& rng, const arithmetic_options& opt) {
+  problem p;
+  p.op = opt.operators[rng.below(opt.operators.size())];
+  switch (p.op) {
+    case '+':
+      p.a = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.b = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.result = p.a + p.b;
+      break;
+    case '-':
+      p.a = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.b = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      if (!opt.allow_negative && p.a < p.b)
+        std::swap(p.a, p.b);
+      p.result = p.a - p.b;
+      break;
+    case '*':
+      p.a = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.b = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.result = p.a * p.b;
+      break;
+    default: { // '/', validated at construction
+      p.b = draw_operand(rng, opt.min_digits, opt.max_digits, true);
+      const std::int64_t q = draw_operand(rng, opt.min_digits, opt.max_digits, false);
+      p.a = p.b * q;
+      p.result = q;
+      break;
+    }
+  }
+  return p;
+}
+
+} // namespace
+
+arithmetic_task::arithmetic_task(const arithmetic_options& options, std::uint64_t seed,
+                                 double eval_fraction)
+  : options_(options), seed_(seed), eval_fraction_(eval_fraction) {
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument("arithmetic task: " + what);
+  };
+  if (options.min_digits < 1)
+    fail("min_digits must be >= 1, got " + std::to_string(options.min_digits));
+  if (options.max_digits < options.min_digits)
+    fail("max_digits (" + std::to_string(options.max_digits) + ") must be >= min_digits ("
+         + std::to_string(options.min_digits) + ")");
+  if (options.max_digits > max_supported_digits)
+    fail("max_digits must be <= " + std::to_string(max_supported_digits) + ", got "
+         + std::to_string(options.max_digits));
+  if (options.operators.empty())
+    fail("operators must name at least one of \"+-*/\"");
+  for (char c : options.operators)
+    if (c != '+' && c != '-' && c != '*' && c != '/')
+      fail("operators may contain only '+', '-', '*', '/', got "
+           + quote_for_reason(options.operators));
+  if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
+    fail("eval_fraction must be in [0, 1), got " + std::to_string(eval_fraction));
+}
+
+std::string_view arithmetic_task::name() const {
+  return "arithmetic";
+}
+
+std::optional<std::uint64_t> arithmetic_task::size(task_split split) const {
+  if (split == task_split::eval && eval_fraction_ == 0.0)
+    return 0;
+  return std::nullopt;
+}
+
+task_split arithmetic_task::split_of_problem(std::string_view problem) const {
+  // Independent of the seed on purpose: a warm start and an RL run with different seeds
+  // must still agree on which problems are held out.
+  return detail::split_of(detail::hash_text(problem), eval_fraction_);
+}
+
+task_prompt arithmetic_task::prompt(task_split split, std::uint64_t index) const {
+  if (split == task_split::eval && eval_fraction_ == 0.0)
+    throw std::out_of_range("arithmetic task: the eval split is empty (eval_fraction = 0)");
+  detail::split_mix rng(detail::stream_seed(seed_, split, index));
+  for (int draw = 0; draw < max_draws; ++draw) {
+    const problem p = draw_problem(rng, options_);
+    const std::string text = p.text();
+    if (split_of_problem(text) != split)
+      continue;
+    task_prompt out;
+    out.split = split;
+    out.index = index;
+    out.prompt = text + "=";
+    out.reference = std::to_string(p.result);
+    return out;
+  }
+  throw std::runtime_error("arithmetic task: no problem of the " + std::string(to_string(split))
+                           + " split found in " + std::to_string(max_draws)
+                           + " draws; widen the digits or change eval_fraction");
+}
+
+reward_result arithmetic_task::score(const task_prompt& prompt,
+                                     std::string_view completion) const {
+  const integer_answer got = parse_integer_answer(completion);
+  if (!got.value)
+    return {0.0, got.error};
+  const integer_answer want = parse_integer_answer(prompt.reference);
+  if (!want.value) // a caller-built prompt with a bad reference: still no throw on output
+    return {0.0, "reference is not an integer: " + quote_for_reason(prompt.reference)};
+  if (*got.value != *want.value)
+    return {0.0, "wrong answer: got " + std::to_string(*got.value) + ", expected "
+                   + std::to_string(*want.value)};
+  return {1.0, "correct"};
+}
+
+std::string arithmetic_task::wrong_completion(const task_prompt& prompt,
+                                              std::uint64_t seed) const {
+  const integer_answer ref = parse_integer_answer(prompt.reference);
+  detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
+  std::int64_t offset = rng.between(1, 10);
+  if (rng.below(2) == 0)
+    offset = -offset;
+  return std::to_string(ref.value.value_or(0) + offset);
+}
+
+} // namespace sorl::ml

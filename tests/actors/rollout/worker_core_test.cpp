@@ -1,0 +1,179 @@
+#include <catch2/catch.hpp>
+
+#include <ATen/Parallel.h>
+
+#include "actors/rollout/worker_core.hpp"
+#include "runtime/ml/tokenizer.hpp"
+
+using namespace sorl;
+using namespace sorl::rollout;
+
+namespace {
+
+ml::model_dims small_dims() {
+  ml::model_dims d = ml::preset("tiny");
+  d.d_model = 32;
+  d.n_layers = 1;
+  d.n_heads = 2;
+  d.n_kv_heads = 1;
+  d.d_ff = 64;
+  d.max_seq = 96;
+  return d;
+}
+
+ml::any_task arithmetic() {
+  ml::task_options o;
+  o.seed = 3;
+  return ml::make_task("arithmetic", o);
+}
+
+ml::any_task guessing() {
+  ml::task_options o;
+  o.seed = 3;
+  o.number_guess.max_turns = 4;
+  return ml::make_task("number_guess", o);
+}
+
+rollout_request request(uint64_t id, uint64_t group, uint32_t sample, uint64_t seed,
+                        uint32_t max_new = 6) {
+  rollout_request r;
+  r.request_id = id;
+  r.group_id = group;
+  r.sample_index = sample;
+  r.group_size = 4;
+  r.task_index = group;
+  r.seed = seed;
+  r.max_new_tokens = max_new;
+  r.temperature = 1.0f;
+  return r;
+}
+
+/// A clock that advances 1000 ns per reading, so timings are exact.
+worker_options counting_clock() {
+  worker_options o;
+  o.max_batch = 16;
+  auto t = std::make_shared<int64_t>(0);
+  o.clock = [t] { return *t += 1000; };
+  return o;
+}
+
+std::vector<rollout_result> run(worker_core& w) {
+  std::vector<rollout_result> all;
+  for (int guard = 0; guard < 1000 && !w.idle(); ++guard)
+    for (auto& r : w.step())
+      all.push_back(std::move(r));
+  REQUIRE(w.idle());
+  return all;
+}
+
+} // namespace
+
+TEST_CASE("a rollout's tokens do not depend on which siblings share its worker") {
+  at::set_num_threads(1);
+  worker_core together{small_dims(), arithmetic(), counting_clock()};
+  for (uint32_t i = 0; i < 4; ++i)
+    together.enqueue(request(10 + i, 7, i, 99));
+  auto all = run(together);
+  REQUIRE(all.size() == 4);
+
+  // Sample 2 alone on another worker (same weights: both are the seed-0 init).
+  worker_core alone{small_dims(), arithmetic(), counting_clock()};
+  alone.enqueue(request(12, 7, 2, 99));
+  auto one = run(alone);
+  REQUIRE(one.size() == 1);
+  auto it = std::find_if(all.begin(), all.end(),
+                         [](const rollout_result& r) { return r.request.sample_index == 2; });
+  REQUIRE(it != all.end());
+  CHECK(it->response == one[0].response);
+  CHECK(it->logprobs == one[0].logprobs);
+  // Siblings draw from different streams: not all four identical.
+  bool differ = false;
+  for (auto& r : all)
+    differ = differ || r.response != all[0].response;
+  CHECK(differ);
+}
+
+TEST_CASE("single-turn rollouts carry masks, log-probs, rewards and exact timing events") {
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  w.enqueue(request(1, 0, 0, 5, 3));
+  w.enqueue(request(2, 0, 1, 5, 3));
+  CHECK(w.in_flight() == 2);
+  auto all = run(w);
+  REQUIRE(all.size() == 2);
+  ml::byte_tokenizer tok;
+  for (auto& r : all) {
+    CHECK(r.prompt.front() == tok.special_id(ml::special_token::bos));
+    CHECK(r.response.size() >= 1);
+    CHECK(r.response.size() <= 3);
+    CHECK(r.loss_mask == std::vector<uint8_t>(r.response.size(), 1));
+    CHECK(r.logprobs.size() == r.response.size());
+    for (auto lp : r.logprobs)
+      CHECK(lp <= 0.0f);
+    CHECK(r.reward >= 0.0);
+    CHECK(r.reward <= 1.0);
+    CHECK(!r.reward_reason.empty());
+    CHECK(r.turns == 1);
+    CHECK(r.end_ns > r.start_ns);
+    if (r.response.size() == 3 && r.response.back() != tok.special_id(ml::special_token::eos))
+      CHECK(r.finish == ml::finish_reason::length);
+  }
+  auto events = w.take_events();
+  REQUIRE(events.size() == 4);
+  CHECK(events[0].kind == event_kind::start);
+  CHECK(events[0].ns == 1000);
+  CHECK(events[1].kind == event_kind::start);
+  CHECK(events[1].ns == 2000);
+  CHECK(events[2].kind == event_kind::finish);
+  CHECK(events[3].kind == event_kind::finish);
+  CHECK(w.take_events().empty());
+}
+
+TEST_CASE("multi-turn rollouts interleave policy tokens with untrained environment turns") {
+  at::set_num_threads(1);
+  worker_core w{small_dims(), guessing(), counting_clock()};
+  w.enqueue(request(1, 0, 0, 11, 4));
+  auto all = run(w);
+  REQUIRE(all.size() == 1);
+  auto& r = all[0];
+  ml::byte_tokenizer tok;
+  CHECK(r.turns >= 1);
+  CHECK(r.turns <= 4);
+  REQUIRE(r.loss_mask.size() == r.response.size());
+  REQUIRE(r.logprobs.size() == r.response.size());
+  size_t env_tokens = 0;
+  for (size_t i = 0; i < r.response.size(); ++i)
+    if (r.loss_mask[i] == 0) {
+      ++env_tokens;
+      CHECK(r.logprobs[i] == 0.0f);
+    }
+  if (r.turns > 1) {
+    CHECK(env_tokens > 0);
+    // Each environment turn ends by reopening the assistant's turn.
+    auto assistant = tok.special_id(ml::special_token::assistant);
+    CHECK(std::count(r.response.begin(), r.response.end(), assistant) == r.turns - 1);
+  }
+  // The prompt is a chat that ends with the open assistant turn.
+  CHECK(r.prompt.back() == tok.special_id(ml::special_token::assistant));
+  auto chunks = 0;
+  for (auto& e : w.take_events())
+    chunks += e.kind == event_kind::chunk;
+  CHECK(chunks == static_cast<int>(r.turns) - 1);
+}
+
+TEST_CASE("abort_all returns every held rollout as aborted with reward 0") {
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  for (uint32_t i = 0; i < 3; ++i)
+    w.enqueue(request(i, 1, i, 5, 6));
+  CHECK_THROWS_AS(w.enqueue(request(1, 1, 1, 5, 6)), std::invalid_argument);
+  auto finished = w.step().size(); // an EOS at the first token finishes a rollout at once
+  auto aborted = w.abort_all();
+  CHECK(finished + aborted.size() == 3);
+  for (auto& r : aborted) {
+    CHECK(r.finish == ml::finish_reason::abort);
+    CHECK(r.reward == 0.0);
+    CHECK(r.reward_reason == "aborted");
+  }
+  CHECK(w.idle());
+}

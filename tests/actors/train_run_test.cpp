@@ -1,0 +1,197 @@
+// `sorl train` / `sorl node` end to end on a small config: real processes, bounded waits.
+
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/process.hpp"
+
+using namespace std::chrono_literals;
+using sorl::test::child_process;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path data_dir() {
+  return fs::path{SORL_TEST_DATA_DIR};
+}
+
+/// A small GRPO run: B = 4 prompts, G = 4, tiny model, no warm start, `steps` steps.
+std::string small_config(const std::string& name, int steps, const std::string& nodes,
+                         int checkpoint_every = 0) {
+  std::ostringstream s;
+  s << "[run]\nname = \"" << name << "\"\nseed = 5\nsteps = " << steps << "\noutput_dir = \""
+    << (data_dir() / "runs").string() << "\"\ncheckpoint_every = " << checkpoint_every << R"(
+[model]
+preset = "tiny"
+[task]
+name = "arithmetic"
+max_new_tokens = 4
+eval_prompts = 8
+[algorithm]
+prompts_per_step = 4
+lr = 1e-4
+[sagc]
+group_size = 4
+[sync]
+bucket_bytes = 65536
+[rollout]
+max_batch = 16
+[network]
+heartbeat_ms = 100
+connection_timeout_ms = 1500
+connect_timeout_ms = 20000
+join_timeout_ms = 30000
+)" << nodes;
+  return s.str();
+}
+
+const char* one_node = R"(
+[[node]]
+name = "main"
+actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler",
+          { role = "rollout_worker", count = 2 }]
+)";
+
+const char* three_nodes = R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:0"
+actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler"]
+[[node]]
+name = "rollout-a"
+actors = ["rollout_worker"]
+[[node]]
+name = "rollout-b"
+actors = ["rollout_worker"]
+)";
+
+std::string write(const std::string& file, const std::string& text) {
+  fs::create_directories(data_dir());
+  auto path = data_dir() / file;
+  std::ofstream{path} << text;
+  return path.string();
+}
+
+std::vector<std::string> jsonl(const std::string& run) {
+  std::ifstream in{data_dir() / "runs" / run / "metrics.jsonl"};
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+std::string field(const std::string& line, const std::string& key) {
+  std::smatch m;
+  REQUIRE(std::regex_search(line, m, std::regex{"\"" + key + "\":(\"[^\"]*\"|[-0-9.e+]+)"}));
+  return m[1];
+}
+
+} // namespace
+
+TEST_CASE("a few synchronous steps in one process keep every invariant") {
+  fs::remove_all(data_dir() / "runs" / "inproc");
+  auto cfg = write("inproc.toml", small_config("inproc", 3, one_node));
+  child_process p{{SORL_BIN, "train", cfg}};
+  auto rc = p.wait_exit(600s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  auto lines = jsonl("inproc");
+  REQUIRE(lines.size() == 3); // one record per step
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CHECK(field(lines[i], "step") == std::to_string(i + 1));
+    CHECK(field(lines[i], "version") == std::to_string(i + 1) + ".0");
+    CHECK(field(lines[i], "rollouts") == "16.0"); // every group complete: B × G
+    CHECK(field(lines[i], "trained_groups") == "4.0");
+    CHECK(field(lines[i], "checksum") == "\"ok\""); // every worker acked the publisher's hash
+  }
+  CHECK(p.wait_for("held-out accuracy (before", 1s));
+  CHECK(p.wait_for("held-out accuracy (after", 1s));
+  CHECK(p.wait_for("job finished: 3 steps", 1s));
+}
+
+TEST_CASE("a resumed run restores model and optimizer bit for bit and continues the log") {
+  fs::remove_all(data_dir() / "runs" / "resume");
+  auto first = write("resume.toml", small_config("resume", 2, one_node, 2));
+  {
+    child_process p{{SORL_BIN, "train", first}};
+    auto rc = p.wait_exit(600s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+  }
+  // Kill a longer run after its first checkpoint.
+  auto longer = write("resume4.toml", small_config("resume", 4, one_node, 2));
+  std::string saved;
+  {
+    child_process p{{SORL_BIN, "train", longer, "--resume"}};
+    REQUIRE(p.wait_for("resumed step 2:", 300s));
+    REQUIRE(p.wait_for("checkpoint step 4:", 300s));
+    CHECK(p.wait_exit(60s) == 0);
+    std::smatch m;
+    auto out = p.output();
+    REQUIRE(std::regex_search(out, m, std::regex{"checkpoint step 4: (weights [0-9a-f]+ "
+                                                 "optimizer [0-9a-f]+)"}));
+    saved = m[1];
+  }
+  {
+    // Resume from step 4 with nothing left to do: what is loaded must be what was saved.
+    child_process p{{SORL_BIN, "train", longer, "--resume"}};
+    auto rc = p.wait_exit(300s);
+    INFO(p.output());
+    CHECK(rc == 0);
+    std::smatch m;
+    auto out = p.output();
+    REQUIRE(std::regex_search(out, m, std::regex{"resumed step 4: (weights [0-9a-f]+ "
+                                                 "optimizer [0-9a-f]+)"}));
+    CHECK(m[1] == saved);
+  }
+  auto lines = jsonl("resume");
+  REQUIRE(lines.size() == 4);
+  for (size_t i = 0; i < lines.size(); ++i)
+    CHECK(field(lines[i], "step") == std::to_string(i + 1));
+}
+
+TEST_CASE("three processes train with the same step semantics, also when a worker dies") {
+  fs::remove_all(data_dir() / "runs" / "threeproc");
+  auto cfg = write("threeproc.toml", small_config("threeproc", 4, three_nodes));
+  child_process hub{{SORL_BIN, "node", cfg, "--node", "main"}};
+  REQUIRE(hub.wait_for("listening on 127.0.0.1:", 30s));
+  std::smatch m;
+  auto out = hub.output();
+  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
+  std::string port = m[1];
+  child_process a{{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect", "127.0.0.1:" + port}};
+  child_process b{{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect", "127.0.0.1:" + port}};
+  REQUIRE(hub.wait_for("step 2/4", 600s));
+  b.signal(SIGKILL); // mid-run: its in-flight requests are re-placed on rollout-a
+  auto rc = hub.wait_exit(600s);
+  INFO(hub.output());
+  REQUIRE(rc == 0);
+  CHECK(a.wait_exit(30s) == 0);
+  CHECK(hub.wait_for("peer down: rollout_worker#1@rollout-b", 1s));
+  auto lines = jsonl("threeproc");
+  REQUIRE(lines.size() == 4);
+  for (auto& line : lines) {
+    CHECK(field(line, "rollouts") == "16.0");
+    CHECK(field(line, "checksum") == "\"ok\"");
+  }
+}
+
+TEST_CASE("a malformed prompts file is refused before anything starts") {
+  auto bad = data_dir() / "bad_prompts.jsonl";
+  std::ofstream{bad} << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": 3}\n";
+  auto text = small_config("badjsonl", 1, one_node);
+  text.replace(text.find("name = \"arithmetic\""), 19,
+               "name = \"jsonl\"\npath = \"" + bad.string() + "\"");
+  auto cfg = write("badjsonl.toml", text);
+  child_process p{{SORL_BIN, "train", cfg}};
+  CHECK(p.wait_exit(60s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("bad_prompts.jsonl:2", 1s));
+  CHECK_FALSE(fs::exists(data_dir() / "runs" / "badjsonl" / "metrics.jsonl"));
+}

@@ -1,0 +1,91 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "actors/trainer/step_plan.hpp"
+
+using namespace sorl::trainer;
+
+TEST_CASE("a step requests B groups of G rollouts with stable ids and group seeds") {
+  trainer_counters c;
+  c.task_cursor = 9;
+  step_options o;
+  o.step = 4;
+  o.prompts = 2;
+  o.group_size = 3;
+  o.run_seed = 11;
+  o.task_size = 10;
+  step_plan p{o, c};
+  auto reqs = p.take_new_requests();
+  REQUIRE(reqs.size() == 6);
+  CHECK(reqs[0].group_id == 0);
+  CHECK(reqs[3].group_id == 1);
+  CHECK(reqs[2].sample_index == 2);
+  CHECK(reqs[0].task_index == 9);
+  CHECK(reqs[3].task_index == 0); // wrapped at the task size
+  CHECK(reqs[5].request_id == 5);
+  CHECK(reqs[0].seed == reqs[2].seed);
+  CHECK(reqs[0].seed != reqs[3].seed);
+  CHECK(reqs[0].seed == group_seed(11, 0));
+  CHECK(c.next_group_id == 2);
+  CHECK(c.next_request_id == 6);
+  CHECK(c.task_cursor == 11);
+  CHECK(p.take_new_requests().empty());
+}
+
+TEST_CASE("groups complete when every sample reported; unknown and duplicate reports are flagged") {
+  trainer_counters c;
+  step_plan p{{0, 1, 2, 0, std::nullopt, false, 3}, c};
+  CHECK(p.on_rollout(0, 1.0) == rollout_verdict::accepted);
+  CHECK_FALSE(p.rollouts_complete());
+  CHECK(p.on_rollout(0, 1.0) == rollout_verdict::duplicate);
+  CHECK(p.on_rollout(7, 1.0) == rollout_verdict::unknown_request);
+  CHECK(p.on_rollout(1, std::nan("")) == rollout_verdict::accepted);
+  CHECK(p.rollouts_complete());
+  CHECK(p.mean_reward() == 0.5); // NaN counted as 0
+  CHECK(p.training_groups() == std::vector<uint64_t>{0});
+  CHECK(p.zero_signal_groups().empty());
+}
+
+TEST_CASE("without dynamic sampling zero-signal groups are still trained on") {
+  trainer_counters c;
+  step_plan p{{0, 2, 2, 0, std::nullopt, false, 3}, c};
+  for (uint64_t r = 0; r < 4; ++r)
+    p.on_rollout(r, r < 2 ? 1.0 : (r == 2 ? 0.0 : 1.0));
+  CHECK(p.zero_signal_groups() == std::vector<uint64_t>{0});
+  CHECK_FALSE(p.refill(c));
+  CHECK(p.training_groups() == std::vector<uint64_t>{0, 1});
+}
+
+TEST_CASE("DAPO dynamic sampling replaces zero-signal groups, bounded by the refill rounds") {
+  trainer_counters c;
+  step_plan p{{0, 2, 2, 0, std::nullopt, true, 2}, c};
+  p.take_new_requests();
+  // group 0 all ones (no signal), group 1 mixed.
+  p.on_rollout(0, 1.0);
+  p.on_rollout(1, 1.0);
+  p.on_rollout(2, 0.0);
+  p.on_rollout(3, 1.0);
+  REQUIRE(p.rollouts_complete());
+  REQUIRE(p.refill(c));
+  auto more = p.take_new_requests();
+  REQUIRE(more.size() == 2); // one replacement group of G = 2
+  CHECK(more[0].group_id == 2);
+  CHECK_FALSE(p.rollouts_complete());
+  p.on_rollout(4, 0.0);
+  p.on_rollout(5, 0.0); // no signal again
+  REQUIRE(p.refill(c));
+  p.take_new_requests();
+  p.on_rollout(6, 0.0);
+  p.on_rollout(7, 0.0);
+  CHECK_FALSE(p.refill(c)); // max_refill_rounds = 2 reached
+  CHECK(p.refill_rounds() == 2);
+  CHECK(p.training_groups() == std::vector<uint64_t>{1});
+  CHECK(p.zero_signal_groups() == std::vector<uint64_t>{0, 2, 3});
+}
+
+TEST_CASE("bad step options raise") {
+  trainer_counters c;
+  CHECK_THROWS_AS((step_plan{{0, 0, 2, 0, std::nullopt, false, 1}, c}), std::invalid_argument);
+  CHECK_THROWS_AS((step_plan{{0, 1, 2, 0, uint64_t{0}, false, 1}, c}), std::invalid_argument);
+}
