@@ -136,7 +136,9 @@ void print_topology(const sorl::experiment_config& cfg) {
     for (const auto& a : n.actors)
       roles += fmt::format("{}{}×{}", roles.empty() ? "" : ", ", a.role, a.count);
     fmt::print("  node {:<12} {:<24} {}\n", n.name,
-               n.listen ? "listen " + n.listen->to_string() : std::string{"connects to hub"},
+               n.listen                ? "listen " + n.listen->to_string()
+               : cfg.nodes.size() == 1 ? std::string{"single node"}
+                                       : std::string{"connects to the hub"},
                roles);
   }
 }

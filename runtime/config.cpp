@@ -429,6 +429,7 @@ void parse_sync(table_reader& r, sync_config& c) {
 
 void parse_rollout(table_reader& r, rollout_config& c) {
   r.integer("max_batch", c.max_batch, 1, 1 << 20);
+  r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20);
   r.choice("speculative", c.speculative, {"off", "on", "auto"});
   r.integer("kv_cache_tokens", c.kv_cache_tokens, 0, 1ll << 40);
 }

@@ -163,6 +163,7 @@ struct sync_config {
 /// [rollout]: rollout workers.
 struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
+  int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
   std::string speculative = "off"; ///< "off" | "on" | "auto"
   int64_t kv_cache_tokens = 1 << 20;
 };

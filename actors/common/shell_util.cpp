@@ -1,5 +1,7 @@
 #include "actors/common/shell_util.hpp"
 
+#include <caf/send.hpp>
+
 namespace sorl {
 
 std::vector<peer_info> peers_with_role(const std::vector<peer_info>& roster,
@@ -18,6 +20,11 @@ caf::actor single_peer(const std::vector<peer_info>& roster, std::string_view ro
     if (p.role == role)
       return p.handle;
   return caf::actor{};
+}
+
+void fail_job(const caf::actor& directory, const std::string& who, std::string why) {
+  spdlog::error("{}: {}", who, why);
+  caf::anon_send(directory, shutdown_atom::value, false, std::move(why));
 }
 
 void log_unhandled(const envelope& e, const std::string& who) {

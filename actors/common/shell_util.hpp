@@ -42,6 +42,10 @@ bool handle_as(const envelope& e, const std::string& who, Fn&& fn) {
   return true;
 }
 
+/// Ends the job: logs `why` as an error of `who` and asks the directory to shut everyone
+/// down with ok = false (the process then exits 1 with `why`).
+void fail_job(const caf::actor& directory, const std::string& who, std::string why);
+
 /// Logs an envelope nobody handled.
 void log_unhandled(const envelope& e, const std::string& who);
 

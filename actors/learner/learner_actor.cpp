@@ -174,8 +174,7 @@ std::vector<learner::rollout_sample> decode_batch(msg::TrainBatch::Reader batch)
 }
 
 void fail_job(learner_actor_t* self, std::string why) {
-  spdlog::error("{}: {}", self->state.me, why);
-  self->send(self->state.directory, shutdown_atom::value, false, std::move(why));
+  sorl::fail_job(self->state.directory, self->state.me, std::move(why));
 }
 
 caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {

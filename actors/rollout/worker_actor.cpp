@@ -141,6 +141,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   st.me = ctx.name();
   rollout::worker_options opts;
   opts.max_batch = ctx.config->rollout.max_batch;
+  opts.chunk_tokens = ctx.config->rollout.chunk_tokens;
   st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
                                                    make_task_from(*ctx.config), opts);
   for (const auto& [name, t] : st.core->model().parameters()) {

@@ -151,7 +151,23 @@ std::vector<rollout_result> worker_core::step() {
   std::vector<rollout_result> out;
   if (gen_->idle())
     return out;
-  for (auto& g : gen_->step()) {
+  auto finished = gen_->step();
+  if (opts_.chunk_tokens > 0) {
+    for (const auto& p : gen_->progress()) {
+      auto it = by_gen_.find({p.request_id, p.sample_index});
+      if (it == by_gen_.end())
+        continue;
+      auto& st = *rollouts_.at(it->second);
+      auto tokens = static_cast<int64_t>(st.response.size()) + p.tokens;
+      auto& last = chunked_[st.req.request_id];
+      if (tokens - last >= opts_.chunk_tokens) {
+        last = tokens;
+        events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::chunk,
+                           opts_.clock(), static_cast<uint32_t>(tokens), {}});
+      }
+    }
+  }
+  for (auto& g : finished) {
     auto it = by_gen_.find({g.request_id, g.sample_index});
     if (it == by_gen_.end())
       throw std::logic_error("worker_core: generator returned an unknown sample");
@@ -218,6 +234,7 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   st.logprobs.insert(st.logprobs.end(), env_tokens.size(), 0.0f);
   events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::chunk,
                      opts_.clock(), static_cast<uint32_t>(st.response.size()), {}});
+  chunked_[st.req.request_id] = static_cast<int64_t>(st.response.size());
   pending_.push_back(st.req.request_id);
   return false;
 }
@@ -237,6 +254,7 @@ rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason
   r.end_ns = opts_.clock();
   events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::finish,
                      r.end_ns, static_cast<uint32_t>(r.response.size()), reason});
+  chunked_.erase(st.req.request_id);
   rollouts_.erase(st.req.request_id);
   return r;
 }
@@ -249,6 +267,7 @@ std::vector<rollout_result> worker_core::abort_all() {
     gen_->abort(g);
   by_gen_.clear();
   pending_.clear();
+  chunked_.clear();
   std::vector<rollout_result> out;
   while (!rollouts_.empty()) {
     auto& st = *rollouts_.begin()->second;

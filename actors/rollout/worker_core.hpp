@@ -76,6 +76,9 @@ using clock_fn = std::function<int64_t()>;
 
 struct worker_options {
   int64_t max_batch = 64;   ///< samples decoding at once
+  /// A chunk event every this many generated tokens of a rollout (and at every turn end),
+  /// so the SAGC controller sees long rollouts while they run; 0 = only at turn ends.
+  int64_t chunk_tokens = 16;
   clock_fn clock;           ///< default: std::chrono::steady_clock
 };
 
@@ -130,6 +133,7 @@ private:
   std::map<uint64_t, std::unique_ptr<rollout_state>> rollouts_; ///< by request id
   std::vector<uint64_t> pending_;                               ///< request ids to submit
   std::map<std::pair<uint64_t, int64_t>, uint64_t> by_gen_;     ///< (gen id, stream) → request
+  std::map<uint64_t, int64_t> chunked_;                         ///< request → tokens last reported
   std::vector<rollout_event> events_;
 };
 

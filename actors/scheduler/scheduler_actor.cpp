@@ -27,8 +27,7 @@ struct scheduler_state {
 using scheduler_actor_t = caf::stateful_actor<scheduler_state>;
 
 void fail_job(scheduler_actor_t* self, std::string why) {
-  spdlog::error("{}: {}", self->state.me, why);
-  self->send(self->state.directory, shutdown_atom::value, false, std::move(why));
+  sorl::fail_job(self->state.directory, self->state.me, std::move(why));
 }
 
 void place(scheduler_actor_t* self, uint64_t request_id, uint64_t group_id) {

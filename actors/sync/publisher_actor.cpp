@@ -53,8 +53,7 @@ void maybe_ready(publisher_actor_t* self) {
 }
 
 void fail_job(publisher_actor_t* self, std::string why) {
-  spdlog::error("{}: {}", self->state.me, why);
-  self->send(self->state.directory, shutdown_atom::value, false, std::move(why));
+  sorl::fail_job(self->state.directory, self->state.me, std::move(why));
 }
 
 /// Encodes and sends one full version to every live worker.

@@ -65,9 +65,8 @@ using trainer_actor_t = caf::stateful_actor<trainer_state>;
 void begin_step(trainer_actor_t* self);
 
 void fail_job(trainer_actor_t* self, std::string why) {
-  spdlog::error("{}: {}", self->state.me, why);
   self->state.now = phase::done;
-  self->send(self->state.directory, shutdown_atom::value, false, std::move(why));
+  sorl::fail_job(self->state.directory, self->state.me, std::move(why));
 }
 
 json trainer_state_json(const trainer_state& st) {

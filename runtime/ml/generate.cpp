@@ -45,6 +45,14 @@ generator::generator(const policy_model& model, generator_options opts)
 generator::~generator() = default;
 
 std::int64_t generator::live_samples() const noexcept { return static_cast<std::int64_t>(live_.size()); }
+
+std::vector<generator::sample_progress> generator::progress() const {
+  std::vector<sample_progress> out;
+  out.reserve(live_.size());
+  for (const auto& s : live_)
+    out.push_back({s->req->id, s->index, static_cast<std::int64_t>(s->tokens.size())});
+  return out;
+}
 std::int64_t generator::queued_requests() const noexcept { return static_cast<std::int64_t>(queue_.size()); }
 const kv_cache& generator::cache() const noexcept { return *cache_; }
 

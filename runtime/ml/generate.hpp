@@ -70,6 +70,14 @@ class generator {
   std::vector<generation_result> abort(std::uint64_t request_id);
 
   std::int64_t live_samples() const noexcept;
+  /// Progress of one live sample: (request id, sample_index, tokens generated so far).
+  struct sample_progress {
+    std::uint64_t request_id = 0;
+    std::int64_t sample_index = 0;
+    std::int64_t tokens = 0;
+  };
+  /// Every live (admitted, unfinished) sample; for timing messages while decoding goes on.
+  std::vector<sample_progress> progress() const;
   std::int64_t queued_requests() const noexcept;
   bool idle() const noexcept { return live_samples() == 0 && queued_requests() == 0; }
   const kv_cache& cache() const noexcept;

@@ -2,6 +2,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
+#include <map>
+
 #include "actors/rollout/worker_core.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
@@ -176,4 +179,121 @@ TEST_CASE("abort_all returns every held rollout as aborted with reward 0") {
     CHECK(r.reward_reason == "aborted");
   }
   CHECK(w.idle());
+}
+
+namespace {
+
+/// A user task whose scorer misbehaves: index 0 throws, index 1 returns NaN, others 0.7.
+class faulty_task final : public ml::single_turn_task {
+public:
+  std::string_view name() const override {
+    return "faulty";
+  }
+  std::optional<uint64_t> size(ml::task_split) const override {
+    return 3;
+  }
+  ml::task_prompt prompt(ml::task_split split, uint64_t index) const override {
+    ml::task_prompt p;
+    p.split = split;
+    p.index = index;
+    p.prompt = "q" + std::to_string(index);
+    p.reference = "a";
+    return p;
+  }
+  ml::reward_result score(const ml::task_prompt& p, std::string_view) const override {
+    if (p.index == 0)
+      throw std::runtime_error("scorer exploded");
+    if (p.index == 1)
+      return {std::nan(""), "nan"};
+    return {0.7, "partial"};
+  }
+  std::string wrong_completion(const ml::task_prompt&, uint64_t) const override {
+    return "x";
+  }
+};
+
+/// An environment that throws on its first step.
+class faulty_env final : public ml::environment {
+public:
+  std::string reset(uint64_t) override {
+    return "go";
+  }
+  ml::env_step step(std::string_view) override {
+    throw std::runtime_error("environment exploded");
+  }
+  int turns() const override {
+    return 0;
+  }
+};
+
+class faulty_multi final : public ml::multi_turn_task {
+public:
+  std::string_view name() const override {
+    return "faulty_env";
+  }
+  std::unique_ptr<ml::environment> make_environment() const override {
+    return std::make_unique<faulty_env>();
+  }
+  uint64_t episode_seed(ml::task_split, uint64_t index) const override {
+    return index;
+  }
+  int max_turns() const override {
+    return 3;
+  }
+  std::vector<ml::chat_message> demonstrate(uint64_t, bool) const override {
+    return {};
+  }
+};
+
+} // namespace
+
+TEST_CASE("a scorer or environment that throws or returns NaN gives reward 0 with a reason") {
+  at::set_num_threads(1);
+  ml::any_task task;
+  task.single_turn = std::make_shared<faulty_task>();
+  worker_core w{small_dims(), task, counting_clock()};
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto r = request(i, i, 0, 5, 2);
+    r.task_index = i;
+    w.enqueue(r);
+  }
+  std::map<uint64_t, rollout_result> by_id;
+  for (auto& r : run(w))
+    by_id[r.request.request_id] = r;
+  REQUIRE(by_id.size() == 3);
+  CHECK(by_id[0].reward == 0.0);
+  CHECK(by_id[0].reward_reason == "task error: scorer exploded");
+  CHECK(by_id[1].reward == 0.0);
+  CHECK(by_id[1].reward_reason == "reward was not finite: nan");
+  CHECK(by_id[2].reward == Approx(0.7));
+
+  ml::any_task multi;
+  multi.multi_turn = std::make_shared<faulty_multi>();
+  worker_core m{small_dims(), multi, counting_clock()};
+  m.enqueue(request(9, 0, 0, 5, 2));
+  auto done = run(m);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].reward == 0.0);
+  CHECK(done[0].reward_reason == "environment error: environment exploded");
+  CHECK(done[0].turns == 1);
+}
+
+TEST_CASE("long rollouts report chunk events every chunk_tokens while they decode") {
+  at::set_num_threads(1);
+  auto opts = counting_clock();
+  opts.chunk_tokens = 8;
+  worker_core w{small_dims(), arithmetic(), opts};
+  w.enqueue(request(1, 0, 0, 21, 40));
+  auto done = run(w);
+  REQUIRE(done.size() == 1);
+  auto len = done[0].response.size();
+  std::vector<uint32_t> chunk_tokens;
+  for (auto& e : w.take_events())
+    if (e.kind == event_kind::chunk)
+      chunk_tokens.push_back(e.tokens);
+  // Reported after each decode step while the rollout is still live: at 8, 16, ... < len.
+  std::vector<uint32_t> expected;
+  for (uint32_t k = 8; k < len; k += 8)
+    expected.push_back(k);
+  CHECK(chunk_tokens == expected);
 }
