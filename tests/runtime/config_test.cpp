@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "runtime/config.hpp"
 
 using sorl::config_error;
@@ -218,7 +220,8 @@ actors = ["ping"]
 }
 
 TEST_CASE("TLS settings must be complete and point at files that exist") {
-  auto dir = std::filesystem::path{SORL_TEST_DATA_DIR} / "tls_files";
+  // Per process: test runners may start this case more than once at a time.
+  auto dir = std::filesystem::path{SORL_TEST_DATA_DIR} / ("tls_files_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream{dir / "cert.pem"} << "x";
@@ -252,6 +255,7 @@ actors = ["ping"]
                           "test.toml", roles, dir.string());
   CHECK(cfg.network.tls_enabled());
   CHECK(cfg.network.tls_ca_file == (dir / "ca.pem").string());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("several nodes need exactly one hub and valid connect targets") {
