@@ -398,6 +398,19 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
   r.number("temperature", c.temperature, 0.0, 100.0);
   r.number("top_p", c.top_p, 0.0, 1.0);
   r.integer("top_k", c.top_k, 0, 1 << 30);
+  // "dapo" means DAPO's defaults (Yu et al. 2025): clip-higher, dynamic sampling, soft
+  // overlong punishment, token-level loss; any of them can still be set explicitly.
+  if (c.name == "dapo") {
+    const auto& t = r.table();
+    if (!t.contains("clip_eps_high"))
+      c.clip_eps_high = 0.28;
+    if (!t.contains("dynamic_sampling"))
+      c.dynamic_sampling = true;
+    if (!t.contains("overlong"))
+      c.overlong = "shape";
+    if (!t.contains("loss_norm"))
+      c.loss_norm = "token";
+  }
 }
 
 void parse_sagc(table_reader& r, sagc_config& c) {

@@ -114,7 +114,9 @@ struct sft_config {
 
 /// [algorithm]: GRPO / DAPO hyper-parameters (DESIGN.md §6).
 struct algorithm_config {
-  std::string name = "grpo";      ///< "grpo" | "dapo"
+  /// "grpo" | "dapo"; "dapo" changes the defaults of clip_eps_high (0.28), dynamic_sampling
+  /// (true), overlong ("shape") and loss_norm ("token") for keys the file does not set.
+  std::string name = "grpo";
   int64_t prompts_per_step = 8;   ///< B
   bool dynamic_sampling = false;  ///< DAPO: drop zero-signal groups and refill
   int64_t max_refill_rounds = 3;

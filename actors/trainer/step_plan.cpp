@@ -112,6 +112,13 @@ std::vector<uint64_t> step_plan::training_groups() const {
   for (auto g : groups_)
     if (group_complete(g) && group_has_signal(g) && out.size() < opts_.prompts)
       out.push_back(g);
+  if (!out.empty())
+    return out;
+  // Nothing carries signal even after the refills: train on every complete group (their
+  // advantages are zero) so that the step ends instead of stalling.
+  for (auto g : groups_)
+    if (group_complete(g))
+      out.push_back(g);
   return out;
 }
 

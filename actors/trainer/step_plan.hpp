@@ -70,8 +70,9 @@ public:
   /// zero-signal ones (at most max_refill_rounds times) and returns true if it did.
   bool refill(trainer_counters& counters);
 
-  /// Groups to train on, in request order: complete groups with signal first, up to B; when
-  /// dynamic sampling is off every requested group (zero-signal ones get zero advantages).
+  /// Groups to train on, in request order: with dynamic sampling the complete groups with
+  /// signal, up to B (or, when none has any after the refills, every complete group); without
+  /// it every requested group (zero-signal ones get zero advantages).
   std::vector<uint64_t> training_groups() const;
   /// Groups whose rewards are all equal (no signal), among those requested.
   std::vector<uint64_t> zero_signal_groups() const;

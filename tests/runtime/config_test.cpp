@@ -312,3 +312,15 @@ TEST_CASE("the shipped configs are valid") {
     CHECK_NOTHROW(sorl::load_config(path, roles));
   }
 }
+
+TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
+  auto cfg = parse_config("[algorithm]\nname = \"dapo\"\noverlong = \"filter\"\n" + std::string{minimal},
+                          "test.toml", roles);
+  CHECK(cfg.algorithm.clip_eps_high == 0.28);
+  CHECK(cfg.algorithm.dynamic_sampling);
+  CHECK(cfg.algorithm.overlong == "filter");
+  auto grpo = parse_config(minimal, "test.toml", roles);
+  CHECK(grpo.algorithm.clip_eps_high == 0.2);
+  CHECK_FALSE(grpo.algorithm.dynamic_sampling);
+  CHECK(grpo.algorithm.overlong == "none");
+}

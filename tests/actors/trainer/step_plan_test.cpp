@@ -84,6 +84,19 @@ TEST_CASE("DAPO dynamic sampling replaces zero-signal groups, bounded by the ref
   CHECK(p.zero_signal_groups() == std::vector<uint64_t>{0, 2, 3});
 }
 
+TEST_CASE("when no group has signal after the refills every complete group is trained on") {
+  trainer_counters c;
+  step_plan p{{0, 2, 2, 0, std::nullopt, true, 1}, c};
+  for (uint64_t r = 0; r < 4; ++r)
+    p.on_rollout(r, 0.0);
+  REQUIRE(p.refill(c));
+  p.take_new_requests();
+  for (uint64_t r = 4; r < 8; ++r)
+    p.on_rollout(r, 0.0);
+  CHECK_FALSE(p.refill(c));
+  CHECK(p.training_groups() == std::vector<uint64_t>{0, 1, 2, 3});
+}
+
 TEST_CASE("bad step options raise") {
   trainer_counters c;
   CHECK_THROWS_AS((step_plan{{0, 0, 2, 0, std::nullopt, false, 1}, c}), std::invalid_argument);
