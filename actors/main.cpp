@@ -36,6 +36,22 @@ std::string default_config() {
 sorl::experiment_config load_or_exit(const std::string& path) {
   try {
     auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+    // A training topology needs every training role; say so before anything starts.
+    if (cfg.count_role("trainer") > 0) {
+      std::string missing;
+      for (auto role : {"learner", "sync_publisher", "sagc_controller", "scheduler",
+                        "rollout_worker"})
+        if (cfg.count_role(role) == 0)
+          missing += std::string{missing.empty() ? "" : ", "} + role;
+      if (cfg.count_role("trainer") > 1)
+        missing += std::string{missing.empty() ? "" : "; "} + "exactly one trainer";
+      if (!missing.empty()) {
+        std::cerr << path << ": [[node]]: a topology with a trainer also needs: " << missing
+                  << '\n';
+        std::cerr << "sorl: " << path << ": nothing started\n";
+        std::exit(2);
+      }
+    }
     // A training topology builds its task now, so a malformed dataset stops everything
     // before any actor (or the warm start) runs.
     for (const auto& n : cfg.nodes)

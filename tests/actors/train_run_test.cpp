@@ -210,3 +210,17 @@ TEST_CASE("a malformed prompts file is refused before anything starts") {
   CHECK(p.wait_for("bad_prompts.jsonl:2", 1s));
   CHECK_FALSE(fs::exists(data_dir() / "runs" / "badjsonl" / "metrics.jsonl"));
 }
+
+TEST_CASE("a trainer without the other training roles is refused before anything starts") {
+  auto cfg = write("lonely.toml", small_config("lonely", 1, R"(
+[[node]]
+name = "main"
+actors = ["trainer", "learner"]
+)"));
+  child_process p{{SORL_BIN, "train", cfg}};
+  CHECK(p.wait_exit(60s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("a topology with a trainer also needs: sync_publisher, sagc_controller, "
+                   "scheduler, rollout_worker",
+                   1s));
+}
