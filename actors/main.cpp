@@ -134,6 +134,18 @@ int ensure_warm_start(const sorl::experiment_config& cfg) {
   return run_warm_start(cfg);
 }
 
+/// Refuses to start a fresh run over an existing one unless asked to.
+int check_run_dir(const sorl::experiment_config& cfg, bool resume, bool overwrite) {
+  if (resume || overwrite || cfg.count_role("trainer") == 0)
+    return 0;
+  auto dir = fs::path{cfg.run.run_dir()};
+  if (!fs::exists(dir / "metrics.jsonl") && !fs::exists(dir / "checkpoints"))
+    return 0;
+  std::cerr << "sorl: " << dir.string() << " already holds a run; continue it with --resume, "
+            << "replace it with --overwrite, or choose another run.name / run.output_dir\n";
+  return 2;
+}
+
 /// True when `node` (or, without one, any node) hosts the learner.
 bool hosts_learner(const sorl::experiment_config& cfg, const std::string& node) {
   for (const auto& n : cfg.nodes)
@@ -184,6 +196,10 @@ int main(int argc, char** argv) {
     "train", "Run every node of CONFIG in this one process (debugging, CI, the default job)");
   train->add_option("config", train_config,
                     "experiment + topology TOML (default: configs/default.toml)");
+  bool overwrite = false;
+  train->add_flag("--overwrite", overwrite,
+                  "start afresh even if the run directory already holds a run (its metrics "
+                  "and checkpoints are replaced)");
   train->add_flag("--resume", resume,
                   "continue from the latest checkpoint in the run directory (run.output_dir/"
                   "run.name/checkpoints): model, optimizer, RNG and step");
@@ -207,6 +223,7 @@ int main(int argc, char** argv) {
   node->add_option("--port-file", node_opts.port_file,
                    "hub only: write the bound port to this file once listening");
   node->add_flag("--resume", resume, "continue from the run directory's latest checkpoint");
+  node->add_flag("--overwrite", overwrite, "start afresh over an existing run (hub)");
 
   std::string check_config;
   auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");
@@ -214,7 +231,12 @@ int main(int argc, char** argv) {
 
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11's own codes (106, 109, ...) would contradict the documented 0 / 1 / 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   try {
     sorl::setup_logging(log_level, node->parsed() ? node_opts.node : "");
@@ -241,10 +263,15 @@ int main(int argc, char** argv) {
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
+    if (int rc = check_run_dir(cfg, resume, overwrite))
+      return rc;
+    if (overwrite)
+      fs::remove_all(fs::path{cfg.run.run_dir()} / "checkpoints");
     if (hosts_learner(cfg, "") && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;
-    spdlog::info("sorl train: {} ({} nodes in one process)", cfg.file, cfg.nodes.size());
+    spdlog::info("sorl train: {} ({} node{} in one process)", cfg.file, cfg.nodes.size(),
+                 cfg.nodes.size() == 1 ? "" : "s");
     return report("train", sorl::run_in_process(cfg, sorl::builtin_roles()));
   }
   if (node->parsed()) {
@@ -252,6 +279,19 @@ int main(int argc, char** argv) {
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
+    auto* self_node = cfg.find_node(node_opts.node);
+    if (self_node && self_node->listen && !connect.empty()) {
+      std::cerr << "sorl node: --connect is for the nodes that connect; " << node_opts.node
+                << " is the hub and listens on " << self_node->listen->to_string() << '\n';
+      return 2;
+    }
+    bool has_trainer = false;
+    if (self_node)
+      for (const auto& a : self_node->actors)
+        has_trainer = has_trainer || a.role == "trainer";
+    if (has_trainer)
+      if (int rc = check_run_dir(cfg, resume, overwrite))
+        return rc;
     if (hosts_learner(cfg, node_opts.node) && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;

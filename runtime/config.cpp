@@ -315,6 +315,16 @@ std::string resolve(const std::string& base_dir, const std::string& p) {
   return (std::filesystem::path{base_dir} / path).lexically_normal().string();
 }
 
+/// Settings the design names but this build does not implement yet: refused rather than
+/// silently ignored.
+void not_yet(table_reader& r, std::string_view key, bool used, const std::string& what) {
+  if (!used)
+    return;
+  auto* n = r.table().get(key);
+  if (n)
+    r.error(key, *n, what + " is not implemented yet");
+}
+
 void parse_run(table_reader& r, run_config& c) {
   r.string("name", c.name);
   r.integer("seed", c.seed, 0, max_i64);
@@ -330,6 +340,7 @@ void parse_model(table_reader& r, model_config& c, const std::string& base) {
   c.checkpoint = resolve(base, c.checkpoint);
   r.boolean("warm_start", c.warm_start);
   r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"});
+  not_yet(r, "rollout_dtype", c.rollout_dtype != "bf16", "rollout_dtype \"fp32\"");
   if (c.warm_start && c.checkpoint.empty())
     r.missing("checkpoint", "warm_start = true needs a checkpoint directory to create");
 }
@@ -415,6 +426,7 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
 
 void parse_sagc(table_reader& r, sagc_config& c) {
   r.choice("policy", c.policy, {"static", "sagc", "deadline"});
+  not_yet(r, "policy", c.policy != "static", "policy \"" + c.policy + "\"");
   r.integer("group_size", c.group_size, 1, 1 << 16);
   r.integer("g_min", c.g_min, 1, 1 << 16);
   r.integer("g_max", c.g_max, 1, 1 << 16);
@@ -430,12 +442,14 @@ void parse_sagc(table_reader& r, sagc_config& c) {
 
 void parse_salt(table_reader& r, salt_config& c) {
   r.boolean("enabled", c.enabled);
+  not_yet(r, "enabled", c.enabled, "SALT");
   r.integer("rank", c.rank, 0, 1 << 16);
   r.number("max_amplification", c.max_amplification, 1.0, 1e6);
 }
 
 void parse_sync(table_reader& r, sync_config& c) {
   r.choice("mode", c.mode, {"full", "sparse"});
+  not_yet(r, "mode", c.mode == "sparse", "sparse weight sync");
   r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 32);
   r.integer("full_every", c.full_every, 0, 1 << 30);
 }
@@ -444,11 +458,13 @@ void parse_rollout(table_reader& r, rollout_config& c) {
   r.integer("max_batch", c.max_batch, 1, 1 << 20);
   r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20);
   r.choice("speculative", c.speculative, {"off", "on", "auto"});
+  not_yet(r, "speculative", c.speculative != "off", "speculative decoding");
   r.integer("kv_cache_tokens", c.kv_cache_tokens, 0, 1ll << 40);
 }
 
 void parse_scheduler(table_reader& r, scheduler_config& c) {
   r.choice("policy", c.policy, {"round_robin", "least_loaded", "cache_aware"});
+  not_yet(r, "policy", c.policy == "cache_aware", "policy \"cache_aware\"");
   r.number("imbalance_threshold", c.imbalance_threshold, 1.0, 1e6);
 }
 

@@ -66,7 +66,6 @@ steps = 3
 lr = 1          # an integer is accepted where a float is expected
 clip_eps_high = 0.28
 [sagc]
-policy = "sagc"
 g_min = 4
 g_max = 32
 group_size = 16
@@ -323,4 +322,16 @@ TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
   CHECK(grpo.algorithm.clip_eps_high == 0.2);
   CHECK_FALSE(grpo.algorithm.dynamic_sampling);
   CHECK(grpo.algorithm.overlong == "none");
+}
+
+TEST_CASE("settings that are not implemented yet are refused, not ignored") {
+  auto e = only_error("[sync]\nmode = \"sparse\"\n" + std::string{minimal});
+  CHECK(e.key == "sync.mode");
+  CHECK(e.line == 2);
+  CHECK(e.message == "sparse weight sync is not implemented yet");
+  CHECK(only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal}).key
+        == "scheduler.policy");
+  CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
+  CHECK(only_error("[sagc]\npolicy = \"deadline\"\n" + std::string{minimal}).key
+        == "sagc.policy");
 }
