@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
 
   if (roles->parsed()) {
     for (const auto& r : sorl::builtin_roles())
-      fmt::print("{:<12} {}\n", r.name, r.summary);
+      fmt::print("{:<16} {}\n", r.name, r.summary);
     return 0;
   }
   if (check->parsed()) {
