@@ -136,9 +136,16 @@ int ensure_warm_start(const sorl::experiment_config& cfg) {
 
 /// Refuses to start a fresh run over an existing one unless asked to.
 int check_run_dir(const sorl::experiment_config& cfg, bool resume, bool overwrite) {
-  if (resume || overwrite || cfg.count_role("trainer") == 0)
+  if (cfg.count_role("trainer") == 0)
     return 0;
   auto dir = fs::path{cfg.run.run_dir()};
+  if (resume && !fs::exists(dir / "checkpoints")) {
+    std::cerr << "sorl: --resume: " << (dir / "checkpoints").string()
+              << " does not exist: nothing to resume (start the run without --resume)\n";
+    return 2;
+  }
+  if (resume || overwrite)
+    return 0;
   if (!fs::exists(dir / "metrics.jsonl") && !fs::exists(dir / "checkpoints"))
     return 0;
   std::cerr << "sorl: " << dir.string() << " already holds a run; continue it with --resume, "

@@ -111,6 +111,20 @@ std::tuple<std::string, std::string, bool> load_policy(learner_actor_t* self) {
   bool resumed = false;
   if (cfg.run.resume) {
     dir = ml::latest_checkpoint(checkpoint_root(cfg));
+    if (!dir) {
+      // `latest` lost (deleted by hand, or a crash before the first one was written):
+      // the newest complete step directory is the next best thing.
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(checkpoint_root(cfg), ec)) {
+        auto name = entry.path().filename().string();
+        if (entry.is_directory() && name.rfind("step-", 0) == 0
+            && fs::exists(entry.path() / "state.json") && (!dir || entry.path() > *dir))
+          dir = entry.path();
+      }
+      if (dir)
+        spdlog::warn("{}: no `latest` in {}; resuming from the newest step directory {}",
+                     st.me, checkpoint_root(cfg).string(), dir->string());
+    }
     if (!dir)
       throw std::runtime_error(
         fmt::format("--resume: no checkpoint under {}", checkpoint_root(cfg).string()));
