@@ -13,6 +13,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
+#include "actors/sagc/timing.hpp"
 #include "actors/trainer/step_plan.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
@@ -197,12 +198,9 @@ void end_rollouts(trainer_actor_t* self) {
       }
     });
   }
-  std::sort(lengths.begin(), lengths.end());
+  // The same nearest-rank definition the SAGC timing statistics use.
   auto pct = [&](double p) {
-    if (lengths.empty())
-      return 0.0;
-    auto rank = static_cast<size_t>(std::ceil(p * static_cast<double>(lengths.size())));
-    return lengths[std::max<size_t>(rank, 1) - 1];
+    return lengths.empty() ? 0.0 : sagc::nearest_rank_percentile(lengths, 100 * p);
   };
   std::vector<double> per_group;
   for (auto& [g, rs] : group_rewards)
@@ -217,7 +215,7 @@ void end_rollouts(trainer_actor_t* self) {
   rec.reward_per_group = per_group;
   rec.resp_len_p50 = static_cast<int64_t>(pct(0.5));
   rec.resp_len_p99 = static_cast<int64_t>(pct(0.99));
-  rec.resp_len_max = static_cast<int64_t>(lengths.empty() ? 0.0 : lengths.back());
+  rec.resp_len_max = static_cast<int64_t>(pct(1.0));
   rec.tokens_per_s = rollout_s > 0 ? tokens / rollout_s : 0.0;
   rec.extra["finish_eos"] = finish_counts["eos"];
   rec.extra["finish_length"] = finish_counts["length"];

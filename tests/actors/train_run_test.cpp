@@ -72,10 +72,7 @@ actors = ["rollout_worker"]
 )";
 
 std::string write(const std::string& file, const std::string& text) {
-  fs::create_directories(data_dir());
-  auto path = data_dir() / file;
-  std::ofstream{path} << text;
-  return path.string();
+  return sorl::test::write_test_file(data_dir().string(), file, text);
 }
 
 std::vector<std::string> jsonl(const std::string& run) {
@@ -155,10 +152,8 @@ TEST_CASE("three processes train with the same step semantics, also when a worke
   auto cfg = write("threeproc.toml", small_config("threeproc", 4, three_nodes));
   child_process hub{{SORL_BIN, "node", cfg, "--node", "main"}};
   REQUIRE(hub.wait_for("listening on 127.0.0.1:", 30s));
-  std::smatch m;
-  auto out = hub.output();
-  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
-  std::string port = m[1];
+  std::string port = sorl::test::listening_port(hub.output());
+  REQUIRE_FALSE(port.empty());
   child_process a{{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect", "127.0.0.1:" + port}};
   child_process b{{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect", "127.0.0.1:" + port}};
   REQUIRE(hub.wait_for("step 2/4", 600s));

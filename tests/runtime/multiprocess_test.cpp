@@ -17,11 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string write_config(const std::string& name, const std::string& text) {
-  auto dir = fs::path{SORL_TEST_DATA_DIR};
-  fs::create_directories(dir);
-  auto path = dir / name;
-  std::ofstream{path} << text;
-  return path.string();
+  return sorl::test::write_test_file(SORL_TEST_DATA_DIR, name, text);
 }
 
 std::string three_nodes(int rounds, int interval_ms, int connect_timeout_ms = 10000) {
@@ -48,10 +44,8 @@ std::unique_ptr<child_process> start_hub(const std::string& config, std::string&
   auto hub = std::make_unique<child_process>(
     std::vector<std::string>{SORL_BIN, "node", config, "--node", "main"});
   REQUIRE(hub->wait_for("listening on 127.0.0.1:", 10s));
-  std::smatch m;
-  auto out = hub->output();
-  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
-  port = m[1];
+  port = sorl::test::listening_port(hub->output());
+  REQUIRE_FALSE(port.empty());
   return hub;
 }
 
@@ -220,10 +214,8 @@ TEST_CASE("nodes with certificates from the hub's CA run the job over TLS; other
   auto hub = std::make_unique<child_process>(
     std::vector<std::string>{SORL_BIN, "node", good, "--node", "main"});
   REQUIRE(hub->wait_for("(TLS)", 10s));
-  std::smatch m;
-  auto out = hub->output();
-  REQUIRE(std::regex_search(out, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}));
-  std::string port = m[1];
+  std::string port = sorl::test::listening_port(hub->output());
+  REQUIRE_FALSE(port.empty());
 
   // A certificate from another CA: the handshake fails, the node gives up, the hub goes on.
   child_process stranger{{SORL_BIN, "node", other, "--node", "w", "--connect",

@@ -1,6 +1,9 @@
 #include "tests/support/process.hpp"
 
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <csignal>
 #include <cstring>
 #include <stdexcept>
@@ -126,6 +129,21 @@ std::string child_process::output() const {
   for (auto& [t, line] : lines_)
     out += line + '\n';
   return out + partial_;
+}
+
+std::string write_test_file(const std::string& dir, const std::string& name,
+                            const std::string& text) {
+  std::filesystem::create_directories(dir);
+  auto path = std::filesystem::path{dir} / name;
+  std::ofstream{path} << text;
+  return path.string();
+}
+
+std::string listening_port(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}))
+    return "";
+  return m[1];
 }
 
 } // namespace sorl::test

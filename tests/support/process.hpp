@@ -48,4 +48,12 @@ private:
   std::vector<std::pair<clock::time_point, std::string>> lines_;
 };
 
+/// Writes `text` to SORL_TEST_DATA_DIR-style directory `dir` / `name` (created as needed)
+/// and returns the path.
+std::string write_test_file(const std::string& dir, const std::string& name,
+                            const std::string& text);
+
+/// The port in a hub's "listening on 127.0.0.1:PORT" line of `output`, or "" if none.
+std::string listening_port(const std::string& output);
+
 } // namespace sorl::test
