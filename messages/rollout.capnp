@@ -73,3 +73,12 @@ struct Trajectory {
   weightVersion @14 :UInt64;
   worker @15 :Text;
 }
+
+# Trainer → scheduler → rollout workers: stop these rollouts now and free their KV cache
+# (deadline mode: the step goes on with the rollouts that finished). Workers answer with
+# finish events (finishReason = abort) and send no trajectories for them.
+struct AbortRollouts {
+  step @0 :UInt64;
+  requestIds @1 :List(UInt64);
+  reason @2 :Text;
+}

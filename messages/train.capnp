@@ -17,6 +17,13 @@ struct GroupSizeDecision {
   step @0 :UInt64;
   groupSize @1 :UInt32;
   reason @2 :Text;
+  policy @3 :Text;           # "static" | "sagc" | "deadline"
+  virtualQueue @4 :Float64;  # Q_t of the drift-plus-penalty controller (sagc)
+  pStraggler @5 :Float64;    # estimated P(straggler event | G_t); NaN when not estimated
+  utility @6 :Float64;       # U(G_t)
+  deadlineNs @7 :Int64;      # deadline mode: rollout-phase budget from the step's start, ns;
+                             # 0 = wait for every rollout
+  minFinished @8 :UInt32;    # deadline mode: finished rollouts per group before a cut
 }
 
 # Trainer → SAGC controller at the end of the rollout phase: the step's timing summary.
@@ -33,6 +40,9 @@ struct StepTiming {
   stragglers @5 :UInt32;     # rollouts over kappa × running median
   stragglerEvent @6 :Bool;
   thresholdNs @7 :Int64;     # 0 = not enough history yet
+  flaggedInFlight @8 :UInt32; # rollouts flagged as stragglers from chunk messages while running
+  aborted @9 :UInt32;        # rollouts that ended aborted (deadline cuts)
+  rolloutsTimed @10 :UInt32; # finished rollouts with a valid duration
 }
 
 # Trainer → learner: one synchronous step's batch.

@@ -36,6 +36,8 @@ using join_timeout_atom = caf::atom_constant<caf::atom("join_tmo")>;
 using stop_timeout_atom = caf::atom_constant<caf::atom("stop_tmo")>;
 /// actor → itself: periodic work (e.g. the next smoke round).
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+/// trainer → itself: (deadline_atom, step) when deadline mode's rollout budget is spent.
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 
 /// One actor of the running topology: what it is, where it runs, how to reach it.
 struct peer_info {

@@ -426,13 +426,14 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
 
 void parse_sagc(table_reader& r, sagc_config& c) {
   r.choice("policy", c.policy, {"static", "sagc", "deadline"});
-  not_yet(r, "policy", c.policy != "static", "policy \"" + c.policy + "\"");
   r.integer("group_size", c.group_size, 1, 1 << 16);
   r.integer("g_min", c.g_min, 1, 1 << 16);
   r.integer("g_max", c.g_max, 1, 1 << 16);
   r.number("kappa", c.kappa, 1.0, 1e6);
   r.number("target_rate", c.target_rate, 0.0, 1.0);
   r.integer("window", c.window, 1, 1 << 24);
+  r.number("v", c.v, 1e-9, 1e12);
+  r.number("deadline_kappa", c.deadline_kappa, 1e-3, 1e6);
   if (c.g_min > c.g_max)
     r.missing("g_min", fmt::format("g_min = {} exceeds g_max = {}", c.g_min, c.g_max));
   else if (c.policy != "static" && (c.group_size < c.g_min || c.group_size > c.g_max))
@@ -449,7 +450,6 @@ void parse_salt(table_reader& r, salt_config& c) {
 
 void parse_sync(table_reader& r, sync_config& c) {
   r.choice("mode", c.mode, {"full", "sparse"});
-  not_yet(r, "mode", c.mode == "sparse", "sparse weight sync");
   r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 32);
   r.integer("full_every", c.full_every, 0, 1 << 30);
 }

@@ -146,6 +146,8 @@ struct sagc_config {
   double kappa = 3.0;            ///< straggler if duration > kappa × running median
   double target_rate = 0.1;      ///< ε, long-run straggler-event rate
   int64_t window = 256;          ///< rollouts in the running statistic
+  double v = 10.0;               ///< sagc: penalty weight V of drift-plus-penalty
+  double deadline_kappa = 3.0;   ///< deadline: rollout budget = deadline_kappa × window median
 };
 
 /// [salt]: subspace-adaptive coefficients (DESIGN.md §6, SALT).
@@ -157,7 +159,7 @@ struct salt_config {
 
 /// [sync]: learner → rollout weight synchronisation (DESIGN.md §6, SparseRL-Sync).
 struct sync_config {
-  std::string mode = "full";     ///< "full" | "sparse"
+  std::string mode = "sparse";   ///< "sparse" (bit-exact bf16 deltas) | "full"
   int64_t bucket_bytes = 64ll << 20;
   int64_t full_every = 0;        ///< a full anchor every N versions; 0 = never forced
 };

@@ -9,6 +9,7 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/worker_core.hpp"
+#include "actors/sync/delta_receiver.hpp"
 #include "actors/sync/weight_sync.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
@@ -19,10 +20,19 @@ namespace {
 
 constexpr uint64_t no_version = ~uint64_t{0};
 
+/// A complete, checked version waiting for the worker to be idle.
+enum class pending_apply { none, full, delta };
+
 struct worker_state {
   static inline const char* name = "sorl.rollout_worker";
   std::unique_ptr<rollout::worker_core> core;
   sync::weight_assembler assembler;
+  sync::delta_receiver receiver;
+  /// The model's bf16 parameters as delta targets, in model order (tensor id = index).
+  std::vector<sync::delta_target> targets;
+  int64_t version_started_ns = 0;
+  pending_apply pending = pending_apply::none;
+  uint64_t pending_hash = 0; ///< full versions: the hash verify() computed
   std::vector<sync::tensor_meta> expected;
   uint64_t version = no_version;
   bool ticking = false;
@@ -95,13 +105,15 @@ envelope encode_trajectory(const rollout::rollout_result& r, const std::string& 
 using worker_actor_t = caf::stateful_actor<worker_state>;
 
 void send_ack(worker_actor_t* self, uint64_t version, bool ok, uint64_t hash,
-              const std::string& reason) {
+              const std::string& reason, bool full) {
   auto ack = build_envelope<msg::WeightAck>([&](msg::WeightAck::Builder b) {
     b.setVersion(version);
     b.setWorker(self->state.me);
     b.setOk(ok);
     b.setModelHash(hash);
     b.setReason(reason);
+    b.setApplyNs(steady_now_ns() - self->state.version_started_ns);
+    b.setFull(full);
   });
   if (!ok)
     spdlog::error("{}: version {} not applied: {}", self->state.me, version, reason);
@@ -121,6 +133,60 @@ void apply_version(worker_actor_t* self) {
     dst.copy_(src);
   }
   st.core->weights_changed();
+}
+
+/// Applies a complete version once no rollout is in flight. A version can overtake the
+/// abort of the previous step's stragglers (they come from different actors), so a busy
+/// worker holds it until its last rollout ends instead of refusing it.
+void maybe_apply(worker_actor_t* self) {
+  auto& st = self->state;
+  if (st.pending == pending_apply::none || !st.core->idle())
+    return;
+  auto kind = st.pending;
+  st.pending = pending_apply::none;
+  if (kind == pending_apply::full) {
+    apply_version(self);
+    st.version = st.assembler.version();
+    st.assembler.reset();
+    send_ack(self, st.version, true, st.pending_hash, "", true);
+    return;
+  }
+  auto version = st.receiver.version();
+  uint64_t hash = 0;
+  std::optional<std::string> err;
+  {
+    c10::InferenceMode guard;
+    err = st.receiver.apply(st.targets, &hash);
+  }
+  st.receiver.reset();
+  st.core->weights_changed();
+  if (err) {
+    st.version = no_version; // the weights are now of unknown version until a full sync
+    send_ack(self, version, false, hash, *err, false);
+    return;
+  }
+  st.version = version;
+  send_ack(self, version, true, hash, "", false);
+}
+
+/// One bucket of a sparse version: checked now, applied with the others when all are in.
+void on_delta_bucket(worker_actor_t* self, uint64_t version, uint32_t index,
+                     capnp::Data::Reader delta) {
+  auto& st = self->state;
+  if (auto err = st.receiver.add_bucket(version, index, delta.begin(), delta.size(),
+                                        st.targets)) {
+    if (st.receiver.active() && st.receiver.version() == version) {
+      st.receiver.reset();
+      send_ack(self, version, false, 0, *err, false);
+    } else {
+      spdlog::warn("{}: {}", st.me, *err); // a version already refused or abandoned
+    }
+    return;
+  }
+  if (!st.receiver.complete())
+    return;
+  st.pending = pending_apply::delta;
+  maybe_apply(self);
 }
 
 void pump(worker_actor_t* self) {
@@ -150,6 +216,13 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
     m.shape.assign(t.sizes().begin(), t.sizes().end());
     m.dtype = sync::weight_dtype::bf16;
     st.expected.push_back(std::move(m));
+    if (t.scalar_type() != at::kBFloat16 || !t.is_contiguous())
+      throw std::logic_error(fmt::format("rollout parameter \"{}\" is not contiguous bf16", name));
+    sync::delta_target target;
+    target.tensor = static_cast<uint32_t>(st.targets.size());
+    target.bits = reinterpret_cast<uint16_t*>(t.data_ptr());
+    target.elements = static_cast<uint64_t>(t.numel());
+    st.targets.push_back(target);
   }
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
@@ -192,6 +265,24 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             }
           }))
         return;
+      if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
+            std::vector<uint64_t> ids;
+            for (auto id : a.getRequestIds())
+              ids.push_back(id);
+            auto aborted = st.core->abort(ids);
+            auto in_flight = static_cast<uint32_t>(st.core->in_flight());
+            // Only the finish events go out: aborted rollouts never reach the loss.
+            for (auto& ev : st.core->take_events()) {
+              auto env = encode_event(ev, st.me, in_flight);
+              self->send(st.sagc, env);
+              self->send(st.scheduler, env);
+            }
+            spdlog::debug("{}: step {}: aborted {} rollout(s) ({}); {} KV blocks in use", st.me,
+                          a.getStep(), aborted.size(), a.getReason().cStr(),
+                          st.core->kv_blocks_in_use());
+            maybe_apply(self);
+          }))
+        return;
       if (handle_as<msg::WeightVersion>(e, st.me, [&](msg::WeightVersion::Reader v) {
             std::vector<sync::tensor_meta> header;
             for (auto t : v.getTensors()) {
@@ -204,22 +295,40 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
               m.hash = t.getHash();
               header.push_back(std::move(m));
             }
-            if (auto err = st.assembler.begin(v.getVersion(), header, v.getModelHash(),
-                                              v.getBucketCount(), st.expected))
-              send_ack(self, v.getVersion(), false, 0, *err);
+            st.version_started_ns = steady_now_ns();
+            st.pending = pending_apply::none;
+            st.assembler.reset();
+            st.receiver.reset();
+            if (v.getFull()) {
+              if (auto err = st.assembler.begin(v.getVersion(), header, v.getModelHash(),
+                                                v.getBucketCount(), st.expected))
+                send_ack(self, v.getVersion(), false, 0, *err, true);
+              return;
+            }
+            std::optional<uint64_t> held;
+            if (st.version != no_version)
+              held = st.version;
+            if (auto err = st.receiver.begin(v.getVersion(), v.getBaseVersion(), held, header,
+                                             v.getModelHash(), v.getBucketCount(),
+                                             st.expected))
+              send_ack(self, v.getVersion(), false, 0, *err, false);
           }))
         return;
       if (handle_as<msg::WeightBucket>(e, st.me, [&](msg::WeightBucket::Reader b) {
+            auto version = b.getVersion();
+            if (b.hasDelta() && b.getDelta().size() > 0) {
+              on_delta_bucket(self, version, b.getIndex(), b.getDelta());
+              return;
+            }
             std::vector<sync::chunk_view> chunks;
             for (auto c : b.getChunks()) {
               auto data = c.getData();
               chunks.push_back({c.getTensor(), c.getOffset(), data.begin(), data.size()});
             }
-            auto version = b.getVersion();
             if (auto err = st.assembler.add_bucket(version, b.getIndex(), chunks,
                                                    b.getChecksum())) {
               st.assembler.reset();
-              send_ack(self, version, false, 0, *err);
+              send_ack(self, version, false, 0, *err, true);
               return;
             }
             if (!st.assembler.complete())
@@ -227,18 +336,12 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             uint64_t hash = 0;
             if (auto err = st.assembler.verify(&hash)) {
               st.assembler.reset();
-              send_ack(self, version, false, hash, *err);
+              send_ack(self, version, false, hash, *err, true);
               return;
             }
-            if (!st.core->idle()) {
-              st.assembler.reset();
-              send_ack(self, version, false, hash, "rollouts in flight");
-              return;
-            }
-            apply_version(self);
-            st.version = version;
-            st.assembler.reset();
-            send_ack(self, version, true, hash, "");
+            st.pending = pending_apply::full;
+            st.pending_hash = hash;
+            maybe_apply(self);
           }))
         return;
       log_unhandled(e, st.me);
@@ -252,9 +355,10 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
         self->quit(caf::make_error(caf::sec::runtime_error, std::string{ex.what()}));
         return;
       }
-      if (st.core->idle())
+      if (st.core->idle()) {
         st.ticking = false;
-      else
+        maybe_apply(self);
+      } else
         self->send(self, tick_atom::value); // behind whatever arrived meanwhile
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {

@@ -1,7 +1,7 @@
 #include "actors/rollout/worker_core.hpp"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -276,6 +276,47 @@ std::vector<rollout_result> worker_core::abort_all() {
     out.push_back(finalize(st, ml::finish_reason::abort));
   }
   return out;
+}
+
+std::vector<rollout_result> worker_core::abort(const std::vector<uint64_t>& request_ids) {
+  std::set<uint64_t> wanted;
+  for (auto id : request_ids)
+    if (rollouts_.count(id))
+      wanted.insert(id);
+  // Whole generator submissions go: every (gen id, stream) that serves a wanted rollout.
+  std::set<uint64_t> gen_ids;
+  for (auto& [key, id] : by_gen_)
+    if (wanted.count(id))
+      gen_ids.insert(key.first);
+  for (auto g : gen_ids) {
+    for (auto it = by_gen_.begin(); it != by_gen_.end();) {
+      if (it->first.first == g) {
+        wanted.insert(it->second);
+        it = by_gen_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    gen_->abort(g);
+  }
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](uint64_t id) { return wanted.count(id) > 0; }),
+                 pending_.end());
+  std::vector<rollout_result> out;
+  for (auto id : wanted) {
+    auto it = rollouts_.find(id);
+    if (it == rollouts_.end())
+      continue;
+    auto& st = *it->second;
+    st.reward = 0.0;
+    st.reason = "aborted";
+    out.push_back(finalize(st, ml::finish_reason::abort));
+  }
+  return out;
+}
+
+int64_t worker_core::kv_blocks_in_use() const {
+  return gen_->cache().blocks_in_use();
 }
 
 std::vector<rollout_event> worker_core::take_events() {

@@ -108,6 +108,16 @@ public:
   /// reward 0.
   std::vector<rollout_result> abort_all();
 
+  /// Aborts the given rollouts (deadline mode, DESIGN.md §6 SAGC baseline): their KV blocks
+  /// are freed at once and they come back with finish_reason::abort, reward 0, and a finish
+  /// event. Siblings submitted to the generator together with an aborted rollout (one group
+  /// prefill) are aborted with it; the trainer only aborts every unfinished rollout of a step,
+  /// so that never takes a rollout it still waits for. Unknown ids are ignored.
+  std::vector<rollout_result> abort(const std::vector<uint64_t>& request_ids);
+
+  /// KV cache blocks referenced by live sequences (0 when nothing is decoding).
+  int64_t kv_blocks_in_use() const;
+
   /// Events since the last call, in order.
   std::vector<rollout_event> take_events();
 

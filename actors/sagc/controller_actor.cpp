@@ -1,5 +1,8 @@
 #include "actors/sagc/controller_actor.hpp"
 
+#include <map>
+#include <set>
+
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -19,6 +22,9 @@ struct controller_state {
   std::string me;
   std::unique_ptr<sagc::rollout_timing> timing;
   std::unique_ptr<sagc::group_policy> policy;
+  /// Rollouts flagged as stragglers from their chunk messages while still running, by step
+  /// (issue 5: flag before they finish). Cleared when the step closes.
+  std::map<int64_t, std::set<uint64_t>> flagged;
 };
 
 using controller_actor_t = caf::stateful_actor<controller_state>;
@@ -31,10 +37,17 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
   rule.window = static_cast<size_t>(ctx.config->sagc.window);
   rule.min_samples = std::min<size_t>(rule.min_samples, rule.window);
   st.timing = std::make_unique<sagc::rollout_timing>(rule);
-  if (ctx.config->sagc.policy != "static")
-    spdlog::warn("{}: sagc.policy = \"{}\" is not built yet; using the static policy",
-                 st.me, ctx.config->sagc.policy);
-  st.policy = std::make_unique<sagc::static_group_policy>(ctx.config->sagc.group_size);
+  const auto& c = ctx.config->sagc;
+  sagc::group_policy_options po;
+  po.policy = c.policy;
+  po.group_size = c.group_size;
+  po.g_min = c.g_min;
+  po.g_max = c.g_max;
+  po.target_rate = c.target_rate;
+  po.prompts_per_step = ctx.config->algorithm.prompts_per_step;
+  po.v = c.v;
+  po.deadline_kappa = c.deadline_kappa;
+  st.policy = sagc::make_group_policy(po);
   return {
     [](roster_atom, const std::vector<peer_info>&) {},
     [self](const envelope& e) {
@@ -60,7 +73,16 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
             t.worker_ns = ev.getWorkerNs();
             t.tokens = ev.getTokens();
             t.worker = ev.getWorker();
-            st.timing->observe(t);
+            if (!st.timing->observe(t) || t.kind != sagc::timing_kind::chunk)
+              return;
+            // The chunk's own timestamp is the worker's "now": no clocks are compared.
+            for (const auto& f : st.timing->in_flight_stragglers(t.step)) {
+              if (st.flagged[t.step].insert(f.request_id).second)
+                spdlog::debug("{}: step {}: rollout {} on {} is a straggler in flight "
+                              "({:.2f} s, {} tokens)",
+                              st.me, t.step, f.request_id, f.worker, f.elapsed_ns / 1e9,
+                              f.tokens);
+            }
           }))
         return;
       if (handle_as<msg::GroupSizeQuery>(e, st.me, [&](msg::GroupSizeQuery::Reader q) {
@@ -71,6 +93,12 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
                 b.setStep(q.getStep());
                 b.setGroupSize(static_cast<uint32_t>(d.group_size));
                 b.setReason(d.policy + ": " + d.reason);
+                b.setPolicy(d.policy);
+                b.setVirtualQueue(d.virtual_queue);
+                b.setPStraggler(d.p_straggler);
+                b.setUtility(d.utility);
+                b.setDeadlineNs(d.deadline_ns.value_or(0));
+                b.setMinFinished(static_cast<uint32_t>(d.min_finished));
               });
             self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
           }))
@@ -83,7 +111,14 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
               spdlog::warn("{}: step {}: {}", st.me, q.getStep(), ex.what());
               t = st.timing->summary(static_cast<int64_t>(q.getStep()));
             }
-            st.policy->observe(t);
+            st.policy->observe(t, st.timing->rule());
+            auto step = static_cast<int64_t>(q.getStep());
+            uint32_t flagged = 0;
+            for (auto it = st.flagged.begin(); it != st.flagged.end();) {
+              if (it->first == step)
+                flagged = static_cast<uint32_t>(it->second.size());
+              it = it->first <= step ? st.flagged.erase(it) : std::next(it);
+            }
             auto reply = build_envelope<msg::StepTiming>([&](msg::StepTiming::Builder b) {
               b.setStep(q.getStep());
               b.setRollouts(static_cast<uint32_t>(t.finished));
@@ -93,6 +128,9 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
               b.setStragglers(static_cast<uint32_t>(t.stragglers.size()));
               b.setStragglerEvent(t.straggler_event);
               b.setThresholdNs(t.threshold_ns ? static_cast<int64_t>(*t.threshold_ns) : 0);
+              b.setFlaggedInFlight(flagged);
+              b.setAborted(static_cast<uint32_t>(t.aborted));
+              b.setRolloutsTimed(static_cast<uint32_t>(t.timed));
             });
             self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
           }))

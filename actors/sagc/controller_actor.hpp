@@ -6,9 +6,12 @@
 
 namespace sorl {
 
-/// Spawns the SAGC controller. For now it keeps G fixed ([sagc].group_size, policy
-/// "static") while it observes every RolloutEvent and answers StepTimingQuery with the
-/// step's duration statistics and straggler verdict (DESIGN.md §6).
+/// Spawns the SAGC controller (DESIGN.md §6 SAGC). It observes every RolloutEvent, flags
+/// rollouts whose chunk messages already pass the straggler threshold while they run,
+/// answers GroupSizeQuery with the configured policy's decision ([sagc].policy: "static",
+/// "sagc" drift-plus-penalty, or "deadline"; see actors/sagc/group_policy.hpp) and
+/// StepTimingQuery with the step's duration statistics and straggler verdict, which it also
+/// feeds back into the policy.
 caf::actor spawn_sagc_controller(caf::actor_system& sys, const role_context& ctx);
 
 } // namespace sorl

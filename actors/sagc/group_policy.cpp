@@ -1,8 +1,149 @@
 #include "actors/sagc/group_policy.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 namespace sorl::sagc {
+
+namespace {
+
+/// %g with `digits` significant digits, for reasons.
+std::string num(double v, int digits = 4) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+std::string seconds(double ns) {
+  return num(ns / 1e9) + "s";
+}
+
+void check_step(const char* who, int64_t step) {
+  if (step < 0)
+    throw std::invalid_argument(std::string(who) + "::decide: step " + std::to_string(step)
+                                + " < 0");
+}
+
+[[noreturn]] void bad_option(const std::string& field, const std::string& what) {
+  throw std::invalid_argument("group_policy_options." + field + ": " + what);
+}
+
+void validate(const group_policy_options& o) {
+  if (o.policy != "static" && o.policy != "sagc" && o.policy != "deadline")
+    bad_option("policy", "\"" + o.policy + "\" is not one of static, sagc, deadline");
+  if (o.group_size < 1)
+    bad_option("group_size", "must be >= 1, got " + std::to_string(o.group_size));
+  if (o.policy == "static")
+    return;
+  if (o.g_min < 1)
+    bad_option("g_min", "must be >= 1, got " + std::to_string(o.g_min));
+  if (o.g_max < o.g_min)
+    bad_option("g_max", std::to_string(o.g_max) + " is below g_min = " + std::to_string(o.g_min));
+  if (o.group_size < o.g_min || o.group_size > o.g_max)
+    bad_option("group_size", std::to_string(o.group_size) + " is outside [g_min, g_max] = ["
+                               + std::to_string(o.g_min) + ", " + std::to_string(o.g_max) + "]");
+  if (!(o.target_rate >= 0 && o.target_rate <= 1)) // also NaN
+    bad_option("target_rate", "must be in [0, 1], got " + num(o.target_rate));
+  if (o.prompts_per_step < 1)
+    bad_option("prompts_per_step", "must be >= 1, got " + std::to_string(o.prompts_per_step));
+  if (!std::isfinite(o.v) || o.v <= 0)
+    bad_option("v", "must be finite and > 0, got " + num(o.v));
+  if (!std::isfinite(o.tail_prior) || o.tail_prior < 0)
+    bad_option("tail_prior", "must be finite and >= 0, got " + num(o.tail_prior));
+  if (!std::isfinite(o.deadline_kappa) || o.deadline_kappa <= 0)
+    bad_option("deadline_kappa", "must be finite and > 0, got " + num(o.deadline_kappa));
+}
+
+group_policy_options checked(group_policy_options o, const char* policy) {
+  o.policy = policy;
+  validate(o);
+  return o;
+}
+
+/// Outcome of checking a fed-back step before it may move a policy's state.
+struct step_check {
+  bool counts = false; ///< the step is new and had ended rollouts
+  std::string notes;   ///< what was odd about it, "" when nothing
+};
+
+/// Shared by the adaptive and deadline policies: odd steps are explained, never thrown on.
+step_check check_observed(const step_timing& t, std::optional<int64_t>& last_observed) {
+  step_check out;
+  const std::string name = "step " + std::to_string(t.step);
+  if (t.step < 0) {
+    out.notes = name + " fed back: negative, ignored";
+    return out;
+  }
+  if (last_observed && t.step <= *last_observed) {
+    out.notes = name + " fed back after step " + std::to_string(*last_observed)
+                + ": repeated or backwards, not counted again";
+    return out;
+  }
+  last_observed = t.step;
+  if (auto issues = to_map(t.issues); !issues.empty()) {
+    out.notes = name + " timing issues:";
+    for (const auto& [issue, n] : issues)
+      out.notes += " " + issue + "=" + std::to_string(n);
+    out.notes += "; ";
+  }
+  if (t.finished == 0 && t.aborted == 0) {
+    out.notes += t.started == 0
+                   ? name + " had no rollouts: not counted"
+                   : name + ": " + std::to_string(t.started) + " started, none ended: not counted";
+    return out;
+  }
+  if (t.finished == 0)
+    out.notes += name + ": all " + std::to_string(t.aborted) + " rollouts aborted; ";
+  out.counts = true;
+  return out;
+}
+
+std::string join_notes(const std::string& reason, std::string notes) {
+  while (!notes.empty() && (notes.back() == ' ' || notes.back() == ';'))
+    notes.pop_back();
+  return notes.empty() ? reason : reason + " [" + notes + "]";
+}
+
+} // namespace
+
+double group_utility(int64_t group_size) {
+  return group_size < 1 ? 0.0 : 1.0 - 1.0 / static_cast<double>(group_size);
+}
+
+double straggler_event_probability(double p, int64_t rollouts) {
+  if (rollouts <= 0)
+    return 0.0;
+  if (!(p < 1)) // NaN too
+    return 1.0;
+  if (p <= 0)
+    return 0.0;
+  // −expm1(n·log1p(−p)) keeps precision for the tiny p that matter here (p ≈ ε/(B·G)).
+  return -std::expm1(static_cast<double>(rollouts) * std::log1p(-p));
+}
+
+window_tail window_tail_of(const straggler_rule& rule) {
+  window_tail t;
+  t.samples = rule.samples();
+  if (auto m = rule.median_ns(); m && std::isfinite(*m))
+    t.median_ns = *m;
+  if (auto thr = rule.threshold_ns(); thr && std::isfinite(*thr)) {
+    t.threshold_ns = *thr;
+    t.over = static_cast<size_t>(std::count_if(rule.durations().begin(), rule.durations().end(),
+                                               [&](double d) { return d > *thr; }));
+  }
+  return t;
+}
+
+double tail_estimate(const window_tail& tail, double prior) {
+  const double denom = static_cast<double>(tail.samples) + 2 * prior;
+  if (!(denom > 0))
+    return std::numeric_limits<double>::quiet_NaN();
+  return (static_cast<double>(tail.over) + prior) / denom;
+}
+
+// -- static -------------------------------------------------------------------------------
 
 static_group_policy::static_group_policy(int64_t group_size) : group_size_(group_size) {
   if (group_size < 1)
@@ -11,11 +152,143 @@ static_group_policy::static_group_policy(int64_t group_size) : group_size_(group
 }
 
 group_decision static_group_policy::decide(int64_t step) {
-  if (step < 0)
-    throw std::invalid_argument("static_group_policy::decide: step " + std::to_string(step)
-                                + " < 0");
-  return {step, group_size_, "static",
-          "fixed G = " + std::to_string(group_size_) + " from [sagc].group_size"};
+  check_step("static_group_policy", step);
+  group_decision d;
+  d.step = step;
+  d.group_size = group_size_;
+  d.policy = "static";
+  d.reason = "fixed G = " + std::to_string(group_size_) + " from [sagc].group_size";
+  d.utility = group_utility(group_size_);
+  return d;
+}
+
+// -- sagc ---------------------------------------------------------------------------------
+
+sagc_group_policy::sagc_group_policy(group_policy_options options)
+  : options_(checked(std::move(options), "sagc")) {
+}
+
+double sagc_group_policy::score(int64_t g) const {
+  const double u = options_.v * group_utility(g);
+  if (!tail_.threshold_ns)
+    return u;
+  const double p = tail_estimate(tail_, options_.tail_prior);
+  return u - queue_ * straggler_event_probability(p, options_.prompts_per_step * g);
+}
+
+group_decision sagc_group_policy::decide(int64_t step) {
+  check_step("sagc_group_policy", step);
+  group_decision d;
+  d.step = step;
+  d.policy = "sagc";
+  d.virtual_queue = queue_;
+  std::string notes = notes_;
+  if (last_decided_ && step < *last_decided_)
+    notes += "step " + std::to_string(step) + " asked after step " + std::to_string(*last_decided_)
+             + ": backwards; ";
+  last_decided_ = std::max(step, last_decided_.value_or(step));
+
+  if (!tail_.threshold_ns) {
+    d.group_size = options_.group_size;
+    d.utility = group_utility(d.group_size);
+    d.reason = join_notes("no straggler threshold yet (window " + std::to_string(tail_.samples)
+                            + " durations): initial G = " + std::to_string(d.group_size),
+                          notes);
+    return d;
+  }
+
+  const double p = tail_estimate(tail_, options_.tail_prior);
+  int64_t best = options_.g_min;
+  double best_score = score(best);
+  for (int64_t g = options_.g_min + 1; g <= options_.g_max; ++g) {
+    const double s = score(g);
+    if (s > best_score) { // strict: ties go to the smaller G
+      best = g;
+      best_score = s;
+    }
+  }
+  d.group_size = best;
+  d.utility = group_utility(best);
+  d.p_straggler = straggler_event_probability(p, options_.prompts_per_step * best);
+  d.reason = join_notes("Q=" + num(queue_) + " window k=" + std::to_string(tail_.over) + "/"
+                          + std::to_string(tail_.samples) + " > thr=" + seconds(*tail_.threshold_ns)
+                          + " p=" + num(p, 3) + " -> G=" + std::to_string(best)
+                          + ": V*U=" + num(options_.v * d.utility)
+                          + " - Q*P=" + num(queue_ * d.p_straggler),
+                        notes);
+  return d;
+}
+
+void sagc_group_policy::observe(const step_timing& timing, const straggler_rule& rule) {
+  tail_ = window_tail_of(rule); // the window the next step is judged against, in any case
+  step_check c = check_observed(timing, last_observed_);
+  notes_ = std::move(c.notes);
+  if (!c.counts)
+    return;
+  const double s = timing.straggler_event ? 1.0 : 0.0;
+  double next = queue_ + s - options_.target_rate;
+  if (next < 0) {
+    truncated_ -= next;
+    next = 0;
+  }
+  queue_ = next;
+  ++steps_counted_;
+  events_counted_ += timing.straggler_event ? 1 : 0;
+}
+
+// -- deadline -----------------------------------------------------------------------------
+
+deadline_group_policy::deadline_group_policy(group_policy_options options)
+  : options_(checked(std::move(options), "deadline")) {
+}
+
+group_decision deadline_group_policy::decide(int64_t step) {
+  check_step("deadline_group_policy", step);
+  group_decision d;
+  d.step = step;
+  d.policy = "deadline";
+  d.group_size = options_.group_size;
+  d.utility = group_utility(d.group_size);
+  d.min_finished = options_.g_min;
+  std::string notes = notes_;
+  if (last_decided_ && step < *last_decided_)
+    notes += "step " + std::to_string(step) + " asked after step " + std::to_string(*last_decided_)
+             + ": backwards; ";
+  last_decided_ = std::max(step, last_decided_.value_or(step));
+
+  const std::string fixed = "fixed G = " + std::to_string(d.group_size);
+  if (!tail_.threshold_ns || !tail_.median_ns) {
+    d.reason = join_notes(fixed + "; no straggler threshold yet (window "
+                            + std::to_string(tail_.samples) + " durations): wait for all",
+                          notes);
+    return d;
+  }
+  const double budget = options_.deadline_kappa * *tail_.median_ns;
+  // A budget beyond int64 ns (292 years) is no deadline at all.
+  if (budget < 9.0e18)
+    d.deadline_ns = std::max<int64_t>(0, std::llround(budget));
+  d.reason = join_notes(fixed + "; deadline " + num(options_.deadline_kappa) + " x median "
+                          + seconds(*tail_.median_ns) + " = " + seconds(budget)
+                          + ", cut once every group has >= " + std::to_string(d.min_finished)
+                          + " finished",
+                        notes);
+  return d;
+}
+
+void deadline_group_policy::observe(const step_timing& timing, const straggler_rule& rule) {
+  tail_ = window_tail_of(rule);
+  notes_ = check_observed(timing, last_observed_).notes;
+}
+
+// -- factory ------------------------------------------------------------------------------
+
+std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options) {
+  validate(options);
+  if (options.policy == "sagc")
+    return std::make_unique<sagc_group_policy>(options);
+  if (options.policy == "deadline")
+    return std::make_unique<deadline_group_policy>(options);
+  return std::make_unique<static_group_policy>(options.group_size);
 }
 
 } // namespace sorl::sagc

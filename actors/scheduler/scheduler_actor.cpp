@@ -73,6 +73,28 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             }
           }))
         return;
+      if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
+            // Forward each id to the worker that holds it; the worker's abort finish events
+            // then free the placement slots as a normal finish does.
+            std::map<std::string, std::vector<uint64_t>> by_worker;
+            for (auto id : a.getRequestIds()) {
+              if (st.in_flight.count(id) == 0)
+                continue;
+              if (auto w = st.placement->worker_of(id); w && st.workers.count(*w))
+                by_worker[*w].push_back(id);
+            }
+            for (auto& [w, ids] : by_worker) {
+              self->send(st.workers.at(w),
+                         build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
+                           b.setStep(a.getStep());
+                           auto list = b.initRequestIds(static_cast<unsigned>(ids.size()));
+                           for (size_t i = 0; i < ids.size(); ++i)
+                             list.set(static_cast<unsigned>(i), ids[i]);
+                           b.setReason(a.getReason());
+                         }));
+            }
+          }))
+        return;
       if (handle_as<msg::RolloutEvent>(e, st.me, [&](msg::RolloutEvent::Reader ev) {
             if (ev.getKind() != msg::EventKind::FINISH)
               return;

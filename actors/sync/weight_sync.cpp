@@ -61,6 +61,22 @@ std::vector<std::vector<chunk_ref>> plan_buckets(const std::vector<tensor_meta>&
   return buckets;
 }
 
+std::optional<std::string> match_header(uint64_t version, const std::vector<tensor_meta>& header,
+                                        const std::vector<tensor_meta>& expected) {
+  if (header.size() != expected.size())
+    return fmt::format("version {} has {} tensors, the model has {}", version, header.size(),
+                       expected.size());
+  for (size_t i = 0; i < header.size(); ++i) {
+    const auto& h = header[i];
+    const auto& e = expected[i];
+    if (h.name != e.name || h.shape != e.shape || h.dtype != e.dtype)
+      return fmt::format("version {} tensor {} is \"{}\" {}, the model expects \"{}\" {}",
+                         version, i, h.name, fmt::join(h.shape, "x"), e.name,
+                         fmt::join(e.shape, "x"));
+  }
+  return std::nullopt;
+}
+
 void weight_assembler::reset() {
   active_ = false;
   header_.clear();
@@ -76,19 +92,11 @@ std::optional<std::string> weight_assembler::begin(uint64_t version,
                                                    uint32_t bucket_count,
                                                    const std::vector<tensor_meta>& expected) {
   reset();
-  if (header.size() != expected.size())
-    return fmt::format("version {} has {} tensors, the model has {}", version, header.size(),
-                       expected.size());
+  if (auto err = match_header(version, header, expected))
+    return err;
   uint64_t total = 0;
-  for (size_t i = 0; i < header.size(); ++i) {
-    const auto& h = header[i];
-    const auto& e = expected[i];
-    if (h.name != e.name || h.shape != e.shape || h.dtype != e.dtype)
-      return fmt::format("version {} tensor {} is \"{}\" {}, the model expects \"{}\" {}",
-                         version, i, h.name, fmt::join(h.shape, "x"), e.name,
-                         fmt::join(e.shape, "x"));
+  for (const auto& h : header)
     total += h.bytes();
-  }
   if (bucket_count == 0 && total > 0)
     return fmt::format("version {} announces no buckets for {} bytes", version, total);
   header_ = header;

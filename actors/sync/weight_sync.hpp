@@ -38,6 +38,12 @@ struct tensor_meta {
   }
 };
 
+/// Checks that a version's `header` lists exactly the tensors of `expected` (names, shapes,
+/// dtypes, in order; hashes ignored). Returns an error message naming the first difference,
+/// or std::nullopt.
+std::optional<std::string> match_header(uint64_t version, const std::vector<tensor_meta>& header,
+                                        const std::vector<tensor_meta>& expected);
+
 /// A contiguous element range of one tensor inside a bucket.
 struct chunk_ref {
   uint32_t tensor = 0;  ///< index into the version's tensor list

@@ -55,6 +55,8 @@ rollout_verdict step_plan::on_rollout(uint64_t request_id, double reward) {
   auto it = by_request_.find(request_id);
   if (it == by_request_.end())
     return rollout_verdict::unknown_request;
+  if (cut_)
+    return done_.count(request_id) ? rollout_verdict::duplicate : rollout_verdict::after_cut;
   if (!done_.emplace(request_id, 0).second)
     return rollout_verdict::duplicate;
   if (!std::isfinite(reward))
@@ -64,7 +66,8 @@ rollout_verdict step_plan::on_rollout(uint64_t request_id, double reward) {
 }
 
 bool step_plan::group_complete(uint64_t group) const {
-  return rewards_.at(group).size() == opts_.group_size;
+  auto n = rewards_.at(group).size();
+  return cut_ ? n >= cut_min_ : n == opts_.group_size;
 }
 
 bool step_plan::group_has_signal(uint64_t group) const {
@@ -76,7 +79,39 @@ bool step_plan::group_has_signal(uint64_t group) const {
 }
 
 bool step_plan::rollouts_complete() const {
-  return done_.size() == requested_.size();
+  return cut_ || done_.size() == requested_.size();
+}
+
+bool step_plan::can_cut(uint32_t min_finished) const {
+  if (cut_ || done_.size() == requested_.size())
+    return false;
+  for (auto g : groups_)
+    if (rewards_.at(g).size() < min_finished)
+      return false;
+  return true;
+}
+
+std::vector<uint64_t> step_plan::cut(uint32_t min_finished) {
+  if (!can_cut(min_finished))
+    throw std::logic_error("step_plan::cut: a group has fewer than min_finished finished "
+                           "rollouts, or nothing is outstanding");
+  std::vector<uint64_t> out;
+  for (const auto& r : requested_)
+    if (!done_.count(r.request_id))
+      out.push_back(r.request_id);
+  cut_ = true;
+  cut_min_ = min_finished;
+  aborted_ = out.size();
+  return out;
+}
+
+std::vector<uint64_t> step_plan::training_requests() const {
+  std::vector<uint64_t> out;
+  for (auto g : training_groups())
+    for (const auto& r : requested_)
+      if (r.group_id == g && done_.count(r.request_id))
+        out.push_back(r.request_id);
+  return out;
 }
 
 std::vector<uint64_t> step_plan::zero_signal_groups() const {
@@ -88,7 +123,8 @@ std::vector<uint64_t> step_plan::zero_signal_groups() const {
 }
 
 bool step_plan::refill(trainer_counters& counters) {
-  if (!opts_.dynamic_sampling || !rollouts_complete() || refills_ >= opts_.max_refill_rounds)
+  if (cut_ || !opts_.dynamic_sampling || !rollouts_complete() ||
+      refills_ >= opts_.max_refill_rounds)
     return false;
   uint32_t with_signal = 0;
   for (auto g : groups_)

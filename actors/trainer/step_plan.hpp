@@ -33,7 +33,7 @@ struct rollout_spec {
 };
 
 /// What on_rollout() made of a finished rollout.
-enum class rollout_verdict { accepted, unknown_request, duplicate };
+enum class rollout_verdict { accepted, unknown_request, duplicate, after_cut };
 
 /// Options of a step.
 struct step_options {
@@ -77,6 +77,34 @@ public:
   /// Groups whose rewards are all equal (no signal), among those requested.
   std::vector<uint64_t> zero_signal_groups() const;
 
+  /// Deadline mode (DESIGN.md §6 SAGC, the timeout baseline): true when every group requested
+  /// so far has at least `min_finished` finished rollouts, so the step may end without the
+  /// rest. Always false after a cut or when nothing is outstanding.
+  bool can_cut(uint32_t min_finished) const;
+
+  /// Ends the rollout phase without the unfinished rollouts: returns their request ids (to
+  /// abort), and from now on a group counts as complete with its finished rollouts, later
+  /// rollouts are refused (after_cut), and refill() requests nothing. Groups with fewer than
+  /// `min_finished` finished rollouts are never trained on. Raises std::logic_error when
+  /// can_cut(min_finished) is false.
+  ///
+  /// The bias this introduces: the rollouts cut are the slowest, which are mostly the
+  /// longest, so the trained batch under-represents long responses; with group-relative
+  /// advantages the shorter survivors of a group are what gets reinforced, which pushes
+  /// response lengths down whether or not length is what earns reward.
+  std::vector<uint64_t> cut(uint32_t min_finished);
+
+  bool was_cut() const {
+    return cut_;
+  }
+  /// Rollouts dropped by cut().
+  uint64_t aborted() const {
+    return aborted_;
+  }
+
+  /// Request ids to train on: the finished rollouts of training_groups(), in request order.
+  std::vector<uint64_t> training_requests() const;
+
   uint32_t refill_rounds() const {
     return refills_;
   }
@@ -96,6 +124,9 @@ private:
   std::map<uint64_t, std::vector<double>> rewards_;  ///< group → rewards received
   std::map<uint64_t, uint32_t> done_;                ///< request ids finished (value unused)
   uint32_t refills_ = 0;
+  bool cut_ = false;
+  uint32_t cut_min_ = 0;
+  uint64_t aborted_ = 0;
 };
 
 /// Sampler seed of a group: splitmix64 of (run seed, group id).

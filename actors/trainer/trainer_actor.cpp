@@ -1,6 +1,7 @@
 #include "actors/trainer/trainer_actor.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <filesystem>
@@ -46,6 +47,10 @@ struct trainer_state {
   int64_t step = 0;
   uint32_t group_size = 0;
   std::string group_reason;
+  /// Deadline mode: the rollout budget of this step (0 = none), and whether it is spent.
+  int64_t deadline_ns = 0;
+  uint32_t min_finished = 0;
+  bool deadline_passed = false;
   std::unique_ptr<trainer::step_plan> plan;
   std::map<uint64_t, envelope> trajectories; ///< by request id, this step
   int64_t step_start_ns = 0;
@@ -152,6 +157,8 @@ void begin_step(trainer_actor_t* self) {
   }
   st.now = phase::rollout;
   st.step_start_ns = steady_now_ns();
+  st.deadline_ns = 0;
+  st.deadline_passed = false;
   st.trajectories.clear();
   st.record = metrics_record{};
   st.record.step = st.step + 1;
@@ -169,10 +176,8 @@ void end_rollouts(trainer_actor_t* self) {
              }));
   auto groups = st.plan->training_groups();
   std::vector<const envelope*> chosen;
-  for (auto g : groups)
-    for (const auto& r : st.plan->requested())
-      if (r.group_id == g)
-        chosen.push_back(&st.trajectories.at(r.request_id));
+  for (auto id : st.plan->training_requests())
+    chosen.push_back(&st.trajectories.at(id));
   // Statistics over every rollout of the step (refills included).
   std::vector<double> lengths;
   std::map<uint64_t, std::vector<double>> group_rewards;
@@ -222,6 +227,9 @@ void end_rollouts(trainer_actor_t* self) {
   rec.extra["refill_rounds"] = st.plan->refill_rounds();
   rec.extra["zero_signal_groups_rollout"] = static_cast<double>(st.plan->zero_signal_groups().size());
   rec.extra["trained_groups"] = static_cast<double>(groups.size());
+  rec.extra["trained_rollouts"] = static_cast<double>(chosen.size());
+  rec.extra["aborted"] = static_cast<double>(st.plan->aborted());
+  rec.extra["deadline_cut"] = st.plan->was_cut() ? 1.0 : 0.0;
   if (chosen.empty()) {
     fail_job(self, fmt::format("step {}: no group to train on", st.step));
     return;
@@ -245,8 +253,20 @@ void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
   rec.extra["version"] = static_cast<double>(ready.getVersion());
   rec.extra["sync_bytes"] = static_cast<double>(ready.getBytesSent());
   rec.extra["sync_dense_bytes"] = static_cast<double>(ready.getDenseBytes());
+  if (ready.getSparseWorkers() > 0 && ready.getElements() > 0) {
+    rec.extra["sync_changed_fraction"] =
+      static_cast<double>(ready.getChangedElements()) / static_cast<double>(ready.getElements());
+    rec.extra["sync_sparse_bytes"] = static_cast<double>(ready.getSparseBytes());
+  }
+  rec.extra["sync_encode_s"] = static_cast<double>(ready.getEncodeNs()) / 1e9;
+  rec.extra["sync_apply_s"] = static_cast<double>(ready.getApplyNsMax()) / 1e9;
+  rec.extra["sync_full_workers"] = ready.getFullWorkers();
+  rec.extra["sync_sparse_workers"] = ready.getSparseWorkers();
+  rec.extra["sync_resyncs"] = ready.getResyncs();
   rec.extra_text["model_hash"] = fmt::format("{:016x}", ready.getModelHash());
-  rec.extra_text["checksum"] = "ok"; // the publisher stops the job on any mismatch
+  // Every worker reproduced the published hash: a mismatch gets a full sync, and a failed
+  // full sync stops the job, so a written record always says ok.
+  rec.extra_text["checksum"] = ready.getResyncs() > 0 ? "ok after resync" : "ok";
   rec.rollout_s = (st.rollout_end_ns - st.step_start_ns) / 1e9;
   rec.learn_s = (st.learn_end_ns - st.rollout_end_ns) / 1e9;
   rec.sync_s = (now - st.learn_end_ns) / 1e9;
@@ -275,6 +295,27 @@ void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
     return;
   }
   begin_step(self);
+}
+
+/// Deadline mode: once the budget is spent and every group has min_finished rollouts, abort
+/// the rest (the scheduler forwards the ids to the workers, which free their KV) and train
+/// on what finished.
+void try_cut(trainer_actor_t* self) {
+  auto& st = self->state;
+  if (st.now != phase::rollout || !st.plan || !st.deadline_passed ||
+      !st.plan->can_cut(st.min_finished))
+    return;
+  auto ids = st.plan->cut(st.min_finished);
+  spdlog::debug("{}: step {}: deadline passed, aborting {} rollout(s)", st.me, st.step,
+                ids.size());
+  self->send(st.scheduler, build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
+               b.setStep(static_cast<uint64_t>(st.step));
+               auto list = b.initRequestIds(static_cast<unsigned>(ids.size()));
+               for (size_t i = 0; i < ids.size(); ++i)
+                 list.set(static_cast<unsigned>(i), ids[i]);
+               b.setReason("deadline");
+             }));
+  end_rollouts(self);
 }
 
 caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
@@ -372,6 +413,16 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
               return;
             st.group_size = d.getGroupSize();
             st.group_reason = d.getReason();
+            st.deadline_ns = d.getDeadlineNs();
+            st.min_finished = d.getMinFinished();
+            auto& rec = st.record;
+            rec.extra_text["group_policy"] = d.getPolicy();
+            rec.extra["virtual_queue"] = d.getVirtualQueue();
+            if (std::isfinite(d.getPStraggler()))
+              rec.extra["p_straggler"] = d.getPStraggler();
+            rec.extra["utility"] = d.getUtility();
+            if (st.deadline_ns > 0)
+              rec.extra["deadline_s"] = static_cast<double>(st.deadline_ns) / 1e9;
             trainer::step_options o;
             o.step = static_cast<uint64_t>(st.step);
             o.prompts = static_cast<uint32_t>(st.cfg->algorithm.prompts_per_step);
@@ -387,19 +438,27 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
               return;
             }
             send_requests(self);
+            if (st.deadline_ns > 0) {
+              auto left = st.deadline_ns - (steady_now_ns() - st.step_start_ns);
+              self->delayed_send(self, std::chrono::nanoseconds{std::max<int64_t>(left, 0)},
+                                 deadline_atom::value, static_cast<int64_t>(st.step));
+            }
           }))
         return;
       if (handle_as<msg::Trajectory>(e, st.me, [&](msg::Trajectory::Reader t) {
             if (st.now != phase::rollout || !st.plan)
               return;
             auto verdict = st.plan->on_rollout(t.getRequestId(), t.getReward());
+            if (verdict == trainer::rollout_verdict::after_cut)
+              return; // a straggler that finished while its abort was on the way
             if (verdict != trainer::rollout_verdict::accepted) {
               spdlog::warn("{}: ignored trajectory {} (step {})", st.me, t.getRequestId(),
                            t.getStep());
               return;
             }
             st.trajectories.emplace(t.getRequestId(), e);
-            if (!st.plan->rollouts_complete())
+            try_cut(self);
+            if (st.now != phase::rollout || !st.plan->rollouts_complete())
               return;
             if (st.plan->refill(st.counters)) {
               send_requests(self);
@@ -416,6 +475,8 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
             rec.stragglers = t.getStragglers();
             rec.extra["straggler_event"] = t.getStragglerEvent() ? 1.0 : 0.0;
             rec.extra["straggler_threshold_s"] = t.getThresholdNs() / 1e9;
+            rec.extra["flagged_in_flight"] = t.getFlaggedInFlight();
+            rec.extra["rollouts_aborted_timing"] = t.getAborted();
           }))
         return;
       if (handle_as<msg::TrainResult>(e, st.me, [&](msg::TrainResult::Reader r) {
@@ -451,6 +512,13 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
           }))
         return;
       log_unhandled(e, st.me);
+    },
+    [self](deadline_atom, int64_t step) {
+      auto& st = self->state;
+      if (st.now != phase::rollout || step != st.step)
+        return;
+      st.deadline_passed = true;
+      try_cut(self);
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {
       auto& st = self->state;

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -190,6 +191,71 @@ TEST_CASE("DAPO refills zero-signal groups and trains on groups with signal only
     CHECK(field(line, "rollouts") == "48.0");
     CHECK(field(line, "trained_groups") == "12.0");
   }
+}
+
+TEST_CASE("sparse sync reaches the same rollout weights as full sync at every step") {
+  std::map<std::string, std::vector<std::string>> runs;
+  for (std::string mode : {"full", "sparse"}) {
+    auto name = "sync_" + mode;
+    fs::remove_all(data_dir() / "runs" / name);
+    auto text = small_config(name, 4, one_node);
+    text.replace(text.find("[sync]\n"), 7, "[sync]\nmode = \"" + mode + "\"\n");
+    // A fresh policy earns no reward here (zero advantages), so decoupled weight decay is
+    // what moves the weights: lr × decay = 1e-4 relative per step flips a few % of bf16 bits.
+    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\n");
+    child_process p{{SORL_BIN, "train", write(name + ".toml", text)}};
+    auto rc = p.wait_exit(600s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    runs[mode] = jsonl(name);
+    REQUIRE(runs[mode].size() == 4);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    INFO("step " << i + 1);
+    const auto& full = runs["full"][i];
+    const auto& sparse = runs["sparse"][i];
+    // Workers acknowledged exactly these hashes, so their bf16 weights are bit-identical.
+    CHECK(field(sparse, "model_hash") == field(full, "model_hash"));
+    CHECK(field(full, "sync_full_workers") == "2.0");
+    CHECK(field(sparse, "sync_sparse_workers") == "2.0"); // version 0 was the full one
+    CHECK(field(sparse, "sync_full_workers") == "0.0");
+    CHECK(std::stod(field(sparse, "sync_bytes")) < std::stod(field(sparse, "sync_dense_bytes")));
+    auto changed = std::stod(field(sparse, "sync_changed_fraction"));
+    CHECK(changed > 0.0);
+    CHECK(changed < 0.5);
+    CHECK(field(sparse, "checksum") == "\"ok\"");
+  }
+}
+
+TEST_CASE("deadline mode aborts the slowest rollouts and trains on groups of at least g_min") {
+  fs::remove_all(data_dir() / "runs" / "deadline");
+  auto text = small_config("deadline", 4, one_node);
+  // A budget of 0.001 × the median duration: every step after the first (which fills the
+  // window) is cut as soon as each group has g_min = 2 finished rollouts.
+  text.replace(text.find("[sagc]\n"), 7,
+               "[sagc]\npolicy = \"deadline\"\ng_min = 2\ndeadline_kappa = 0.001\n");
+  child_process p{{SORL_BIN, "train", write("deadline.toml", text)}};
+  auto rc = p.wait_exit(600s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  auto lines = jsonl("deadline");
+  REQUIRE(lines.size() == 4);
+  CHECK(field(lines[0], "deadline_cut") == "0.0"); // no duration history yet: no deadline
+  CHECK(field(lines[0], "rollouts") == "16.0");
+  int cut = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    INFO(lines[i]);
+    CHECK(std::stod(field(lines[i], "deadline_s")) > 0.0);
+    auto trained = std::stod(field(lines[i], "trained_rollouts"));
+    auto aborted = std::stod(field(lines[i], "aborted"));
+    CHECK(field(lines[i], "trained_groups") == "4.0");
+    CHECK(trained >= 2 * 4);                                         // g_min per group
+    CHECK(trained + aborted == 16.0);                                // nothing counted twice
+    CHECK(std::stod(field(lines[i], "rollouts")) == trained);        // aborted ones never train
+    cut += field(lines[i], "deadline_cut") == "1.0";
+  }
+  CHECK(cut >= 1);
+  CHECK(p.wait_for("job finished: 4 steps", 1s));
 }
 
 TEST_CASE("a malformed prompts file is refused before anything starts") {

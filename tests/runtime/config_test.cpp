@@ -47,7 +47,7 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(cfg.run.name == "sorl");
   CHECK(cfg.run.steps == 100);
   CHECK(cfg.sagc.group_size == 8);
-  CHECK(cfg.sync.mode == "full");
+  CHECK(cfg.sync.mode == "sparse");
   CHECK(cfg.network.heartbeat_ms == 250);
   REQUIRE(cfg.nodes.size() == 1);
   CHECK(cfg.nodes[0].name == "main");
@@ -325,13 +325,13 @@ TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
 }
 
 TEST_CASE("settings that are not implemented yet are refused, not ignored") {
-  auto e = only_error("[sync]\nmode = \"sparse\"\n" + std::string{minimal});
-  CHECK(e.key == "sync.mode");
+  auto e = only_error("[rollout]\nspeculative = \"on\"\n" + std::string{minimal});
+  CHECK(e.key == "rollout.speculative");
   CHECK(e.line == 2);
-  CHECK(e.message == "sparse weight sync is not implemented yet");
+  CHECK(e.message == "speculative decoding is not implemented yet");
   CHECK(only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal}).key
         == "scheduler.policy");
   CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
-  CHECK(only_error("[sagc]\npolicy = \"deadline\"\n" + std::string{minimal}).key
-        == "sagc.policy");
+  CHECK(only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal}).key
+        == "sagc.group_size"); // outside the default [g_min, g_max] = [2, 16]
 }

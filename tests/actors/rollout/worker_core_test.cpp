@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -179,6 +181,56 @@ TEST_CASE("abort_all returns every held rollout as aborted with reward 0") {
     CHECK(r.reward_reason == "aborted");
   }
   CHECK(w.idle());
+}
+
+TEST_CASE("abort stops chosen rollouts at once and frees their KV; the others go on") {
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  CHECK(w.kv_blocks_in_use() == 0);
+  for (uint32_t i = 0; i < 3; ++i)
+    w.enqueue(request(i, 1, i, 5, 40)); // group 1: to be cut
+  for (uint32_t i = 0; i < 2; ++i)
+    w.enqueue(request(10 + i, 2, i, 9, 40)); // group 2: keeps decoding
+  std::vector<rollout_result> early;
+  for (int k = 0; k < 3; ++k)
+    for (auto& r : w.step())
+      early.push_back(std::move(r));
+  w.take_events();
+  auto blocks_before = w.kv_blocks_in_use();
+  REQUIRE(blocks_before > 0);
+  size_t group1_live = 0;
+  for (uint64_t id : {0, 1, 2})
+    group1_live += std::none_of(early.begin(), early.end(),
+                                [&](const rollout_result& r) { return r.request.request_id == id; });
+  auto aborted = w.abort({0, 1, 2, 999}); // 999: unknown, ignored
+  REQUIRE(aborted.size() == group1_live);
+  for (auto& r : aborted) {
+    CHECK(r.request.group_id == 1);
+    CHECK(r.finish == ml::finish_reason::abort);
+    CHECK(r.reward == 0.0);
+  }
+  auto events = w.take_events();
+  REQUIRE(events.size() == group1_live);
+  for (auto& e : events) {
+    CHECK(e.kind == event_kind::finish);
+    CHECK(e.reason == ml::finish_reason::abort);
+  }
+  if (group1_live > 0)
+    CHECK(w.kv_blocks_in_use() < blocks_before);
+  // Group 2 finishes normally and the cache is empty afterwards.
+  auto rest = run(w);
+  for (auto& r : rest) {
+    CHECK(r.request.group_id == 2);
+    CHECK(r.finish != ml::finish_reason::abort);
+  }
+  CHECK(w.kv_blocks_in_use() == 0);
+  // A rollout still queued (never stepped) is aborted too.
+  w.enqueue(request(20, 3, 0, 1, 40));
+  auto queued = w.abort({20});
+  REQUIRE(queued.size() == 1);
+  CHECK(queued[0].finish == ml::finish_reason::abort);
+  CHECK(w.idle());
+  CHECK(w.step().empty());
 }
 
 namespace {

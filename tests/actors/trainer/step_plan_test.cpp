@@ -102,3 +102,57 @@ TEST_CASE("bad step options raise") {
   CHECK_THROWS_AS((step_plan{{0, 0, 2, 0, std::nullopt, false, 1}, c}), std::invalid_argument);
   CHECK_THROWS_AS((step_plan{{0, 1, 2, 0, uint64_t{0}, false, 1}, c}), std::invalid_argument);
 }
+
+TEST_CASE("a deadline cut trains on groups with at least min_finished rollouts and aborts the rest") {
+  trainer_counters c;
+  step_options o;
+  o.prompts = 2;
+  o.group_size = 4;
+  step_plan p{o, c}; // group 0: requests 0..3, group 1: requests 4..7
+  CHECK_FALSE(p.can_cut(2));
+  CHECK_THROWS_AS(p.cut(2), std::logic_error);
+  p.on_rollout(0, 1.0);
+  p.on_rollout(1, 0.0);
+  p.on_rollout(4, 1.0);
+  CHECK_FALSE(p.can_cut(2)); // group 1 has only one finished rollout
+  CHECK(p.can_cut(1));
+  p.on_rollout(6, 0.0);
+  REQUIRE(p.can_cut(2));
+  auto aborted = p.cut(2);
+  CHECK(aborted == std::vector<uint64_t>{2, 3, 5, 7});
+  CHECK(p.was_cut());
+  CHECK(p.aborted() == 4);
+  CHECK(p.rollouts_complete());
+  CHECK_FALSE(p.can_cut(2));
+  CHECK(p.training_groups() == std::vector<uint64_t>{0, 1});
+  CHECK(p.training_requests() == std::vector<uint64_t>{0, 1, 4, 6});
+  // A straggler that finishes after the cut is refused; a repeat stays a duplicate.
+  CHECK(p.on_rollout(3, 1.0) == rollout_verdict::after_cut);
+  CHECK(p.on_rollout(0, 1.0) == rollout_verdict::duplicate);
+  CHECK(p.training_requests().size() == 4);
+  CHECK_FALSE(p.refill(c));
+  CHECK(p.mean_reward() == 0.5);
+}
+
+TEST_CASE("after a cut, groups below min_finished are never trained on") {
+  trainer_counters c;
+  step_options o;
+  o.prompts = 2;
+  o.group_size = 3;
+  step_plan p{o, c};
+  for (uint64_t id : {0, 1, 3, 4})
+    p.on_rollout(id, id % 2 ? 1.0 : 0.0);
+  REQUIRE(p.can_cut(2));
+  p.cut(2);
+  CHECK(p.training_requests() == std::vector<uint64_t>{0, 1, 3, 4});
+  // With dynamic sampling, a cut group without signal is dropped, and no refill follows.
+  trainer_counters d;
+  o.dynamic_sampling = true;
+  step_plan q{o, d};
+  for (uint64_t id : {0, 1, 3, 4})
+    q.on_rollout(id, id < 3 ? 1.0 : static_cast<double>(id % 2)); // group 0 all 1: no signal
+  q.cut(2);
+  CHECK(q.training_groups() == std::vector<uint64_t>{1});
+  CHECK(q.training_requests() == std::vector<uint64_t>{3, 4});
+  CHECK_FALSE(q.refill(d));
+}

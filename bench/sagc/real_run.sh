@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# SAGC against static group sizes on a real `sorl train` run of the multi-turn task
+# (configs/guess.toml: number guessing, up to 10 turns, long-tailed episode lengths).
+#
+#   bench/sagc/real_run.sh [--steps N] [--target R] [--policies "static8 static16 sagc"]
+#
+# Runs each policy with the same seed, steps, warm start and everything else, one after the
+# other (never side by side: they would share the cores), then prints one table: wall-clock
+# to reach the target reward (first step whose trailing 5-step mean reward ≥ R, summing
+# wall_s), final reward (mean of the last 5 steps), held-out greedy accuracy after training,
+# mean response length, straggler-event rate and mean G. Runs land in runs/sagc-real/<policy>.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+steps=30
+target=0.30
+policies="static8 static16 sagc"
+while (($#)); do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --policies) policies=$2; shift 2 ;;
+    *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x build/sorl ]] || scripts/build
+out=runs/sagc-real
+mkdir -p "$out"
+# Every run starts from the same warm start (configs/guess.toml's model.checkpoint); the first
+# run writes it when it is missing, outside its steps' wall-clock.
+for p in $policies; do
+  cfg="$out/$p.toml"
+  case $p in
+    static*) sagc="policy = \"static\"\ngroup_size = ${p#static}" ;;
+    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 32\ntarget_rate = 0.1" ;;
+    deadline) sagc="policy = \"deadline\"\ngroup_size = 8\ng_min = 4" ;;
+    *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
+  esac
+  # Same file with the run name, output directory, steps and [sagc] table replaced.
+  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$root" <<'PY'
+import re, sys
+cfg, name, steps, sagc, root = sys.argv[1:]
+text = open(f"{root}/configs/guess.toml").read()
+text = re.sub(r'(?m)^name = "guess"$', f'name = "{name}"', text, count=1)
+text = re.sub(r'(?m)^output_dir = .*$', 'output_dir = "runs/sagc-real"', text, count=1)
+text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
+text = re.sub(r'(?m)^checkpoint = "\.\./', f'checkpoint = "{root}/', text, count=1)
+text = re.sub(r'(?ms)^\[sagc\]\n.*?\n\n', "[sagc]\n" + sagc.replace("\\n", "\n") + "\n\n", text, count=1)
+open(cfg, "w").write(text)
+PY
+  echo "== $p: build/sorl train $cfg --overwrite" >&2
+  build/sorl train "$cfg" --overwrite > "$out/$p.log" 2>&1
+  tail -1 "$out/$p.log" >&2
+done
+/usr/bin/python3 "$root/bench/sagc/real_run_table.py" "$out" "$target" $policies

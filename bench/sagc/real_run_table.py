@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Table of bench/sagc/real_run.sh: real_run_table.py RUNS_DIR TARGET POLICY..."""
+import json
+import math
+import re
+import sys
+
+
+def main(out, target, policies):
+    rows = []
+    for p in policies:
+        recs = [json.loads(l) for l in open(f"{out}/{p}/metrics.jsonl") if l.strip()]
+        recs.sort(key=lambda r: r["step"])
+        rewards = [r.get("reward_mean", 0.0) for r in recs]
+        walls = [r.get("wall_s", 0.0) for r in recs]
+        reach = None
+        for i in range(4, len(recs)):
+            if sum(rewards[i - 4:i + 1]) / 5 >= target:
+                reach = (recs[i]["step"], sum(walls[:i + 1]))
+                break
+        log = open(f"{out}/{p}.log").read()
+        acc = re.findall(r"held-out accuracy \((before|after)[^)]*\): ([0-9.]+)", log)
+        accs = {k: float(v) for k, v in acc}
+        events = [r.get("straggler_event") for r in recs if r.get("straggler_event") is not None]
+        lens = [r.get("resp_len_p50") for r in recs if r.get("resp_len_p50") is not None]
+        rows.append(dict(policy=p, steps=len(recs), total=sum(walls), reach=reach,
+                         final=sum(rewards[-5:]) / max(1, len(rewards[-5:])),
+                         first=sum(rewards[:5]) / max(1, len(rewards[:5])),
+                         before=accs.get("before"), after=accs.get("after"),
+                         length=sum(lens) / max(1, len(lens)),
+                         rate=sum(events) / max(1, len(events)),
+                         g=sum(r.get("G", 0) for r in recs) / max(1, len(recs)),
+                         rollout=sum(r.get("rollout_s", 0) for r in recs) / max(1, len(recs))))
+    fmt = lambda v, f: "n/a" if v is None else format(v, f)
+    print(f"target reward {target} (trailing 5-step mean of the sampled reward)")
+    print(f"{'policy':<10} {'steps':>5} {'mean G':>6} {'wall s':>7} {'to target s':>11} "
+          f"{'(step)':>6} {'reward 1-5':>10} {'last 5':>7} {'held-out':>13} {'len p50':>7} "
+          f"{'strag rate':>10} {'rollout s':>9}")
+    for r in rows:
+        reach_s = fmt(r["reach"][1] if r["reach"] else None, ".1f")
+        reach_step = str(r["reach"][0]) if r["reach"] else "-"
+        held = f"{fmt(r['before'], '.2f')}→{fmt(r['after'], '.2f')}"
+        print(f"{r['policy']:<10} {r['steps']:>5} {r['g']:>6.1f} {r['total']:>7.1f} {reach_s:>11} "
+              f"{reach_step:>6} {r['first']:>10.3f} {r['final']:>7.3f} {held:>13} "
+              f"{r['length']:>7.1f} {r['rate']:>10.3f} {r['rollout']:>9.2f}")
+    sagc = next((r for r in rows if r["policy"] == "sagc"), None)
+    statics = [r for r in rows if r["policy"].startswith("static") and r["reach"]]
+    if sagc and statics:
+        best = min(statics, key=lambda r: r["reach"][1])
+        if sagc["reach"]:
+            print(f"sagc vs best static ({best['policy']}) to target: "
+                  f"{best['reach'][1] / sagc['reach'][1]:.2f}x faster")
+        else:
+            print(f"sagc did not reach the target; {best['policy']} did in "
+                  f"{best['reach'][1]:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], float(sys.argv[2]), sys.argv[3:])

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Group-size policies (static G = 4/8/16/32, deadline, sagc) on a simulated cluster, in one
+# command:
+#   bench/sagc/sagc_sim.sh [--trace FILE] [--steps N] [--seed S] [other sagc_sim options]
+# Builds sagc_sim in $BUILD_DIR (default: build/, configured without tests and CUDA if it does
+# not exist yet), runs it, and prints one table per scenario: a long-tailed one (or the trace
+# given, durations in seconds one per line) and a light-tailed one. The model is documented
+# in actors/sagc/simulator.hpp.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DSORL_BUILD_TESTS=OFF -DSORL_WITH_CUDA=OFF >/dev/null
+fi
+cmake --build "$build" --target sagc_sim >/dev/null
+exec "$build/bench/sagc/sagc_sim" "$@"

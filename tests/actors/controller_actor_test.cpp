@@ -1,0 +1,150 @@
+// The sagc_controller actor: decodes rollout timing messages, flags a straggler from its chunk
+// messages while it is still running, and answers the trainer's queries. The worker-side
+// timestamps in the messages are the injected clock: nothing here sleeps or reads time.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include <caf/all.hpp>
+
+#include "actors/sagc/controller_actor.hpp"
+#include "messages/rollout.capnp.h"
+#include "messages/train.capnp.h"
+#include "runtime/actor_types.hpp"
+#include "runtime/config.hpp"
+#include "runtime/envelope.hpp"
+#include "runtime/topology.hpp"
+
+using namespace sorl;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct test_system_config : caf::actor_system_config {
+  test_system_config() {
+    add_sorl_message_types(*this);
+    set("scheduler.max-threads", size_t{2});
+  }
+};
+
+constexpr int64_t s = 1'000'000'000; // ns per second
+
+envelope event(uint64_t request, uint64_t step, msg::EventKind kind, int64_t ns,
+               uint32_t tokens, msg::FinishReason reason = msg::FinishReason::EOS) {
+  return build_envelope<msg::RolloutEvent>([&](msg::RolloutEvent::Builder b) {
+    b.setRequestId(request);
+    b.setStep(step);
+    b.setGroupId(request / 4);
+    b.setKind(kind);
+    b.setWorkerNs(ns);
+    b.setTokens(tokens);
+    b.setWorker("rollout_worker#0@test");
+    b.setFinishReason(reason);
+  });
+}
+
+/// Sends a query and returns the reply, opened as `Reply`.
+template <class Query, class Reply, class Fill, class Read>
+void ask(caf::scoped_actor& self, const caf::actor& to, Fill fill, Read read) {
+  self->send(to, build_envelope<Query>(fill));
+  self->receive(
+    [&](const envelope& e) {
+      auto err = with_envelope<Reply>(e, read);
+      CHECK_FALSE(err);
+    },
+    caf::after(10s) >> [&] { FAIL("no reply from the controller"); });
+}
+
+} // namespace
+
+TEST_CASE("the controller flags a straggler from its chunk messages before it finishes") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  experiment_config exp; // static G = 8, κ = 3, straggler rule needs 8 durations
+  role_context ctx;
+  ctx.config = &exp;
+  ctx.role = "sagc_controller";
+  ctx.node = "test";
+  ctx.outcome = std::make_shared<run_outcome>();
+  auto ctl = spawn_sagc_controller(sys, ctx);
+
+  ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+    self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(0); },
+    [](msg::GroupSizeDecision::Reader d) {
+      CHECK(d.getGroupSize() == 8);
+      CHECK(std::string{d.getPolicy().cStr()} == "static");
+      CHECK(d.getDeadlineNs() == 0);
+    });
+
+  // Step 0: eight rollouts of exactly 1 s each → median 1 s, threshold 3 s for step 1.
+  for (uint64_t r = 0; r < 8; ++r) {
+    self->send(ctl, event(r, 0, msg::EventKind::START, 0, 0));
+    self->send(ctl, event(r, 0, msg::EventKind::FINISH, 1 * s, 10));
+  }
+  ask<msg::StepTimingQuery, msg::StepTiming>(
+    self, ctl, [](msg::StepTimingQuery::Builder b) { b.setStep(0); },
+    [](msg::StepTiming::Reader t) {
+      CHECK(t.getRollouts() == 8);
+      CHECK(t.getDurationP50Ns() == 1 * s);
+      CHECK(t.getThresholdNs() == 0); // no history before step 0
+      CHECK(t.getFlaggedInFlight() == 0);
+    });
+
+  // Step 1: rollout 100 sends a chunk 3.5 s after its start (past 3 × 1 s), rollout 101 one at
+  // 2.5 s (below). The step is summarised before rollout 100 finishes.
+  self->send(ctl, event(100, 1, msg::EventKind::START, 10 * s, 0));
+  self->send(ctl, event(101, 1, msg::EventKind::START, 10 * s, 0));
+  self->send(ctl, event(101, 1, msg::EventKind::CHUNK, 10 * s + 2500'000'000, 16));
+  self->send(ctl, event(100, 1, msg::EventKind::CHUNK, 10 * s + 3500'000'000, 16));
+  self->send(ctl, event(101, 1, msg::EventKind::FINISH, 10 * s + 2600'000'000, 20));
+  ask<msg::StepTimingQuery, msg::StepTiming>(
+    self, ctl, [](msg::StepTimingQuery::Builder b) { b.setStep(1); },
+    [](msg::StepTiming::Reader t) {
+      CHECK(t.getThresholdNs() == 3 * s);
+      CHECK(t.getRollouts() == 1);        // 101 finished; 100 is still running
+      CHECK(t.getStragglers() == 0);      // no finished rollout passed the threshold...
+      CHECK(t.getFlaggedInFlight() == 1); // ...but 100 was flagged while it ran
+      CHECK_FALSE(t.getStragglerEvent());
+    });
+  self->send_exit(ctl, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the controller answers with the configured adaptive policy and its estimates") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  experiment_config exp;
+  exp.sagc.policy = "deadline";
+  exp.sagc.group_size = 8;
+  role_context ctx;
+  ctx.config = &exp;
+  ctx.role = "sagc_controller";
+  ctx.node = "test";
+  ctx.outcome = std::make_shared<run_outcome>();
+  auto ctl = spawn_sagc_controller(sys, ctx);
+  // No history: no deadline yet.
+  ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+    self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(0); },
+    [](msg::GroupSizeDecision::Reader d) {
+      CHECK(std::string{d.getPolicy().cStr()} == "deadline");
+      CHECK(d.getGroupSize() == 8);
+      CHECK(d.getDeadlineNs() == 0);
+    });
+  for (uint64_t r = 0; r < 8; ++r) {
+    self->send(ctl, event(r, 0, msg::EventKind::START, 0, 0));
+    self->send(ctl, event(r, 0, msg::EventKind::FINISH, 2 * s, 10));
+  }
+  ask<msg::StepTimingQuery, msg::StepTiming>(
+    self, ctl, [](msg::StepTimingQuery::Builder b) { b.setStep(0); },
+    [](msg::StepTiming::Reader t) { CHECK(t.getRollouts() == 8); });
+  // deadline = deadline_kappa (3) × median (2 s); min_finished = g_min (2).
+  ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+    self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(1); },
+    [](msg::GroupSizeDecision::Reader d) {
+      CHECK(d.getDeadlineNs() == 6 * s);
+      CHECK(d.getMinFinished() == 2);
+    });
+  self->send_exit(ctl, caf::exit_reason::user_shutdown);
+}

@@ -1,0 +1,196 @@
+#include "actors/sagc/simulator.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace sorl::sagc;
+
+namespace {
+
+/// Returns a fixed decision and records what it is fed back.
+class scripted_policy final : public group_policy {
+public:
+  explicit scripted_policy(group_decision d) : d_(std::move(d)) {
+  }
+  group_decision decide(int64_t step) override {
+    group_decision d = d_;
+    d.step = step;
+    return d;
+  }
+  void observe(const step_timing& timing, const straggler_rule& rule) override {
+    timings.push_back(timing);
+    windows.emplace_back(rule.durations().begin(), rule.durations().end());
+  }
+  std::vector<step_timing> timings;
+  std::vector<std::vector<double>> windows;
+
+private:
+  group_decision d_;
+};
+
+group_decision fixed(int64_t g) {
+  group_decision d;
+  d.group_size = g;
+  d.policy = "scripted";
+  return d;
+}
+
+/// Every rollout takes exactly `seconds` at concurrency 1.
+sim_options constant(double seconds) {
+  sim_options o;
+  o.durations.trace_s = {seconds};
+  o.steps = 1;
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("base durations are common random numbers keyed by seed, step, prompt and index",
+          "[simulator]") {
+  sim_options o;
+  o.durations.tail_fraction = 0.5;
+  const double a = sim_base_duration(o, 3, 1, 2);
+  CHECK(sim_base_duration(o, 3, 1, 2) == a);
+  CHECK(sim_base_duration(o, 3, 1, 3) != a);
+  o.seed = 2;
+  CHECK(sim_base_duration(o, 3, 1, 2) != a);
+  // The lognormal body with σ = 0 is exactly the median; long ones lie in [x_m, cap].
+  sim_options body;
+  body.durations.sigma = 0;
+  CHECK(sim_base_duration(body, 0, 0, 0) == 20.0);
+  sim_options tail;
+  tail.durations.tail_fraction = 1;
+  for (int64_t k = 0; k < 100; ++k) {
+    const double d = sim_base_duration(tail, 0, 0, k);
+    CHECK(d >= 60.0);
+    CHECK(d <= 300.0);
+  }
+}
+
+TEST_CASE("processor-shared workers stretch durations with load, by hand", "[simulator]") {
+  // One worker, two slots, β = 1: two rollouts of 10 s share it at rate 1/2 and finish at
+  // 20 s; the third gets a slot at 20 s and runs alone, finishing at 30 s.
+  sim_options o = constant(10);
+  o.workers = 1;
+  o.batch_limit = 2;
+  o.load_slowdown = 1;
+  o.prompts_per_step = 1;
+  scripted_policy p(fixed(3));
+  const sim_result r = simulate(p, o);
+  REQUIRE(r.steps.size() == 1);
+  const sim_step& s = r.steps[0];
+  CHECK(s.rollout_phase_s == Approx(30));
+  CHECK(s.finished == 3);
+  CHECK(s.trained_tokens == Approx(3 * 10 * 40.0));
+  // 30 s + 1200 tokens / 20000 tokens/s + 1 s overhead.
+  CHECK(s.step_s == Approx(31.06));
+  CHECK(s.utility == Approx(2.0 / 3));
+  // The worker stamps starts when a slot frees: durations 20, 20 and 10 s.
+  REQUIRE(p.windows.size() == 1);
+  CHECK(p.windows[0] == std::vector<double>{20e9, 20e9, 10e9});
+  CHECK(p.timings[0].finished == 3);
+}
+
+TEST_CASE("a deadline cuts the step once every group has its minimum finished",
+          "[simulator]") {
+  // One worker, one slot, no slowdown: rollouts of prompt 0 finish at 10 and 20 s, those of
+  // prompt 1 at 30 and 40 s. Deadline 15 s, min_finished 1: prompt 1 first finishes at
+  // 30 s, so the cut is at 30 s; the last rollout (started at 30 s) is aborted.
+  sim_options o = constant(10);
+  o.workers = 1;
+  o.batch_limit = 1;
+  o.load_slowdown = 0;
+  o.prompts_per_step = 2;
+  group_decision d = fixed(2);
+  d.deadline_ns = 15'000'000'000;
+  d.min_finished = 1;
+  scripted_policy p(d);
+  sim_result r = simulate(p, o);
+  CHECK(r.steps[0].rollout_phase_s == Approx(30));
+  CHECK(r.steps[0].finished == 3);
+  CHECK(r.steps[0].aborted == 1);
+  CHECK(r.steps[0].utility == Approx((0.5 + 0.0) / 2));
+  CHECK(p.timings[0].aborted == 1);
+  CHECK(r.summary.cut_fraction == Approx(0.25));
+
+  // min_finished 2: prompt 1 needs its second rollout (40 s), the end of the step anyway.
+  d.min_finished = 2;
+  scripted_policy all(d);
+  r = simulate(all, o);
+  CHECK(r.steps[0].rollout_phase_s == Approx(40));
+  CHECK(r.steps[0].aborted == 0);
+}
+
+TEST_CASE("a deadline trains shorter responses than it samples", "[simulator]") {
+  sim_options o;
+  o.durations.tail_fraction = 0.02;
+  o.steps = 200;
+  group_policy_options d;
+  d.policy = "deadline";
+  d.group_size = 8;
+  d.prompts_per_step = o.prompts_per_step;
+  auto p = make_group_policy(d);
+  const sim_summary m = simulate(*p, o).summary;
+  CHECK(m.cut_fraction > 0);
+  CHECK(m.length_ratio < 1);
+  CHECK(m.straggler_rate < 0.05);
+}
+
+TEST_CASE("in the light-tailed scenario sagc settles at g_max", "[simulator]") {
+  sim_options o;
+  o.durations.sigma = 0.25;
+  o.steps = 300;
+  group_policy_options s;
+  s.policy = "sagc";
+  s.g_min = 2;
+  s.g_max = 32;
+  s.group_size = 8;
+  s.prompts_per_step = o.prompts_per_step;
+  auto p = make_group_policy(s);
+  const sim_result r = simulate(*p, o);
+  for (size_t t = 10; t < r.steps.size(); ++t)
+    CHECK(r.steps[t].decision.group_size == 32);
+  CHECK(r.summary.straggler_rate == 0);
+}
+
+TEST_CASE("simulator options out of range are rejected by name", "[simulator]") {
+  static_group_policy p(4);
+  sim_options o;
+  o.workers = 0;
+  CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.workers:"));
+  o = sim_options{};
+  o.durations.trace_s = {1.0, -2.0};
+  CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.durations.trace_s:"));
+  o = sim_options{};
+  o.durations.tail_fraction = 2;
+  CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.durations.tail_fraction:"));
+}
+
+TEST_CASE("a duration trace is read one per line, with a header, comments and CSV",
+          "[simulator]") {
+  const std::string path = std::string(SORL_TEST_DATA_DIR) + "/sagc_trace.csv";
+  {
+    std::ofstream f(path);
+    f << "duration_s,tokens\n# a comment\n\n12.5,300\n  3\n0\n7e1\n";
+  }
+  CHECK(read_duration_trace(path) == std::vector<double>{12.5, 3, 0, 70});
+  {
+    std::ofstream f(path);
+    f << "1.5\n2.5\nnan\n";
+  }
+  CHECK_THROWS_WITH(read_duration_trace(path), Catch::Contains("sagc_trace.csv:3: 'nan'"));
+  {
+    std::ofstream f(path);
+    f << "1.5\n-2\n";
+  }
+  CHECK_THROWS_WITH(read_duration_trace(path), Catch::Contains(":2: '-2'"));
+  {
+    std::ofstream f(path);
+    f << "# nothing\n";
+  }
+  CHECK_THROWS_WITH(read_duration_trace(path), Catch::Contains("holds no durations"));
+  CHECK_THROWS_AS(read_duration_trace(path + ".missing"), std::runtime_error);
+}
