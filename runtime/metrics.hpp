@@ -30,6 +30,33 @@
 // | (any other)      | extra / extra_text  | number / str | later issues' fields, in key order      |
 //
 // wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
+//
+// `extra` keys the trainer writes for weight sync (DESIGN.md §6 SparseRL-Sync) and group
+// control (§6 SAGC), in addition to the loss terms of the learner:
+//
+// | key                   | unit / meaning                                                  |
+// |-----------------------|-----------------------------------------------------------------|
+// | sync_bytes            | bytes, payload per worker (averaged over workers)               |
+// | sync_dense_bytes      | bytes, one dense bf16 copy of the model                         |
+// | sync_sparse_bytes     | bytes, the sparse delta (steps with a delta only)               |
+// | sync_changed_fraction | bf16 elements whose bits changed / all elements (sparse steps)  |
+// | sync_encode_s         | s, publisher encode time (delta and any full payload)           |
+// | sync_apply_s          | s, slowest worker's receive + apply + hash                      |
+// | sync_full_workers     | workers sent the full version (first version, anchors, resyncs) |
+// | sync_sparse_workers   | workers sent the delta                                          |
+// | sync_resyncs          | workers that failed the delta and got a full sync instead       |
+// | virtual_queue         | Q_t of the drift-plus-penalty controller (policy "sagc")        |
+// | p_straggler           | P̂(straggler event | G_t), when estimated                        |
+// | utility               | U(G_t) = 1 − 1/G_t                                              |
+// | straggler_event       | 1 when a rollout of the step passed the straggler threshold     |
+// | flagged_in_flight     | rollouts flagged from chunk messages while still running        |
+// | deadline_s            | s, deadline mode's rollout budget for the step                  |
+// | deadline_cut          | 1 when the step was cut at the deadline                         |
+// | aborted               | rollouts aborted by the cut (never trained on)                  |
+// | trained_rollouts      | rollouts in the learner's batch                                 |
+//
+// `extra_text` keys: model_hash (hex, what every worker acknowledged), checksum ("ok", or
+// "ok after resync"), group_policy, group_reason.
 // Later issues add fields (speculative acceptance, cache hit rate, sync bytes, SALT
 // cancellation, the SAGC virtual queue...) through `extra` first, and promote them to
 // members when their names settle; names never change meaning once written.

@@ -6,11 +6,13 @@
 
 namespace sorl {
 
-/// Spawns the sync publisher: takes WeightSnapshot envelopes from the learner, broadcasts each
-/// as a full version (header + bounded buckets; in process every worker shares the same
-/// bytes), collects a WeightAck from every live worker and then tells the trainer with
-/// VersionReady. A worker that fails to apply, or reports another hash, stops the job
-/// loudly (shutdown with ok = false).
+/// Spawns the sync publisher (DESIGN.md §6 SparseRL-Sync): takes WeightSnapshot envelopes
+/// from the learner and, following actors/sync/sync_protocol.hpp, sends each live worker
+/// either the sparse delta against the version it acknowledged last or the full version, in
+/// bounded buckets (in process every worker shares the same bytes). A worker that fails the
+/// delta or reports another hash gets the version in full; a failed full sync stops the job
+/// loudly (shutdown with ok = false). When every live worker acknowledged the published hash
+/// the new snapshot becomes the delta base and the trainer gets VersionReady.
 caf::actor spawn_sync_publisher(caf::actor_system& sys, const role_context& ctx);
 
 } // namespace sorl

@@ -32,7 +32,7 @@ for p in $policies; do
   cfg="$out/$p.toml"
   case $p in
     static*) sagc="policy = \"static\"\ngroup_size = ${p#static}" ;;
-    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 32\ntarget_rate = 0.1" ;;
+    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 16\ntarget_rate = 0.1" ;;
     deadline) sagc="policy = \"deadline\"\ngroup_size = 8\ng_min = 4" ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac

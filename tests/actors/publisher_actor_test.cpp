@@ -1,0 +1,192 @@
+// The sync_publisher actor with scripted rollout workers: a worker that fails a delta gets
+// the version in full, the others keep getting deltas, and a worker lost during a broadcast
+// does not hold the version back.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include <caf/all.hpp>
+
+#include "actors/sync/publisher_actor.hpp"
+#include "actors/sync/weight_sync.hpp"
+#include "messages/sync.capnp.h"
+#include "messages/train.capnp.h"
+#include "runtime/actor_types.hpp"
+#include "runtime/config.hpp"
+#include "runtime/envelope.hpp"
+#include "runtime/topology.hpp"
+
+using namespace sorl;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct test_system_config : caf::actor_system_config {
+  test_system_config() {
+    add_sorl_message_types(*this);
+    set("scheduler.max-threads", size_t{2});
+  }
+};
+
+/// Two bf16 tensors; version v moves element v of each by one ULP.
+std::vector<std::vector<uint16_t>> weights(uint64_t v) {
+  std::vector<std::vector<uint16_t>> w{std::vector<uint16_t>(300, 0x3f80),
+                                       std::vector<uint16_t>(77, 0xbf00)};
+  for (uint64_t k = 1; k <= v; ++k)
+    for (auto& t : w)
+      t[k % t.size()] += 1;
+  return w;
+}
+
+envelope snapshot(uint64_t v) {
+  auto w = weights(v);
+  return build_envelope<msg::WeightSnapshot>([&](msg::WeightSnapshot::Builder b) {
+    b.setVersion(v);
+    b.setDtype(msg::WeightDtype::BF16);
+    auto names = b.initNames(2);
+    auto shapes = b.initShapes(2);
+    auto data = b.initData(2);
+    for (unsigned i = 0; i < 2; ++i) {
+      names.set(i, "t" + std::to_string(i));
+      shapes.init(i, 1).set(0, static_cast<int64_t>(w[i].size()));
+      data.set(i, kj::arrayPtr(reinterpret_cast<const kj::byte*>(w[i].data()), w[i].size() * 2));
+    }
+  });
+}
+
+uint64_t hash_of(uint64_t v) {
+  auto w = weights(v);
+  return sync::model_hash({sync::hash_bytes(w[0].data(), w[0].size() * 2),
+                           sync::hash_bytes(w[1].data(), w[1].size() * 2)});
+}
+
+/// What a worker received for one version: the header, then its buckets.
+struct received {
+  uint64_t version = 0;
+  bool full = false;
+  uint64_t base = 0;
+  uint32_t buckets = 0;
+};
+
+received receive_version(caf::scoped_actor& worker) {
+  received r;
+  worker->receive(
+    [&](const envelope& e) {
+      auto err = with_envelope<msg::WeightVersion>(e, [&](msg::WeightVersion::Reader h) {
+        r.version = h.getVersion();
+        r.full = h.getFull();
+        r.base = h.getBaseVersion();
+        r.buckets = h.getBucketCount();
+      });
+      REQUIRE_FALSE(err);
+    },
+    caf::after(10s) >> [] { FAIL("no version header"); });
+  for (uint32_t k = 0; k < r.buckets; ++k)
+    worker->receive([](const envelope& e) { CHECK(e.schema_id() == capnp::typeId<msg::WeightBucket>()); },
+                    caf::after(10s) >> [] { FAIL("missing bucket"); });
+  return r;
+}
+
+envelope ack(uint64_t v, const std::string& worker, bool ok, uint64_t hash) {
+  return build_envelope<msg::WeightAck>([&](msg::WeightAck::Builder b) {
+    b.setVersion(v);
+    b.setWorker(worker);
+    b.setOk(ok);
+    b.setModelHash(hash);
+    b.setReason(ok ? "" : "apply failed on purpose");
+  });
+}
+
+template <class Read>
+void receive_ready(caf::scoped_actor& trainer, Read read) {
+  trainer->receive(
+    [&](const envelope& e) { REQUIRE_FALSE(with_envelope<msg::VersionReady>(e, read)); },
+    caf::after(10s) >> [] { FAIL("no VersionReady"); });
+}
+
+} // namespace
+
+TEST_CASE("the publisher resyncs a failed worker in full and never waits for a lost one") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor trainer{sys};
+  caf::scoped_actor a{sys};
+  caf::scoped_actor b{sys};
+  experiment_config exp; // sync.mode = "sparse"
+  exp.sync.bucket_bytes = 4096;
+  role_context ctx;
+  ctx.config = &exp;
+  ctx.role = "sync_publisher";
+  ctx.node = "test";
+  ctx.directory = caf::actor_cast<caf::actor>(trainer); // receives a failure, if any
+  ctx.outcome = std::make_shared<run_outcome>();
+  auto pub = spawn_sync_publisher(sys, ctx);
+  std::vector<peer_info> roster{{"trainer", 0, "test", caf::actor_cast<caf::actor>(trainer)},
+                                {"rollout_worker", 0, "test", caf::actor_cast<caf::actor>(a)},
+                                {"rollout_worker", 1, "test", caf::actor_cast<caf::actor>(b)}};
+  trainer->send(pub, roster_atom::value, roster);
+  auto name_a = roster[1].name();
+  auto name_b = roster[2].name();
+
+  // Version 0: the first version is full for everyone.
+  trainer->send(pub, snapshot(0));
+  auto ra = receive_version(a);
+  auto rb = receive_version(b);
+  CHECK(ra.full);
+  CHECK(rb.full);
+  a->send(pub, ack(0, name_a, true, hash_of(0)));
+  b->send(pub, ack(0, name_b, true, hash_of(0)));
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getVersion() == 0);
+    CHECK(r.getModelHash() == hash_of(0));
+    CHECK(r.getFullWorkers() == 2);
+  });
+
+  // Version 1: deltas against 0; b fails it and is sent version 1 in full.
+  trainer->send(pub, snapshot(1));
+  ra = receive_version(a);
+  rb = receive_version(b);
+  CHECK_FALSE(ra.full);
+  CHECK(ra.base == 0);
+  CHECK_FALSE(rb.full);
+  a->send(pub, ack(1, name_a, true, hash_of(1)));
+  b->send(pub, ack(1, name_b, false, 0));
+  rb = receive_version(b);
+  CHECK(rb.full);
+  CHECK(rb.version == 1);
+  b->send(pub, ack(1, name_b, true, hash_of(1)));
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getVersion() == 1);
+    CHECK(r.getSparseWorkers() == 2);
+    CHECK(r.getFullWorkers() == 1);
+    CHECK(r.getResyncs() == 1);
+    CHECK(r.getChangedElements() == 2);
+    CHECK(r.getElements() == 377);
+  });
+
+  // Version 2: b holds 1 again, so both get deltas; a wrong hash is a failed delta too.
+  trainer->send(pub, snapshot(2));
+  ra = receive_version(a);
+  rb = receive_version(b);
+  CHECK_FALSE(ra.full);
+  CHECK_FALSE(rb.full);
+  CHECK(rb.base == 1);
+  a->send(pub, ack(2, name_a, true, hash_of(2) ^ 1));
+  CHECK(receive_version(a).full);
+  a->send(pub, ack(2, name_a, true, hash_of(2)));
+  b->send(pub, ack(2, name_b, true, hash_of(2)));
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) { CHECK(r.getResyncs() == 1); });
+
+  // Version 3: b is lost mid-broadcast; a's ack completes the version.
+  trainer->send(pub, snapshot(3));
+  receive_version(a);
+  receive_version(b);
+  a->send(pub, ack(3, name_a, true, hash_of(3)));
+  trainer->send(pub, peer_down_atom::value, roster[2], std::string{"killed"});
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getVersion() == 3);
+    CHECK(r.getWorkers() == 1);
+  });
+  trainer->send_exit(pub, caf::exit_reason::user_shutdown);
+}
