@@ -1,9 +1,10 @@
 #pragma once
 
 // Host side of the GPU delta codec, plain C++ (no CUDA): the segment plan that the kernels
-// launch over, the bucket framing that turns per-segment results into buckets byte-identical
-// to sync::encode_delta, and the entry table of a checked bucket for the decoder. Shared by the
-// CUDA backend (gpu/sparse_sync.cu) and its CPU twin (gpu/delta_twin.cpp).
+// launch over, the adapter that hands per-segment results to sync::delta_bucket_framer (so
+// that the buckets are sync::encode_delta's bytes by construction), and the entry table of a
+// checked bucket for the decoder. Shared by the CUDA backend (gpu/sparse_sync.cu) and its CPU
+// twin (gpu/delta_twin.cpp).
 
 #include "actors/sync/delta_codec.hpp"
 #include "gpu/sparse_sync_kernels.cuh"
@@ -23,14 +24,6 @@ struct segment_desc {
   uint64_t tile_begin = 0; ///< first tile; the segment has ceil(count / tile_elements) tiles
 };
 
-/// The sources in increasing tensor id, validated as sync::encode_delta does (throws
-/// std::invalid_argument naming `who` for duplicate ids or a null pointer with elements > 0).
-std::vector<const sync::delta_source*> sorted_delta_sources(
-  const std::vector<sync::delta_source>& sources, const char* who);
-
-/// Throws std::invalid_argument when options.bucket_bytes < delta_min_bucket_bytes.
-void check_delta_options(const sync::delta_options& options, const char* who);
-
 /// Cuts the sorted sources into segments; `tiles_out` receives the total tile count.
 std::vector<segment_desc> plan_delta_segments(const std::vector<const sync::delta_source*>& sorted,
                                               uint64_t* tiles_out);
@@ -44,12 +37,12 @@ struct segment_result {
 
 /// Sparse payload bytes of a segment result.
 inline uint64_t sparse_payload_bytes(const segment_result& r) {
-  return (r.sparse_bits + 7) / 8;
+  return sync::delta_sparse_bytes(r.sparse_bits);
 }
 
-/// True when sync::encode_delta codes the whole segment dense: 2 × count < sparse bytes.
+/// True when the encoder codes the whole segment dense (sync::delta_dense_wins).
 inline bool segment_is_dense(const segment_desc& d, const segment_result& r) {
-  return 2 * d.count < sparse_payload_bytes(r);
+  return sync::delta_dense_wins(d.count, r.sparse_bits);
 }
 
 /// Bytes the framing reads from a backend besides the per-segment results. Called on the
@@ -60,21 +53,24 @@ public:
   /// The whole segment's sparse payload, sparse_payload_bytes(result) bytes (only asked for
   /// segments with changes that are not dense).
   virtual const uint8_t* sparse_payload(size_t segment) = 0;
-  /// next bits of elements [a, a + count) of the segment (segment-relative) into `out`.
-  virtual void copy_next(size_t segment, uint64_t a, uint64_t count, uint16_t* out) = 0;
+  /// next bits of elements [a, a + count) of the segment (segment-relative) into `out`,
+  /// 2 × count bytes, not necessarily aligned.
+  virtual void copy_next(size_t segment, uint64_t a, uint64_t count, uint8_t* out) = 0;
   /// The segment's changes: `changed` segment-relative positions (increasing) and steps. Only
   /// asked for an entry that does not fit the bucket it would start in.
   virtual void copy_changes(size_t segment, uint32_t* positions, uint16_t* steps) = 0;
 };
 
-/// Frames buckets exactly as sync::encode_delta does (bucket format in delta_codec.hpp):
-/// a segment's whole entry comes from its device result; an entry that does not fit is cut
-/// with the CPU codec's own functions on the segment's changes copied back. Fills every field
-/// of `stats` when not null.
+/// Frames buckets exactly as sync::encode_delta does: feeds each segment's device result to
+/// sync::delta_bucket_framer (the one implementation of the placement rules), which asks
+/// `data` for the whole payload, for next bits, or, for an entry it has to cut, for the
+/// segment's changes. Fills every field of `stats` when not null; `who` names the caller in
+/// exceptions.
 std::vector<std::vector<uint8_t>> frame_delta_buckets(
   uint64_t base_version, uint64_t version, const std::vector<const sync::delta_source*>& sorted,
   const std::vector<segment_desc>& segments, const std::vector<segment_result>& results,
-  segment_data& data, const sync::delta_options& options, sync::delta_stats* stats);
+  segment_data& data, const sync::delta_options& options, sync::delta_stats* stats,
+  const char* who);
 
 /// One entry record of a bucket that sync::check_delta_bucket accepted.
 struct entry_record {

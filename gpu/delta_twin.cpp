@@ -129,7 +129,7 @@ public:
   const uint8_t* sparse_payload(size_t segment) override {
     return reinterpret_cast<const uint8_t*>(t_.payload.data() + t_.payload_word[segment]);
   }
-  void copy_next(size_t segment, uint64_t a, uint64_t count, uint16_t* out) override {
+  void copy_next(size_t segment, uint64_t a, uint64_t count, uint8_t* out) override {
     std::memcpy(out, t_.segs[segment].next + a, 2 * count);
   }
   void copy_changes(size_t segment, uint32_t* positions, uint16_t* steps) override {
@@ -149,8 +149,8 @@ std::vector<std::vector<uint8_t>> encode_delta_twin(uint64_t base_version, uint6
                                                     const std::vector<sync::delta_source>& sources,
                                                     const sync::delta_options& options,
                                                     sync::delta_stats* stats) {
-  check_delta_options(options, "encode_delta_twin");
-  const auto sorted = sorted_delta_sources(sources, "encode_delta_twin");
+  sync::check_delta_options(options, "encode_delta_twin");
+  const auto sorted = sync::sorted_delta_sources(sources, "encode_delta_twin");
   uint64_t tiles = 0;
   const std::vector<segment_desc> plan = plan_delta_segments(sorted, &tiles);
   twin_encode t;
@@ -183,7 +183,8 @@ std::vector<std::vector<uint8_t>> encode_delta_twin(uint64_t base_version, uint6
   t.payload.assign(words + 1, 0); // + 1: never empty
   k4_payload(t, results.data());
   twin_data data(t, results);
-  return frame_delta_buckets(base_version, version, sorted, plan, results, data, options, stats);
+  return frame_delta_buckets(base_version, version, sorted, plan, results, data, options, stats,
+                             "encode_delta_twin");
 }
 
 std::optional<std::string> apply_delta_bucket_twin(const uint8_t* data, size_t size,

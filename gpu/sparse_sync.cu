@@ -253,7 +253,7 @@ public:
   const uint8_t* sparse_payload(size_t segment) override {
     return reinterpret_cast<const uint8_t*>(w_.host_payload.data() + payload_word_[segment]);
   }
-  void copy_next(size_t segment, uint64_t a, uint64_t count, uint16_t* out) override {
+  void copy_next(size_t segment, uint64_t a, uint64_t count, uint8_t* out) override {
     SORL_CUDA_CHECK(cudaMemcpyAsync(out, segs_[segment].next + a, 2 * count,
                                     cudaMemcpyDeviceToHost, w_.stream));
     SORL_CUDA_CHECK(cudaStreamSynchronize(w_.stream));
@@ -284,8 +284,8 @@ std::vector<std::vector<uint8_t>> encode_delta_gpu(uint64_t base_version, uint64
                                                    sync::delta_stats* stats,
                                                    delta_gpu_workspace* ws) {
   const auto t0 = std::chrono::steady_clock::now();
-  check_delta_options(options, "encode_delta_gpu");
-  const auto sorted = sorted_delta_sources(sources, "encode_delta_gpu");
+  sync::check_delta_options(options, "encode_delta_gpu");
+  const auto sorted = sync::sorted_delta_sources(sources, "encode_delta_gpu");
   std::unique_ptr<delta_gpu_workspace> own;
   if (ws == nullptr) {
     own = std::make_unique<delta_gpu_workspace>();
@@ -381,7 +381,8 @@ std::vector<std::vector<uint8_t>> encode_delta_gpu(uint64_t base_version, uint64
 
   device_data data(w, segs, payload_word, seg_first, results);
   auto buckets =
-    frame_delta_buckets(base_version, version, sorted, plan, results, data, options, stats);
+    frame_delta_buckets(base_version, version, sorted, plan, results, data, options, stats,
+                        "encode_delta_gpu");
   w.timing.encode_total_ms = ms_since(t0);
   return buckets;
 }

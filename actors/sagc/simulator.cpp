@@ -47,6 +47,15 @@ void validate(const sim_options& o) {
       bad_option("durations.tail_alpha", "must be finite and > 0");
     if (!(d.tail_cap_s > 0) || !std::isfinite(d.tail_cap_s))
       bad_option("durations.tail_cap_s", "must be finite and > 0");
+    for (size_t i = 0; i < d.tail_schedule.size(); ++i) {
+      const auto& k = d.tail_schedule[i];
+      if (!(k.fraction >= 0 && k.fraction <= 1))
+        bad_option("durations.tail_schedule",
+                   "knot " + std::to_string(i) + ": fraction must be in [0, 1]");
+      if (i > 0 && k.step <= d.tail_schedule[i - 1].step)
+        bad_option("durations.tail_schedule",
+                   "knot " + std::to_string(i) + ": steps must be strictly increasing");
+    }
   }
   if (o.prompts_per_step < 1)
     bad_option("prompts_per_step", "must be >= 1");
@@ -117,6 +126,21 @@ int64_t to_ns(double s) {
 
 } // namespace
 
+double sim_tail_fraction(const sim_durations& d, int64_t step) {
+  const auto& ks = d.tail_schedule;
+  if (ks.empty())
+    return d.tail_fraction;
+  if (step <= ks.front().step)
+    return ks.front().fraction;
+  for (size_t i = 1; i < ks.size(); ++i)
+    if (step <= ks[i].step) {
+      const double w = static_cast<double>(step - ks[i - 1].step)
+                       / static_cast<double>(ks[i].step - ks[i - 1].step);
+      return ks[i - 1].fraction + w * (ks[i].fraction - ks[i - 1].fraction);
+    }
+  return ks.back().fraction;
+}
+
 double sim_base_duration(const sim_options& o, int64_t step, int64_t prompt, int64_t k) {
   const uint64_t key = mix(mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step))
                                ^ static_cast<uint64_t>(prompt))
@@ -128,7 +152,7 @@ double sim_base_duration(const sim_options& o, int64_t step, int64_t prompt, int
     return d.trace_s[std::min(i, d.trace_s.size() - 1)];
   }
   const double u1 = unit(mix(key + 2));
-  if (u0 < d.tail_fraction)
+  if (u0 < sim_tail_fraction(d, step))
     return std::min(d.tail_cap_s, d.tail_xm_s * std::pow(u1, -1.0 / d.tail_alpha));
   const double u2 = unit(mix(key + 3));
   const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * pi * u2); // Box-Muller
@@ -220,8 +244,10 @@ sim_result simulate(group_policy& policy, const sim_options& o, std::string labe
     const step_timing st = timing.close_step(t);
     policy.observe(st, timing.rule());
     s.straggler_event = st.straggler_event;
-    for (int64_t n : finished_per_prompt)
+    for (int64_t n : finished_per_prompt) {
       s.utility += group_utility(n) / static_cast<double>(b);
+      s.weighted_rollouts += static_cast<double>(n) * group_utility(n);
+    }
     s.rollout_phase_s = phase;
     s.step_s = phase + s.trained_tokens / o.learner_tokens_per_s + o.overhead_s;
     clock_s += s.step_s;
@@ -238,13 +264,14 @@ sim_summary summarize(const std::vector<sim_step>& steps, std::string label) {
   if (steps.empty())
     return m;
   double g = 0, events = 0, time = 0, utility = 0, finished = 0, rollouts = 0, aborted = 0;
-  double trained_tokens = 0, sampled_tokens = 0;
+  double trained_tokens = 0, sampled_tokens = 0, weighted = 0;
   std::vector<double> step_s;
   for (const auto& s : steps) {
     g += static_cast<double>(s.decision.group_size);
     events += s.straggler_event ? 1 : 0;
     time += s.step_s;
     utility += s.utility;
+    weighted += s.weighted_rollouts;
     finished += static_cast<double>(s.finished);
     rollouts += static_cast<double>(s.rollouts);
     aborted += static_cast<double>(s.aborted);
@@ -259,6 +286,7 @@ sim_summary summarize(const std::vector<sim_step>& steps, std::string label) {
   m.p99_step_s = nearest_rank_percentile(step_s, 99);
   m.rollouts_per_s = time > 0 ? finished / time : 0;
   m.mean_utility = utility / n;
+  m.weighted_rollouts_per_s = time > 0 ? weighted / time : 0;
   m.cut_fraction = rollouts > 0 ? aborted / rollouts : 0;
   if (finished > 0 && sampled_tokens > 0)
     m.length_ratio = (trained_tokens / finished) / (sampled_tokens / rollouts);

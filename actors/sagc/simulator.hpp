@@ -20,6 +20,11 @@
 //   - drawn from a mixture: with probability 1 − q lognormal(median m, σ), with probability
 //     q a Pareto(x_m, α) "long" rollout (many tool turns, a hung environment) capped at
 //     `tail_cap_s` (the turn or token limit).
+// q may drift over the run: with a `tail_schedule`, q(t) is piecewise linear in the step
+// through its knots and constant before the first and after the last (a non-stationary
+// workload: responses grow and agentic rollouts become common as the policy learns). The
+// draw stays a function of (seed, t, j, k) and the schedule: one uniform decides body or
+// tail (u < q(t)), so every policy still sees the same rollout for the same (t, j, k).
 //
 // W workers, rollout i of the step on worker i mod W. A worker runs up to `batch_limit`
 // rollouts at once (the rest wait for a slot; the worker stamps a rollout's start when it
@@ -34,6 +39,13 @@
 // started and send nothing). Tokens = base duration × `decode_tokens_per_s`. Step time =
 // rollout phase + trained tokens / `learner_tokens_per_s` + `overhead_s` (sync, rewards).
 // Only finished rollouts are trained and counted in rollouts per second.
+//
+// Utility-weighted rollouts per second = Σ_t Σ_j n_tj · U(n_tj) / Σ_t step time, with n_tj
+// the finished rollouts of prompt j at step t and U(n) = 1 − 1/n (without a cut:
+// Σ_t U(G_t)·B·G_t / total time). A rollout's advantage against its group's mean keeps the
+// fraction U(n) of its reward variance as signal, so this counts useful samples per second
+// of wall clock; if progress towards a reward is proportional to that count (a modelling
+// assumption, not a measurement), the time to reach a reward scales as its inverse.
 
 #include <cstdint>
 #include <string>
@@ -54,6 +66,14 @@ struct sim_durations {
   double tail_xm_s = 60.0;    ///< Pareto scale x_m, s
   double tail_alpha = 1.5;    ///< Pareto shape α
   double tail_cap_s = 300.0;  ///< long rollouts are cut here, s
+  /// A knot of the tail schedule: q at `step`.
+  struct tail_knot {
+    int64_t step = 0;
+    double fraction = 0; ///< in [0, 1]
+  };
+  /// When non-empty, q(t) is piecewise linear through these knots (steps strictly
+  /// increasing), constant outside them, and `tail_fraction` is ignored.
+  std::vector<tail_knot> tail_schedule;
 };
 
 /// The simulated cluster and costs.
@@ -81,6 +101,7 @@ struct sim_step {
   double rollout_phase_s = 0;
   double step_s = 0;
   double utility = 0;         ///< mean over prompts of U(finished rollouts of the prompt)
+  double weighted_rollouts = 0; ///< Σ over prompts of n·U(n), n = finished rollouts
   double trained_tokens = 0;
   double sampled_tokens = 0;  ///< tokens of every rollout had it run to the end
 };
@@ -95,6 +116,8 @@ struct sim_summary {
   double p99_step_s = 0;       ///< nearest-rank
   double rollouts_per_s = 0;   ///< finished rollouts / total time
   double mean_utility = 0;
+  /// Σ_t Σ_j n_tj·U(n_tj) / total time (header comment): utility-weighted rollouts per s.
+  double weighted_rollouts_per_s = 0;
   double cut_fraction = 0;     ///< aborted / sampled rollouts
   /// Mean tokens of trained rollouts / mean tokens of all sampled rollouts: 1 without a cut,
   /// < 1 when a deadline drops the long ones (the length bias).
@@ -113,6 +136,10 @@ sim_result simulate(group_policy& policy, const sim_options& options, std::strin
 
 /// Summarises steps (used by simulate; exposed for tests).
 sim_summary summarize(const std::vector<sim_step>& steps, std::string label);
+
+/// q(t), the probability that a rollout of step t is a long one (the tail schedule, else
+/// tail_fraction).
+double sim_tail_fraction(const sim_durations& durations, int64_t step);
 
 /// The base duration of rollout k of prompt j at step t (seconds), as simulate draws it.
 double sim_base_duration(const sim_options& options, int64_t step, int64_t prompt, int64_t k);

@@ -443,6 +443,10 @@ std::optional<std::string> read_entries(const uint8_t* data, size_t size, uint64
   return std::nullopt;
 }
 
+/// Longest step code: "1 1", then ExpGolomb_ek of a value < 2^16 − 3: 2 + 2 (16 − ek) + 1 + ek
+/// bits at ek = 0.
+constexpr uint32_t max_step_code_bits = 35;
+
 /// Decodes a sparse entry, calling sink(range-relative position, step) per element after its
 /// codes were checked. Returns an error message at the first bad code.
 template <class Sink>
@@ -463,6 +467,40 @@ std::optional<std::string> decode_sparse(const entry_view& v, uint32_t index, Si
     uint64_t w = r.peek();
     const auto z = static_cast<uint32_t>(__builtin_ctzll(w | (uint64_t{1} << 56)));
     uint64_t g;
+    if (z + 1 + k + max_step_code_bits <= 56) {
+      // Fastest path: the gap code and the longest step code lie in this window. Both step
+      // codes are computed and one is selected, so that the ±1-or-escape coin flip costs no
+      // branch.
+      g = (uint64_t{z} << k) | ((w >> (z + 1)) & k_mask);
+      if (g > g_max)
+        return fmt::format("delta bucket: entry {} element {} position {} outside [0, {})",
+                           index, j, next + g, v.count);
+      w >>= z + 1 + k;
+      const auto bit = static_cast<uint32_t>(w & 1u);
+      const auto pm = static_cast<uint16_t>(first ^ ((first ^ second) & (0u - bit)));
+      // Escape: "1 1", then ExpGolomb_ek: `zeros` zero bits, a 1, then b = zeros + ek bits.
+      const uint64_t e = w >> 2;
+      const auto zeros = static_cast<uint32_t>(__builtin_ctzll(e | (uint64_t{1} << 40)));
+      const uint32_t b = zeros + ek; // ≤ 55
+      const uint64_t y = (uint64_t{1} << b) | ((e >> (zeros + 1)) & ((uint64_t{1} << b) - 1));
+      const uint64_t x = y - (uint64_t{1} << ek);
+      const bool escape = (w & 3u) == 3u;
+      if (escape & ((zeros > 16 - ek) | (x > 65532))) {
+        if (zeros > 16 - ek)
+          return fmt::format("delta bucket: entry {} element {} step code is not decodable",
+                             index, j);
+        return fmt::format("delta bucket: entry {} element {} step code out of range", index, j);
+      }
+      const auto esc = static_cast<uint16_t>(unzigzag(static_cast<uint32_t>(x + 3) & 0xFFFFu));
+      const uint16_t s = escape ? esc : pm;
+      r.skip(z + 1 + k + (escape ? 3 + zeros + b : 1 + bit));
+      if (r.overrun())
+        return fmt::format("delta bucket: entry {} payload ends inside element {}", index, j);
+      const uint64_t pos = next + g;
+      sink(pos, s);
+      next = pos + 1;
+      continue;
+    }
     if (z + k + 3 <= 56) {
       // Fast path: the gap code and the step's first two bits lie in this window.
       g = (uint64_t{z} << k) | ((w >> (z + 1)) & k_mask);
@@ -547,6 +585,53 @@ struct sparse_plan {
   }
 };
 
+/// From this many escaped steps on, plan_sparse prices the escape orders from a histogram
+/// instead of 16 code lengths per escape (both exact).
+constexpr uint64_t escape_histogram_from = 64;
+
+/// esc_cost[k] = Σ over the escaped steps (neither +1 nor −1) of the bits of
+/// ExpGolomb_k(zigzag(s) − 3), k = 0..delta_max_escape_k, from one histogram pass. With
+/// x = zigzag(s) − 3 < 2^16, b = floor_log2(x) and c the number of one bits right below x's top
+/// bit: floor(log2(x + 2^k)) is k for k > b, b + 1 for b − c ≤ k ≤ b (the carry of adding 2^k
+/// reaches the top bit exactly then) and b for k < b − c; for x = 0 it is k. So the histogram
+/// over (b, c) prices every k exactly.
+void escape_costs(const uint16_t* steps, size_t changed, uint64_t* esc_cost) {
+  constexpr uint32_t bins = 17; // b + 1 for x ≥ 1 (b ≤ 15), 0 for x = 0; c ≤ 15
+  uint32_t hist[bins][bins] = {};
+  for (size_t i = 0; i < changed; ++i) {
+    const uint16_t st = steps[i];
+    if ((st == step_plus) | (st == step_minus))
+      continue;
+    const uint32_t x = zigzag(st) - 3;
+    if (x == 0) {
+      ++hist[0][0];
+      continue;
+    }
+    const uint32_t b = floor_log2(x);
+    // x's top bit moved to bit 31: the ones right below it become leading zeros of ~y.
+    const uint32_t y = x << (31 - b);
+    const auto c = static_cast<uint32_t>(__builtin_clz(~y)) - 1;
+    ++hist[b + 1][c];
+  }
+  for (uint32_t i = 0; i < bins; ++i) {
+    for (uint32_t c = 0; c < bins; ++c) {
+      const uint64_t h = hist[i][c];
+      if (h == 0)
+        continue;
+      for (uint32_t k = 0; k <= delta_max_escape_k; ++k) {
+        uint32_t top; // floor(log2(x + 2^k))
+        if (i == 0) {
+          top = k;
+        } else {
+          const uint32_t b = i - 1;
+          top = k > b ? k : (k + c >= b ? b + 1 : b);
+        }
+        esc_cost[k] += h * (2 * top - k + 1);
+      }
+    }
+  }
+}
+
 /// choose_delta_params and the exact payload bits, in one pass over the changes.
 sparse_plan plan_sparse(const uint32_t* positions, const uint16_t* steps, size_t changed) {
   sparse_plan p;
@@ -580,7 +665,7 @@ sparse_plan plan_sparse(const uint32_t* positions, const uint16_t* steps, size_t
   }
   const uint64_t escapes = changed - plus - minus;
   uint64_t esc_cost[delta_max_escape_k + 1] = {};
-  if (escapes != 0) {
+  if (escapes != 0 && escapes < escape_histogram_from) {
     for (size_t i = 0; i < changed; ++i) {
       const uint16_t st = steps[i];
       if ((st != step_plus) & (st != step_minus)) {
@@ -589,6 +674,8 @@ sparse_plan plan_sparse(const uint32_t* positions, const uint16_t* steps, size_t
           esc_cost[k] += exp_golomb_bits(x, k);
       }
     }
+  } else if (escapes != 0) {
+    escape_costs(steps, changed, esc_cost);
   }
   const uint64_t cost[4] = {c0, c1, c2, c3};
   uint64_t best = std::numeric_limits<uint64_t>::max();
@@ -618,8 +705,9 @@ sparse_plan plan_sparse(const uint32_t* positions, const uint16_t* steps, size_t
 /// Builds the buckets of one version.
 class bucket_builder {
 public:
-  bucket_builder(uint64_t base_version, uint64_t version, uint64_t bucket_bytes)
-    : base_version_(base_version), version_(version), bucket_bytes_(bucket_bytes) {
+  bucket_builder(uint64_t base_version, uint64_t version, uint64_t bucket_bytes,
+                 const char* who)
+    : base_version_(base_version), version_(version), bucket_bytes_(bucket_bytes), who_(who) {
     open();
   }
 
@@ -678,12 +766,13 @@ public:
       std::memcpy(h + delta_header_bytes + records_.size(), payload_.data(), payload_.size());
     buckets_.push_back(std::move(b));
     if (buckets_.size() > std::numeric_limits<uint32_t>::max())
-      throw std::invalid_argument("encode_delta: more than 2^32 - 1 buckets; raise bucket_bytes");
+      throw std::invalid_argument(
+        fmt::format("{}: more than 2^32 - 1 buckets; raise bucket_bytes", who_));
     open();
   }
 
   /// Closes the last bucket (when it holds entries or is the only one), stamps the bucket
-  /// count and seals every bucket with its checksum.
+  /// count and seals every bucket with its checksum; fills the stats of the buckets.
   std::vector<std::vector<uint8_t>> finish(delta_stats* stats) {
     if (!empty() || buckets_.empty())
       close();
@@ -695,12 +784,10 @@ public:
                       bucket_checksum(b.data(), b.size()));
       bytes += b.size();
     }
-    if (stats != nullptr) {
-      stats->encoded_bytes = bytes;
-      stats->buckets = buckets_.size();
-      stats->dense_segments = dense_entries_;
-      stats->entries = entries_;
-    }
+    stats->encoded_bytes = bytes;
+    stats->buckets = buckets_.size();
+    stats->dense_segments = dense_entries_;
+    stats->entries = entries_;
     return std::move(buckets_);
   }
 
@@ -713,17 +800,19 @@ private:
   }
 
   uint64_t base_version_, version_, bucket_bytes_;
+  const char* who_;
   std::vector<std::vector<uint8_t>> buckets_;
   std::vector<uint8_t> records_, payload_;
   uint64_t size_ = 0, changed_ = 0, dense_entries_ = 0, entries_ = 0;
 };
 
-/// The changes of one segment: range-relative positions and steps.
-struct segment_changes {
-  std::vector<uint32_t> scan; // find_changed's output for one piece of a segment
-  std::vector<uint32_t> positions;
-  std::vector<uint16_t> steps;
-  std::vector<uint32_t> rebased; // positions relative to a cut's start
+/// A segment's changes while its entry is cut: range-relative positions and steps, and the
+/// positions relative to a cut's start.
+struct cut_changes {
+  const uint32_t* positions;
+  const uint16_t* steps;
+  size_t total;
+  std::vector<uint32_t>& rebased;
 };
 
 /// Encoded payload bytes of the range [a, e) of a segment (relative to the segment) holding the
@@ -734,8 +823,8 @@ struct range_cost {
   sparse_plan sparse;
 };
 
-range_cost cost_of(segment_changes& c, uint64_t a, uint64_t e, size_t lo, size_t hi) {
-  const uint32_t* pos = c.positions.data() + lo;
+range_cost cost_of(cut_changes& c, uint64_t a, uint64_t e, size_t lo, size_t hi) {
+  const uint32_t* pos = c.positions + lo;
   if (a != 0) {
     c.rebased.resize(hi - lo);
     for (size_t i = lo; i < hi; ++i)
@@ -743,37 +832,52 @@ range_cost cost_of(segment_changes& c, uint64_t a, uint64_t e, size_t lo, size_t
     pos = c.rebased.data();
   }
   range_cost r;
-  r.sparse = plan_sparse(pos, c.steps.data() + lo, hi - lo);
+  r.sparse = plan_sparse(pos, c.steps + lo, hi - lo);
   const uint64_t dense = 2 * (e - a);
   r.dense = dense < r.sparse.bytes();
   r.bytes = r.dense ? dense : r.sparse.bytes();
   return r;
 }
 
-/// Places the segment [seg, seg + n) of `src` (changes in `c`) into buckets.
-void place_segment(bucket_builder& bb, const delta_source& src, uint64_t seg, uint64_t n,
-                   segment_changes& c) {
+/// Places a segment's entry into buckets: whole when it fits the current bucket, else cut.
+void place_segment(bucket_builder& bb, const delta_segment_entry& en, delta_segment_data& data,
+                   std::vector<uint32_t>& rebased, const char* who) {
+  const uint32_t tensor = en.tensor;
+  const uint64_t seg = en.offset;
+  const uint64_t n = en.count;
+  const bool whole_dense = delta_dense_wins(n, en.sparse_bits);
+  const uint64_t whole_bytes = whole_dense ? 2 * n : delta_sparse_bytes(en.sparse_bits);
+  if (whole_bytes <= bb.room()) {
+    if (whole_dense)
+      bb.add(tensor, delta_entry_kind::dense, {}, seg, n, en.changed, whole_bytes,
+             [&](uint8_t* out) { data.write_next(0, n, out); });
+    else
+      bb.add(tensor, delta_entry_kind::sparse, en.params, seg, n, en.changed, whole_bytes,
+             [&](uint8_t* out) { data.write_sparse_payload(out); });
+    return;
+  }
+  cut_changes c{nullptr, nullptr, static_cast<size_t>(en.changed), rebased};
+  data.changes(&c.positions, &c.steps);
   uint64_t a = 0; // segment-relative start of what is left
   size_t lo = 0;  // first change at or after a
-  const size_t total = c.positions.size();
+  const size_t total = c.total;
+  bool whole_known_too_big = true; // for a = 0 in the current bucket, checked above
   auto changes_below = [&](uint64_t e) {
-    return static_cast<size_t>(
-      std::lower_bound(c.positions.begin() + static_cast<std::ptrdiff_t>(lo), c.positions.end(),
-                       static_cast<uint32_t>(e)) -
-      c.positions.begin());
+    return static_cast<size_t>(std::lower_bound(c.positions + lo, c.positions + total,
+                                                static_cast<uint32_t>(e)) -
+                               c.positions);
   };
   auto emit = [&](uint64_t e, size_t hi, const range_cost& rc) {
     const uint64_t count = e - a;
     if (rc.dense) {
-      bb.add(src.tensor, delta_entry_kind::dense, {}, seg + a, count, hi - lo, rc.bytes,
-             [&](uint8_t* out) { std::memcpy(out, src.next + seg + a, 2 * count); });
+      bb.add(tensor, delta_entry_kind::dense, {}, seg + a, count, hi - lo, rc.bytes,
+             [&](uint8_t* out) { data.write_next(a, count, out); });
     } else {
       // cost_of left the rebased positions of [lo, hi) in c.rebased when a != 0.
-      const uint32_t* pos = a != 0 ? c.rebased.data() : c.positions.data() + lo;
-      bb.add(src.tensor, delta_entry_kind::sparse, rc.sparse.params, seg + a, count, hi - lo,
+      const uint32_t* pos = a != 0 ? c.rebased.data() : c.positions + lo;
+      bb.add(tensor, delta_entry_kind::sparse, rc.sparse.params, seg + a, count, hi - lo,
              rc.bytes, [&](uint8_t* out) {
-               write_delta_sparse_payload(pos, c.steps.data() + lo, hi - lo, rc.sparse.params,
-                                          out);
+               write_delta_sparse_payload(pos, c.steps + lo, hi - lo, rc.sparse.params, out);
              });
     }
   };
@@ -788,13 +892,14 @@ void place_segment(bucket_builder& bb, const delta_source& src, uint64_t seg, ui
       const uint64_t e_changes = uint64_t{c.positions[lo + max_changes]} + 1;
       hi_e = std::min(n, std::max(e_changes, a + room / 2 + 1));
     }
-    if (hi_e == n) {
+    if (hi_e == n && !whole_known_too_big) {
       const range_cost whole = cost_of(c, a, n, lo, total);
       if (whole.bytes <= room) {
         emit(n, total, whole);
         return;
       }
     }
+    whole_known_too_big = false; // every pass below closes the bucket
     // Largest prefix [a, e) that fits: lo_e fits (vacuously for e = a), hi_e does not.
     uint64_t lo_e = a;
     while (hi_e - lo_e > 1) {
@@ -808,7 +913,7 @@ void place_segment(bucket_builder& bb, const delta_source& src, uint64_t seg, ui
     if (lo_e == a || hi == lo) {
       // Nothing useful fits here: a fresh bucket always takes at least one change.
       if (bb.empty())
-        throw std::logic_error("encode_delta: an empty bucket holds no change");
+        throw std::logic_error(fmt::format("{}: an empty bucket holds no change", who));
       bb.close();
       continue;
     }
@@ -819,7 +924,66 @@ void place_segment(bucket_builder& bb, const delta_source& src, uint64_t seg, ui
   }
 }
 
+/// The changes of one segment as encode_delta scans them on the CPU.
+class cpu_segment final : public delta_segment_data {
+public:
+  std::vector<uint32_t> scan; // find_changed's output for one piece of a segment
+  std::vector<uint32_t> positions;
+  std::vector<uint16_t> steps;
+  const uint16_t* next = nullptr; // the segment's new bits
+  delta_sparse_params params;
+
+  void write_sparse_payload(uint8_t* out) override {
+    write_delta_sparse_payload(positions.data(), steps.data(), positions.size(), params, out);
+  }
+  void write_next(uint64_t a, uint64_t count, uint8_t* out) override {
+    std::memcpy(out, next + a, 2 * count);
+  }
+  void changes(const uint32_t** p, const uint16_t** s) override {
+    *p = positions.data();
+    *s = steps.data();
+  }
+};
+
 } // namespace
+
+// ---- bucket framing ----
+
+struct delta_bucket_framer::state {
+  state(uint64_t base_version, uint64_t version, uint64_t bucket_bytes, const char* w)
+    : bb(base_version, version, bucket_bytes, w), who(w) {}
+  bucket_builder bb;
+  const char* who;
+  delta_stats stats;
+  std::vector<uint32_t> rebased;
+};
+
+delta_bucket_framer::delta_bucket_framer(uint64_t base_version, uint64_t version,
+                                         const delta_options& options, const char* who) {
+  check_delta_options(options, who);
+  s_ = std::make_unique<state>(base_version, version, options.bucket_bytes, who);
+}
+
+delta_bucket_framer::~delta_bucket_framer() = default;
+
+void delta_bucket_framer::add_segment(const delta_segment_entry& entry,
+                                      delta_segment_data& data) {
+  s_->stats.elements += entry.count;
+  if (entry.changed == 0)
+    return;
+  s_->stats.changed += entry.changed;
+  place_segment(s_->bb, entry, data, s_->rebased, s_->who);
+}
+
+std::vector<std::vector<uint8_t>> delta_bucket_framer::finish(delta_stats* stats) {
+  delta_stats& st = s_->stats;
+  st.dense_bytes = 2 * st.elements;
+  auto buckets = s_->bb.finish(&st);
+  if (stats != nullptr)
+    *stats = st;
+  return buckets;
+}
+
 
 // ---- building blocks ----
 
@@ -888,19 +1052,20 @@ void write_delta_sparse_payload(const uint32_t* positions, const uint16_t* steps
 
 // ---- codec ----
 
-std::vector<std::vector<uint8_t>> encode_delta(uint64_t base_version, uint64_t version,
-                                               const std::vector<delta_source>& sources,
-                                               const delta_options& options,
-                                               delta_stats* stats) {
+void check_delta_options(const delta_options& options, const char* who) {
   if (options.bucket_bytes < delta_min_bucket_bytes)
-    throw std::invalid_argument(fmt::format("encode_delta: bucket_bytes = {} is below {}",
+    throw std::invalid_argument(fmt::format("{}: bucket_bytes = {} is below {}", who,
                                             options.bucket_bytes, delta_min_bucket_bytes));
+}
+
+std::vector<const delta_source*> sorted_delta_sources(const std::vector<delta_source>& sources,
+                                                      const char* who) {
   std::vector<const delta_source*> order(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     const delta_source& s = sources[i];
     if (s.elements > 0 && (s.base == nullptr || s.next == nullptr))
       throw std::invalid_argument(
-        fmt::format("encode_delta: tensor {} has {} elements but no data", s.tensor, s.elements));
+        fmt::format("{}: tensor {} has {} elements but no data", who, s.tensor, s.elements));
     order[i] = &s;
   }
   std::sort(order.begin(), order.end(),
@@ -908,19 +1073,25 @@ std::vector<std::vector<uint8_t>> encode_delta(uint64_t base_version, uint64_t v
   for (size_t i = 1; i < order.size(); ++i)
     if (order[i]->tensor == order[i - 1]->tensor)
       throw std::invalid_argument(
-        fmt::format("encode_delta: tensor id {} given twice", order[i]->tensor));
+        fmt::format("{}: tensor id {} given twice", who, order[i]->tensor));
+  return order;
+}
+
+std::vector<std::vector<uint8_t>> encode_delta(uint64_t base_version, uint64_t version,
+                                               const std::vector<delta_source>& sources,
+                                               const delta_options& options,
+                                               delta_stats* stats) {
+  delta_bucket_framer framer(base_version, version, options, "encode_delta");
+  const std::vector<const delta_source*> order = sorted_delta_sources(sources, "encode_delta");
 
   // TODO(perf): segments are independent until bucket placement; scanning and planning them on
   // several threads (placement stays sequential) would lift encode past one core's ~50 % of
   // memcpy. Single-threaded it reaches ~30 % at 1 % changed (see the header).
-  delta_stats st;
-  bucket_builder bb(base_version, version, options.bucket_bytes);
   // 64 Ki elements: 128 KiB of each array, so that the step reads hit L2.
   constexpr uint64_t scan_elements = uint64_t{1} << 16;
-  segment_changes c;
+  cpu_segment c;
   c.scan.resize(scan_elements);
   for (const delta_source* src : order) {
-    st.elements += src->elements;
     for (uint64_t seg = 0; seg < src->elements; seg += delta_segment_elements) {
       const uint64_t n = std::min(delta_segment_elements, src->elements - seg);
       // Scan in L2-sized pieces and read the steps while both pieces are still cached.
@@ -940,26 +1111,78 @@ std::vector<std::vector<uint8_t>> encode_delta(uint64_t base_version, uint64_t v
           c.steps[at + i] = delta_step(base[p], next[p]);
         }
       }
-      const size_t m = c.positions.size();
-      if (m == 0)
-        continue;
-      st.changed += m;
-      place_segment(bb, *src, seg, n, c);
+      delta_segment_entry entry;
+      entry.tensor = src->tensor;
+      entry.offset = seg;
+      entry.count = n;
+      entry.changed = c.positions.size();
+      if (entry.changed != 0) {
+        const sparse_plan plan = plan_sparse(c.positions.data(), c.steps.data(), entry.changed);
+        entry.params = plan.params;
+        entry.sparse_bits = plan.bits;
+        c.params = plan.params;
+      }
+      c.next = src->next + seg;
+      framer.add_segment(entry, c);
     }
   }
-  st.dense_bytes = 2 * st.elements;
-  auto buckets = bb.finish(&st);
-  if (stats != nullptr)
-    *stats = st;
-  return buckets;
+  return framer.finish(stats);
 }
-
 std::optional<std::string> check_delta_bucket(const uint8_t* data, size_t size,
                                               uint64_t base_version, uint64_t version,
                                               const std::vector<delta_target>& targets) {
   std::vector<entry_view> entries;
   return check_all(data, size, base_version, version, targets, &entries);
 }
+
+namespace {
+
+/// Writes the entries of a bucket whose framing and ranges read_entries accepted. Positions
+/// are bounds-checked while decoding, so nothing is written outside the targets; returns the
+/// first decoding error (entries before it, and elements of its entry before the bad code, are
+/// already written).
+std::optional<std::string> write_entries(const std::vector<entry_view>& entries) {
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const entry_view& v = entries[e];
+    uint16_t* out = v.bits + v.offset;
+    if (v.kind == delta_entry_kind::dense) {
+      std::memcpy(out, v.payload, 2 * v.count);
+      continue;
+    }
+    std::optional<std::string> err;
+    if (v.changed >= v.count / 16) {
+      // Dense enough that the target lines are cached or streamed anyway: write in place.
+      err = decode_sparse(v, static_cast<uint32_t>(e), [&](uint64_t p, uint16_t s) {
+        out[p] = static_cast<uint16_t>(out[p] + s);
+      });
+    } else {
+      // Scattered read-modify-writes miss the cache at low densities: decode a batch ahead,
+      // prefetching each target line, then apply the batch.
+      constexpr size_t batch = 64;
+      uint64_t pos[batch];
+      uint16_t steps[batch];
+      size_t filled = 0;
+      auto flush = [&] {
+        for (size_t i = 0; i < filled; ++i)
+          out[pos[i]] = static_cast<uint16_t>(out[pos[i]] + steps[i]);
+        filled = 0;
+      };
+      err = decode_sparse(v, static_cast<uint32_t>(e), [&](uint64_t p, uint16_t s) {
+        __builtin_prefetch(out + p, 1);
+        pos[filled] = p;
+        steps[filled] = s;
+        if (++filled == batch)
+          flush();
+      });
+      flush();
+    }
+    if (err)
+      return err;
+  }
+  return std::nullopt;
+}
+
+} // namespace
 
 std::optional<std::string> apply_delta_bucket(const uint8_t* data, size_t size,
                                               uint64_t base_version, uint64_t version,
@@ -968,36 +1191,18 @@ std::optional<std::string> apply_delta_bucket(const uint8_t* data, size_t size,
   if (auto err = check_all(data, size, base_version, version, targets, &entries))
     return err;
   // Everything is valid: decode again, this time writing.
-  for (size_t e = 0; e < entries.size(); ++e) {
-    const entry_view& v = entries[e];
-    uint16_t* out = v.bits + v.offset;
-    if (v.kind == delta_entry_kind::dense) {
-      std::memcpy(out, v.payload, 2 * v.count);
-      continue;
-    }
-    // Scattered read-modify-writes miss the cache at low densities: decode a batch ahead,
-    // prefetching each target line, then apply the batch.
-    constexpr size_t batch = 64;
-    uint64_t pos[batch];
-    uint16_t steps[batch];
-    size_t filled = 0;
-    auto flush = [&] {
-      for (size_t i = 0; i < filled; ++i)
-        out[pos[i]] = static_cast<uint16_t>(out[pos[i]] + steps[i]);
-      filled = 0;
-    };
-    auto err = decode_sparse(v, static_cast<uint32_t>(e), [&](uint64_t p, uint16_t s) {
-      __builtin_prefetch(out + p, 1);
-      pos[filled] = p;
-      steps[filled] = s;
-      if (++filled == batch)
-        flush();
-    });
-    flush();
-    if (err)
-      throw std::logic_error("apply_delta_bucket: a checked bucket failed to decode: " + *err);
-  }
+  if (auto err = write_entries(entries))
+    throw std::logic_error("apply_delta_bucket: a checked bucket failed to decode: " + *err);
   return std::nullopt;
+}
+
+std::optional<std::string> apply_checked_delta_bucket(const uint8_t* data, size_t size,
+                                                      uint64_t base_version, uint64_t version,
+                                                      const std::vector<delta_target>& targets) {
+  std::vector<entry_view> entries;
+  if (auto err = read_entries(data, size, base_version, version, targets, &entries))
+    return err;
+  return write_entries(entries);
 }
 
 std::variant<delta_bucket_info, std::string> read_delta_bucket_info(const uint8_t* data,

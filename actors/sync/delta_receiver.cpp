@@ -90,9 +90,11 @@ std::optional<std::string> delta_receiver::apply(const std::vector<delta_target>
   if (targets.size() != header_.size())
     throw std::logic_error(fmt::format("delta_receiver::apply: {} targets for {} tensors",
                                        targets.size(), header_.size()));
+  // Every bucket was checked by check_delta_bucket on arrival (receive), so the validating
+  // decode pass is skipped here.
   for (size_t k = 0; k < buckets_.size(); ++k)
-    if (auto err = apply_delta_bucket(buckets_[k].data(), buckets_[k].size(), base_version_,
-                                      version_, targets))
+    if (auto err = apply_checked_delta_bucket(buckets_[k].data(), buckets_[k].size(),
+                                              base_version_, version_, targets))
       return fmt::format("delta bucket {}: {}", k, *err); // checked on arrival: not expected
   std::vector<uint64_t> hashes(header_.size());
   std::optional<std::string> first_bad;

@@ -44,7 +44,8 @@ public:
   bool complete() const;
 
   /// Scatters every bucket into `targets` (the same targets the buckets were checked
-  /// against), then hashes each target (XXH3-64 of its bf16 bytes) and compares with the
+  /// against; apply_checked_delta_bucket, so the codes are not validated a second time), then
+  /// hashes each target (XXH3-64 of its bf16 bytes) and compares with the
   /// header. Returns std::nullopt when every tensor hash and the model hash match (the
   /// computed model hash is stored in `computed_model_hash` either way), else an error naming
   /// the first mismatching tensor. Raises std::logic_error when not complete().

@@ -7,10 +7,25 @@
 //   1. long-tailed (default): a lognormal body plus rare Pareto "long" rollouts, like
 //      multi-turn agentic rollouts with slow tool calls; or `--trace FILE` (durations in
 //      seconds, one per line) resampled;
-//   2. light-tailed: a lognormal body only, where sagc should settle at g_max.
+//   2. light-tailed: a lognormal body only, where sagc should settle at g_max;
+//   3. drifting tail: the long-tailed mixture with a tail probability that grows over the
+//      run (a modelling assumption of how a workload drifts as the policy learns: longer
+//      responses and more multi-turn agentic rollouts): q = 0 over the first third of the
+//      steps (light phase), linear from 0 to q_end over the middle third (ramp), q_end over
+//      the last third (heavy phase); q_end = 0.5% by default (--drift-tail). The best static
+//      G is chosen as in the other scenarios, on its rate over the whole run; per-phase
+//      mean G, straggler-event rate and utility-weighted rollouts/s are printed for sagc and
+//      that static G.
+//
+// Column "U-roll/s": utility-weighted rollouts per second, Σ_t Σ_j n_tj·U(n_tj) / total
+// time, n_tj = finished rollouts of prompt j at step t, U(n) = 1 − 1/n (without a cut,
+// Σ_t U(G_t)·B·G_t / total time). Useful samples per second of wall clock: if progress
+// towards a reward is proportional to them (an assumption), the time to reach a reward
+// scales as its inverse. See actors/sagc/simulator.hpp.
 //
 // Usage: sagc_sim [--trace FILE] [--steps N] [--seed S] [--prompts B] [--workers W]
 //                 [--batch-limit L] [--epsilon E] [--v V] [--kappa K] [--deadline-kappa K]
+//                 [--drift-tail Q]
 
 #include <algorithm>
 #include <cmath>
@@ -31,13 +46,14 @@ struct args {
   std::string trace;
   sim_options sim;
   group_policy_options policy;
+  double drift_tail = 0.005; ///< q at the end of the drifting scenario
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "sagc_sim: %s\nusage: sagc_sim [--trace FILE] [--steps N] [--seed S] "
                "[--prompts B] [--workers W] [--batch-limit L] [--epsilon E] [--v V] "
-               "[--kappa K] [--deadline-kappa K]\n",
+               "[--kappa K] [--deadline-kappa K] [--drift-tail Q]\n",
                why);
   std::exit(2);
 }
@@ -84,6 +100,8 @@ args parse(int argc, char** argv) {
       a.sim.rule.kappa = number(flag, value);
     else if (flag == "--deadline-kappa")
       a.policy.deadline_kappa = number(flag, value);
+    else if (flag == "--drift-tail")
+      a.drift_tail = number(flag, value);
     else
       usage(("unknown option " + flag).c_str());
   }
@@ -92,20 +110,39 @@ args parse(int argc, char** argv) {
 }
 
 void print_row(const sim_summary& m) {
-  std::printf("%-12s %6.2f %8.3f %9.1f %9.1f %10.3f %7.3f %6.2f %7.3f\n", m.label.c_str(),
-              m.mean_g, m.straggler_rate, m.mean_step_s, m.p99_step_s, m.rollouts_per_s,
-              m.mean_utility, 100 * m.cut_fraction, m.length_ratio);
+  std::printf("%-12s %6.2f %8.3f %9.1f %9.1f %10.3f %7.3f %6.2f %7.3f %8.3f\n",
+              m.label.c_str(), m.mean_g, m.straggler_rate, m.mean_step_s, m.p99_step_s,
+              m.rollouts_per_s, m.mean_utility, 100 * m.cut_fraction, m.length_ratio,
+              m.weighted_rollouts_per_s);
+}
+
+/// A named range of steps [begin, end) summarised on its own.
+struct phase {
+  std::string name;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+sim_summary summarize_phase(const std::vector<sim_step>& steps, const phase& ph) {
+  const auto n = static_cast<int64_t>(steps.size());
+  const int64_t b = std::clamp<int64_t>(ph.begin, 0, n);
+  const int64_t e = std::clamp<int64_t>(ph.end, b, n);
+  return summarize(std::vector<sim_step>(steps.begin() + b, steps.begin() + e), ph.name);
 }
 
 void run_scenario(const std::string& title, const sim_options& sim,
-                  const group_policy_options& base) {
+                  const group_policy_options& base, const std::vector<phase>& phases = {}) {
   std::printf("\n== %s ==\n", title.c_str());
-  std::printf("%-12s %6s %8s %9s %9s %10s %7s %6s %7s\n", "policy", "mean G", "strag/st",
-              "step mean", "step p99", "rollouts/s", "mean U", "cut %", "len rat");
+  std::printf("%-12s %6s %8s %9s %9s %10s %7s %6s %7s %8s\n", "policy", "mean G", "strag/st",
+              "step mean", "step p99", "rollouts/s", "mean U", "cut %", "len rat", "U-roll/s");
   std::vector<sim_summary> statics;
+  std::vector<std::vector<sim_step>> static_steps;
   for (int64_t g : {4, 8, 16, 32}) {
     static_group_policy p(g);
-    statics.push_back(simulate(p, sim, "static " + std::to_string(g)).summary);
+    sim_result r = simulate(p, sim, "static " + std::to_string(g));
+    statics.push_back(r.summary);
+    if (!phases.empty())
+      static_steps.push_back(std::move(r.steps));
     print_row(statics.back());
   }
   group_policy_options d = base;
@@ -115,7 +152,8 @@ void run_scenario(const std::string& title, const sim_options& sim,
   group_policy_options s = base;
   s.policy = "sagc";
   sagc_group_policy sagc(s);
-  const sim_summary m = simulate(sagc, sim, "sagc").summary;
+  const sim_result sagc_run = simulate(sagc, sim, "sagc");
+  const sim_summary& m = sagc_run.summary;
   print_row(m);
 
   // The best static G: the largest one (highest U) whose straggler-event rate meets ε, the
@@ -147,6 +185,19 @@ void run_scenario(const std::string& title, const sim_options& sim,
   std::printf("\n");
   std::printf("sagc: final Q = %.2f, straggler rate %.4f vs epsilon %.3f\n",
               sagc.virtual_queue(), m.straggler_rate, base.target_rate);
+  if (phases.empty())
+    return;
+  const auto& best_steps = static_steps[static_cast<size_t>(best - statics.data())];
+  std::printf("sagc vs best static (%s): utility-weighted rollouts/s x%.3f\n",
+              best->label.c_str(), m.weighted_rollouts_per_s / best->weighted_rollouts_per_s);
+  std::printf("per phase (mean G, strag/st, U-roll/s):\n");
+  for (const auto& ph : phases) {
+    const sim_summary a = summarize_phase(sagc_run.steps, ph);
+    const sim_summary c = summarize_phase(best_steps, ph);
+    std::printf("  %-34s sagc %5.2f %6.3f %7.3f | %-9s %5.2f %6.3f %7.3f\n", ph.name.c_str(),
+                a.mean_g, a.straggler_rate, a.weighted_rollouts_per_s, best->label.c_str(),
+                c.mean_g, c.straggler_rate, c.weighted_rollouts_per_s);
+  }
 }
 
 } // namespace
@@ -172,7 +223,9 @@ int main(int argc, char** argv) try {
   std::printf("columns: strag/st = fraction of steps with a straggler event; step times in s; "
               "rollouts/s counts trained (finished) rollouts; U = 1 - 1/(finished per group); "
               "cut %% = rollouts aborted by a deadline; len rat = mean tokens trained / "
-              "sampled (< 1: biased short)\n");
+              "sampled (< 1: biased short); U-roll/s = utility-weighted rollouts per s = "
+              "sum over steps and prompts of n*U(n) / total time, n = finished rollouts of "
+              "the prompt (= sum_t U(G_t)*B*G_t / total time without a cut)\n");
 
   sim_options heavy = o;
   std::string title;
@@ -198,6 +251,30 @@ int main(int argc, char** argv) try {
   light.durations.tail_fraction = 0;
   run_scenario("light-tailed: lognormal(median 20 s, sigma 0.25), no long rollouts", light,
                a.policy);
+
+  // Drifting tail (a modelling assumption, header comment): the long-tailed mixture with q
+  // = 0 over the first third, a linear ramp to q_end over the middle third, q_end after.
+  sim_options drift = o;
+  drift.durations.median_s = 20;
+  drift.durations.sigma = 0.3;
+  drift.durations.tail_xm_s = 60;
+  drift.durations.tail_alpha = 1.5;
+  drift.durations.tail_cap_s = 300;
+  const int64_t third = o.steps / 3;
+  drift.durations.tail_schedule = {{third, 0.0}, {2 * third, a.drift_tail}};
+  char q_end[32];
+  std::snprintf(q_end, sizeof q_end, "%g%%", 100 * a.drift_tail);
+  const std::vector<phase> phases = {
+    {"light [0, " + std::to_string(third) + ") q=0", 0, third},
+    {"ramp [" + std::to_string(third) + ", " + std::to_string(2 * third) + ") q=0.." + q_end,
+     third, 2 * third},
+    {"heavy [" + std::to_string(2 * third) + ", " + std::to_string(o.steps) + ") q=" + q_end,
+     2 * third, o.steps},
+  };
+  run_scenario("drifting tail: lognormal(median 20 s, sigma 0.3) + Pareto(x_m 60 s, alpha 1.5, "
+                 "cap 300 s) with q = 0 for the first third, linear to "
+                 + std::string(q_end) + " over the middle third, then " + q_end,
+               drift, a.policy, phases);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "sagc_sim: %s\n", e.what());

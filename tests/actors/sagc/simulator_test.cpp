@@ -139,21 +139,80 @@ TEST_CASE("a deadline trains shorter responses than it samples", "[simulator]") 
   CHECK(m.straggler_rate < 0.05);
 }
 
-TEST_CASE("in the light-tailed scenario sagc settles at g_max", "[simulator]") {
-  sim_options o;
-  o.durations.sigma = 0.25;
-  o.steps = 300;
+namespace {
+
+/// sagc with G in [2, 32], starting at 8, for the simulator's B.
+group_policy_options sagc_options(const sim_options& o) {
   group_policy_options s;
   s.policy = "sagc";
   s.g_min = 2;
   s.g_max = 32;
   s.group_size = 8;
   s.prompts_per_step = o.prompts_per_step;
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("in the light-tailed scenario sagc settles at g_max", "[simulator]") {
+  sim_options o;
+  o.durations.sigma = 0.25;
+  o.steps = 300;
+  auto s = sagc_options(o);
   auto p = make_group_policy(s);
   const sim_result r = simulate(*p, o);
   for (size_t t = 10; t < r.steps.size(); ++t)
     CHECK(r.steps[t].decision.group_size == 32);
   CHECK(r.summary.straggler_rate == 0);
+}
+
+TEST_CASE("a tail schedule is piecewise linear in the step and constant outside its knots",
+          "[simulator]") {
+  sim_durations d;
+  d.tail_fraction = 0.3; // ignored once there is a schedule
+  CHECK(sim_tail_fraction(d, 7) == 0.3);
+  d.tail_schedule = {{100, 0.0}, {200, 0.01}};
+  CHECK(sim_tail_fraction(d, 0) == 0.0);
+  CHECK(sim_tail_fraction(d, 100) == 0.0);
+  CHECK(sim_tail_fraction(d, 150) == Approx(0.005));
+  CHECK(sim_tail_fraction(d, 200) == Approx(0.01));
+  CHECK(sim_tail_fraction(d, 5000) == Approx(0.01));
+  // The same (seed, step, prompt, index) gives the same duration whatever else ran, and a
+  // step with q = 1 draws only long rollouts.
+  sim_options o;
+  o.durations.tail_schedule = {{0, 0.0}, {10, 1.0}};
+  CHECK(sim_base_duration(o, 5, 2, 3) == sim_base_duration(o, 5, 2, 3));
+  for (int64_t k = 0; k < 50; ++k)
+    CHECK(sim_base_duration(o, 10, 0, k) >= 60.0);
+}
+
+TEST_CASE("in a drifting-tail scenario sagc uses larger groups while the tail is light",
+          "[simulator]") {
+  // The bench's drifting scenario, shortened: q = 0 for steps [0, 400), linear to 0.5% over
+  // [400, 800), 0.5% over [800, 1200). Seed 1 fixed.
+  sim_options o;
+  o.durations.sigma = 0.3;
+  o.durations.tail_schedule = {{400, 0.0}, {800, 0.005}};
+  o.steps = 1200;
+  o.seed = 1;
+  auto s = sagc_options(o);
+  sagc_group_policy p(s);
+  const sim_result r = simulate(p, o);
+  const auto mean_g = [&](size_t begin, size_t end) {
+    double g = 0;
+    for (size_t t = begin; t < end; ++t)
+      g += static_cast<double>(r.steps[t].decision.group_size);
+    return g / static_cast<double>(end - begin);
+  };
+  const double light = mean_g(0, 400);
+  const double heavy = mean_g(800, 1200);
+  CHECK(light > 24);
+  CHECK(heavy < 8);
+  CHECK(light > heavy);
+  // Overall rate ≤ ε + 0.02: about two binomial standard errors at ε = 0.1 over 1200 steps
+  // (sqrt(0.09 / 1200) ≈ 0.009), the room the queue's start-up transient needs.
+  CHECK(r.summary.straggler_rate <= s.target_rate + 0.02);
+  CHECK(r.summary.weighted_rollouts_per_s > 0);
 }
 
 TEST_CASE("simulator options out of range are rejected by name", "[simulator]") {
@@ -167,6 +226,11 @@ TEST_CASE("simulator options out of range are rejected by name", "[simulator]") 
   o = sim_options{};
   o.durations.tail_fraction = 2;
   CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.durations.tail_fraction:"));
+  o = sim_options{};
+  o.durations.tail_schedule = {{10, 0.0}, {10, 0.01}};
+  CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.durations.tail_schedule:"));
+  o.durations.tail_schedule = {{0, 0.0}, {10, 1.5}};
+  CHECK_THROWS_WITH(simulate(p, o), Catch::StartsWith("sim_options.durations.tail_schedule:"));
 }
 
 TEST_CASE("a duration trace is read one per line, with a header, comments and CSV",

@@ -81,12 +81,14 @@ uint64_t changed_count(const tensor_pair& t) {
   return c;
 }
 
-/// Encodes, applies every bucket to a copy of the bases and checks the result bit for bit.
+/// Encodes, applies every bucket to a copy of the bases (with apply_delta_bucket, and to another
+/// copy with check_delta_bucket then apply_checked_delta_bucket) and checks the results bit for
+/// bit.
 delta_stats round_trip(const std::vector<tensor_pair>& ts, uint64_t bucket_bytes = 64ull << 20) {
   delta_stats st;
   const auto buckets = encode_delta(4, 5, sources_of(ts), {bucket_bytes}, &st);
   REQUIRE(st.buckets == buckets.size());
-  worker_copy w(ts);
+  worker_copy w(ts), checked(ts);
   uint64_t encoded = 0;
   for (const auto& b : buckets) {
     REQUIRE(b.size() <= bucket_bytes);
@@ -94,11 +96,14 @@ delta_stats round_trip(const std::vector<tensor_pair>& ts, uint64_t bucket_bytes
     const auto err = apply_delta_bucket(b.data(), b.size(), 4, 5, w.targets);
     INFO(err.value_or(""));
     REQUIRE_FALSE(err);
+    REQUIRE_FALSE(check_delta_bucket(b.data(), b.size(), 4, 5, checked.targets));
+    REQUIRE_FALSE(apply_checked_delta_bucket(b.data(), b.size(), 4, 5, checked.targets));
   }
   REQUIRE(encoded == st.encoded_bytes);
   uint64_t elements = 0, changed = 0;
   for (size_t i = 0; i < ts.size(); ++i) {
     REQUIRE(w.bits[i] == ts[i].next);
+    REQUIRE(checked.bits[i] == ts[i].next);
     elements += ts[i].base.size();
     changed += changed_count(ts[i]);
   }
@@ -186,6 +191,37 @@ TEST_CASE("round trips are bit-exact over change fractions and tensor sizes", "[
       CHECK(st.changed == 0);
       CHECK(st.buckets == 1);
       CHECK(st.encoded_bytes == delta_header_bytes + delta_checksum_bytes);
+    }
+  }
+}
+
+TEST_CASE("Adam-like small steps round-trip at every change fraction and bucket size",
+          "[delta_codec]") {
+  // Mostly ±1..±8 ULP steps, some up to ±1000 and a few arbitrary patterns: escaped steps of
+  // every Exp-Golomb length, so that the escape-cost histogram and the in-window step decoder
+  // meet every code length.
+  for (double fraction : {0.003, 0.05, 0.52, 1.0}) {
+    std::mt19937_64 rng{static_cast<uint64_t>(fraction * 1e4)};
+    std::vector<tensor_pair> ts;
+    for (uint32_t id : {3u, 1u, 8u}) {
+      tensor_pair t = make_pair(id, id == 8 ? (uint64_t{1} << 20) + 77 : 40000 + id, 0.0, id);
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      for (size_t i = 0; i < t.base.size(); ++i) {
+        if (u(rng) >= fraction)
+          continue;
+        const double x = u(rng);
+        const int m = x < 0.45   ? 1
+                      : x < 0.8  ? 2 + static_cast<int>(rng() % 3)
+                      : x < 0.95 ? 5 + static_cast<int>(rng() % 4)
+                      : x < 0.99 ? 9 + static_cast<int>(rng() % 992)
+                                 : 1 + static_cast<int>(rng() % 0xFFFF);
+        t.next[i] = static_cast<uint16_t>(t.base[i] + (rng() % 2 ? m : -m));
+      }
+      ts.push_back(std::move(t));
+    }
+    for (uint64_t bucket : {uint64_t{300}, uint64_t{20000}, uint64_t{64} << 20}) {
+      INFO("fraction " << fraction << ", bucket_bytes " << bucket);
+      round_trip(ts, bucket);
     }
   }
 }
@@ -579,6 +615,14 @@ TEST_CASE("random bytes and random bit flips never crash and never half-apply",
     } else {
       ++accepted; // a flip that made another valid bucket (e.g. a different step)
     }
+    // Unchecked bytes given to apply_checked_delta_bucket: the same verdict, and the same
+    // result when valid (on bad bytes it may write part of the bucket, but only in range).
+    const auto applied = w.bits;
+    reset();
+    const auto err_checked = apply_checked_delta_bucket(b.data(), b.size(), 4, 5, w.targets);
+    REQUIRE(err_checked.has_value() == err.has_value());
+    if (!err)
+      REQUIRE(w.bits == applied);
     // Pure noise, any length.
     std::vector<uint8_t> noise(rng() % 300);
     for (auto& x : noise)
