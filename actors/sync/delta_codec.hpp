@@ -31,6 +31,8 @@
 //              bit writer). At 52 % changed with AdamW-like steps (mostly ±1..±8 ULP, 6.4 bits
 //              per change), 822k elements: encode ~12 ms, check_delta_bucket ~5.4 ms,
 //              apply_checked_delta_bucket ~6.6 ms (apply_delta_bucket = both, ~12 ms).
+//              With delta_options::threads > 1 the scan and planning of the segments run on
+//              several threads and only the bucket placement stays on the calling thread.
 //   dense:     an entry falls back to raw new bits when that is smaller: with ±1 steps never
 //              (≤ 3.5 bits per element at 100 % changed), with random steps above ~75 %.
 
@@ -93,8 +95,9 @@
 //     fresh bucket; the rest after a cut continues in the next bucket;
 //   * a version always has at least one bucket (zero entries when nothing changed).
 // The bucket filling and cutting (everything after the per-segment entry) is implemented once,
-// by delta_bucket_framer: encode_delta feeds it the segments it scans on the CPU, the GPU
-// encoder (gpu/delta_framing.cpp) the segments its kernels summarised.
+// by delta_bucket_framer: encode_delta feeds it, in order, the segments it scans on the CPU
+// (on one or several threads), the GPU encoder (gpu/delta_framing.cpp) the segments its
+// kernels summarised.
 // Applying: a worker whose tensors hold `base_version` applies each bucket exactly once; sparse
 // steps are added modulo 2^16, dense entries overwrite. Applying twice or over another base
 // corrupts the tensor silently at this level; the whole-model hash of the version catches it.
@@ -155,6 +158,16 @@ struct delta_options {
   /// Largest encoded bucket in bytes, header and checksum included; at least
   /// delta_min_bucket_bytes (encode_delta raises std::invalid_argument below).
   uint64_t bucket_bytes = 64ull << 20;
+  /// Threads encode_delta runs on, the calling thread included: 1 (the default) encodes on
+  /// the calling thread alone; 0 means std::thread::hardware_concurrency(); never more than
+  /// there are units of work (a segment, or consecutive small segments of up to 2^17 elements
+  /// in all). With more than one, the per-segment work that does not depend on bucket
+  /// placement (scan, steps, parameter choice, whole sparse payload) runs in parallel while
+  /// the calling thread places the segments into buckets in order, so the buckets and stats
+  /// are byte-identical for every value. Threads are started and joined within each call.
+  /// Extra memory: at most 2 × threads prepared units (each its changes, 6 bytes per changed
+  /// element, and sparse payloads; ≤ 2^20 elements per unit) plus 256 KiB per thread.
+  uint32_t threads = 1;
 };
 
 /// What one encode_delta call produced.
@@ -171,10 +184,12 @@ struct delta_stats {
 /// Encodes version `version` against `base_version` (DESIGN.md §6, SparseRL-Sync; the format
 /// and the deterministic encoder are specified at the top of this header). Sources may come in
 /// any order of tensor id. Returns the buckets in index order, each at most
-/// options.bucket_bytes bytes; the same inputs give byte-identical buckets. Single-threaded;
-/// reads each source's two arrays once (plus the changed elements again).
+/// options.bucket_bytes bytes; the same inputs give byte-identical buckets, whatever
+/// options.threads is. Reads each source's two arrays once (plus the changed elements again);
+/// on options.threads threads (see there) when that is not 1.
 /// Throws std::invalid_argument for duplicate tensor ids, a null pointer with elements > 0,
-/// bucket_bytes < delta_min_bucket_bytes, or more than 2^32 − 1 buckets.
+/// bucket_bytes < delta_min_bucket_bytes, or more than 2^32 − 1 buckets (and std::system_error
+/// when a thread cannot be started).
 std::vector<std::vector<uint8_t>> encode_delta(uint64_t base_version, uint64_t version,
                                                const std::vector<delta_source>& sources,
                                                const delta_options& options,

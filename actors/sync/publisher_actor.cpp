@@ -185,6 +185,7 @@ const payload& sparse_payload(publisher_actor_t* self, uint64_t base_version) {
       }
       sync::delta_options o;
       o.bucket_bytes = st.bucket_bytes;
+      o.threads = 0; // every core: the learner and the workers wait for this version
       sync::delta_stats stats;
       auto buckets = sync::encode_delta(base_version, st.version, sources, o, &stats);
       st.changed = stats.changed;

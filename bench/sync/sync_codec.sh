@@ -6,9 +6,9 @@
 # it does not exist yet) and prints one table: consecutive weight versions of sorl's learner
 # (tiny and 50m presets, AdamW lr 1e-6 and 1e-5) and a synthetic bf16 tensor (default 2^30
 # elements, 2 GiB per copy; about 7 GiB of memory in all) at 0.1 %, 1 % and 5 % changed;
-# bytes of dense / naive / ours / zstd / lz4, encode and apply speed next to memcpy. Every
-# round trip is verified bit for bit (exit 1 otherwise). --quick: tiny preset and 2^24
-# synthetic elements, well under a minute.
+# bytes of dense / naive / ours / zstd / lz4, encode speed (one thread and all hardware threads)
+# and apply speed next to single-thread memcpy. Every round trip is verified bit for bit (exit 1
+# otherwise). --quick: tiny preset and 2^24 synthetic elements, well under a minute.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}

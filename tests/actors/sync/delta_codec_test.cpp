@@ -379,6 +379,55 @@ TEST_CASE("encoding is deterministic and independent of the source order", "[del
   CHECK(a == c);
 }
 
+TEST_CASE("encoding on several threads gives the single-threaded bytes and stats",
+          "[delta_codec]") {
+  auto same_stats = [](const delta_stats& a, const delta_stats& b) {
+    CHECK(a.elements == b.elements);
+    CHECK(a.changed == b.changed);
+    CHECK(a.dense_bytes == b.dense_bytes);
+    CHECK(a.encoded_bytes == b.encoded_bytes);
+    CHECK(a.dense_segments == b.dense_segments);
+    CHECK(a.buckets == b.buckets);
+    CHECK(a.entries == b.entries);
+  };
+  for (double fraction : {0.0, 1e-4, 1e-2, 0.5, 1.0}) {
+    // Multi-segment tensors (one ending in a short segment), an empty one, and many small
+    // tensors: tiny ones, which encode_delta groups, and ones of 2^16 elements and more, which
+    // it prepares one by one, so that the prepared ones wrap around its ring of 2 x threads.
+    // (Cutting costs time per change: fewer segments at the high fractions.)
+    const uint64_t big = (fraction >= 0.5 ? 1 : 2) * delta_segment_elements + 12345;
+    std::vector<tensor_pair> ts{
+      make_pair(3, big, fraction, 11), make_pair(0, 70000, fraction, 12),
+      make_pair(7, 0, fraction, 13),
+      make_pair(1, 300000, fraction, 14, 1.0)}; // random steps: dense entries
+    for (uint32_t id = 10; id < 40; ++id)
+      ts.push_back(make_pair(id, id % 2 ? 1 + id * 97 : (1 << 16) + id, fraction, id));
+    std::vector<uint64_t> bucket_sizes{4096, uint64_t{1} << 20, 64ull << 20};
+    if (fraction <= 1e-2) {
+      bucket_sizes.push_back(delta_min_bucket_bytes);
+      bucket_sizes.push_back(30000);
+    }
+    for (uint64_t bucket_bytes : bucket_sizes) {
+      INFO("fraction " << fraction << ", bucket_bytes " << bucket_bytes);
+      delta_options one{bucket_bytes};
+      one.threads = 1;
+      delta_stats st1;
+      const auto b1 = encode_delta(4, 5, sources_of(ts), one, &st1);
+      if (fraction >= 1e-2 && bucket_bytes == 4096)
+        CHECK(st1.buckets > 3); // entries were cut at bucket boundaries
+      for (uint32_t threads : {2u, 3u, 8u, 0u}) { // 0: hardware_concurrency
+        INFO("threads " << threads);
+        delta_options o{bucket_bytes};
+        o.threads = threads;
+        delta_stats st;
+        const auto b = encode_delta(4, 5, sources_of(ts), o, &st);
+        CHECK(b == b1);
+        same_stats(st, st1);
+      }
+    }
+  }
+}
+
 TEST_CASE("buckets respect the byte bound and split tensors across buckets", "[delta_codec]") {
   std::vector<tensor_pair> ts{make_pair(0, 300000, 0.01, 5), make_pair(1, 5, 1.0, 6, 1.0),
                               make_pair(2, 200000, 0.9, 7, 1.0), make_pair(3, 0, 0.0, 8),
