@@ -207,9 +207,11 @@ int main(int argc, char** argv) {
   train->add_flag("--overwrite", overwrite,
                   "start afresh even if the run directory already holds a run (its metrics "
                   "and checkpoints are replaced)");
+  auto* train_overwrite = train->get_option("--overwrite");
   train->add_flag("--resume", resume,
                   "continue from the latest checkpoint in the run directory (run.output_dir/"
-                  "run.name/checkpoints): model, optimizer, RNG and step");
+                  "run.name/checkpoints): model, optimizer, RNG and step")
+    ->excludes(train_overwrite);
 
   std::string sft_config;
   auto* sft = app.add_subcommand(
@@ -229,8 +231,10 @@ int main(int argc, char** argv) {
                    "HOST:PORT of the hub, overriding its `listen` (e.g. when it used port 0)");
   node->add_option("--port-file", node_opts.port_file,
                    "hub only: write the bound port to this file once listening");
-  node->add_flag("--resume", resume, "continue from the run directory's latest checkpoint");
-  node->add_flag("--overwrite", overwrite, "start afresh over an existing run (hub)");
+  auto* node_resume =
+    node->add_flag("--resume", resume, "continue from the run directory's latest checkpoint");
+  node->add_flag("--overwrite", overwrite, "start afresh over an existing run (hub)")
+    ->excludes(node_resume);
 
   std::string check_config;
   auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");

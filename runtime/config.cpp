@@ -426,9 +426,10 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
 
 void parse_sagc(table_reader& r, sagc_config& c) {
   r.choice("policy", c.policy, {"static", "sagc", "deadline"});
-  r.integer("group_size", c.group_size, 1, 1 << 16);
-  r.integer("g_min", c.g_min, 1, 1 << 16);
-  r.integer("g_max", c.g_max, 1, 1 << 16);
+  // A group of one has advantage 0 whatever its reward (GRPO compares siblings): no signal.
+  r.integer("group_size", c.group_size, 2, 1 << 16);
+  r.integer("g_min", c.g_min, 2, 1 << 16);
+  r.integer("g_max", c.g_max, 2, 1 << 16);
   r.number("kappa", c.kappa, 1.0, 1e6);
   r.number("target_rate", c.target_rate, 0.0, 1.0);
   r.integer("window", c.window, 1, 1 << 24);

@@ -123,8 +123,12 @@ const payload& full_payload(publisher_actor_t* self) {
   auto t0 = steady_now_ns();
   payload p;
   auto buckets = sync::plan_buckets(st.metas, st.bucket_bytes);
-  with_envelope<msg::WeightSnapshot>(*st.next, [&](msg::WeightSnapshot::Reader snap) {
-    auto blobs = snap.getData();
+  auto err = with_envelope<msg::WeightSnapshot>(*st.next, [&](msg::WeightSnapshot::Reader snap) {
+    // Each capnp access of a blob counts its whole size against the reader's traversal
+    // limit: take every tensor's bytes once, not once per bucket.
+    std::vector<kj::ArrayPtr<const kj::byte>> blobs;
+    for (auto d : snap.getData())
+      blobs.push_back(d);
     for (size_t k = 0; k < buckets.size(); ++k) {
       p.buckets.push_back(build_envelope<msg::WeightBucket>([&](msg::WeightBucket::Builder b) {
         b.setVersion(st.version);
@@ -134,8 +138,7 @@ const payload& full_payload(publisher_actor_t* self) {
         for (size_t c = 0; c < buckets[k].size(); ++c) {
           const auto& ref = buckets[k][c];
           auto esz = sync::element_size(st.metas[ref.tensor].dtype);
-          auto bytes = kj::arrayPtr(blobs[ref.tensor].begin() + ref.offset * esz,
-                                    ref.count * esz);
+          auto bytes = blobs[ref.tensor].slice(ref.offset * esz, (ref.offset + ref.count) * esz);
           auto out = chunks[static_cast<unsigned>(c)];
           out.setTensor(ref.tensor);
           out.setOffset(ref.offset);
@@ -146,6 +149,8 @@ const payload& full_payload(publisher_actor_t* self) {
       }));
     }
   });
+  if (err)
+    throw std::runtime_error("cannot read the snapshot: " + describe(err));
   p.bytes = st.dense_bytes;
   st.encode_ns += steady_now_ns() - t0;
   p.header = version_header(st, true, 0, static_cast<uint32_t>(p.buckets.size()), p.bytes);
@@ -160,8 +165,9 @@ const payload& sparse_payload(publisher_actor_t* self, uint64_t base_version) {
     return *st.sparse;
   auto t0 = steady_now_ns();
   payload p;
-  with_envelope<msg::WeightSnapshot>(*st.base, [&](msg::WeightSnapshot::Reader base) {
-    with_envelope<msg::WeightSnapshot>(*st.next, [&](msg::WeightSnapshot::Reader next) {
+  caf::error inner;
+  auto outer = with_envelope<msg::WeightSnapshot>(*st.base, [&](msg::WeightSnapshot::Reader base) {
+    inner = with_envelope<msg::WeightSnapshot>(*st.next, [&](msg::WeightSnapshot::Reader next) {
       if (base.getVersion() != base_version)
         throw std::logic_error(fmt::format("base snapshot is version {}, the protocol says {}",
                                            base.getVersion(), base_version));
@@ -199,6 +205,8 @@ const payload& sparse_payload(publisher_actor_t* self, uint64_t base_version) {
       }
     });
   });
+  if (outer || inner)
+    throw std::runtime_error("cannot read the snapshots: " + describe(outer ? outer : inner));
   st.encode_ns += steady_now_ns() - t0;
   p.header = version_header(st, false, base_version, static_cast<uint32_t>(p.buckets.size()),
                             p.bytes);

@@ -203,6 +203,8 @@ TEST_CASE("sparse sync reaches the same rollout weights as full sync at every st
     // A fresh policy earns no reward here (zero advantages), so decoupled weight decay is
     // what moves the weights: lr × decay = 1e-4 relative per step flips a few % of bf16 bits.
     text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\n");
+    // Small buckets: hundreds per version, for both payloads.
+    text.replace(text.find("bucket_bytes = 65536"), 20, "bucket_bytes = 4096");
     child_process p{{SORL_BIN, "train", write(name + ".toml", text)}};
     auto rc = p.wait_exit(600s);
     INFO(p.output());

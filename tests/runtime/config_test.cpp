@@ -334,4 +334,8 @@ TEST_CASE("settings that are not implemented yet are refused, not ignored") {
   CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
   CHECK(only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal}).key
         == "sagc.group_size"); // outside the default [g_min, g_max] = [2, 16]
+  // A group of one carries no signal under group-relative advantages.
+  auto one = only_error("[sagc]\ngroup_size = 1\n" + std::string{minimal});
+  CHECK(one.key == "sagc.group_size");
+  CHECK(one.message == "1 is out of range [2, 65536]");
 }
