@@ -204,6 +204,13 @@ public:
     sink_.add(tbl_.source(), path(key), std::move(message));
   }
 
+  /// A value that is fine alone but not together with another key: reported at `key` when
+  /// the file sets it, else at the table.
+  void conflict(std::string_view key, std::string message) {
+    auto* n = tbl_.get(key);
+    sink_.add(n ? n->source() : tbl_.source(), path(key), std::move(message));
+  }
+
   template <class Int>
   void integer(std::string_view key, Int& out, int64_t lo, int64_t hi) {
     auto* n = find(key);
@@ -368,10 +375,10 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
   if (c.min_digits > c.max_digits)
-    r.missing("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
+    r.conflict("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
                                         c.max_digits));
   if (c.lo > c.hi)
-    r.missing("lo", fmt::format("lo = {} exceeds hi = {}", c.lo, c.hi));
+    r.conflict("lo", fmt::format("lo = {} exceeds hi = {}", c.lo, c.hi));
   if (c.name == "jsonl" && c.path.empty())
     r.missing("path", "task \"jsonl\" needs a path to a JSONL prompts file");
   c.path = resolve(base, c.path);
@@ -436,9 +443,9 @@ void parse_sagc(table_reader& r, sagc_config& c) {
   r.number("v", c.v, 1e-9, 1e12);
   r.number("deadline_kappa", c.deadline_kappa, 1e-3, 1e6);
   if (c.g_min > c.g_max)
-    r.missing("g_min", fmt::format("g_min = {} exceeds g_max = {}", c.g_min, c.g_max));
+    r.conflict("g_min", fmt::format("g_min = {} exceeds g_max = {}", c.g_min, c.g_max));
   else if (c.policy != "static" && (c.group_size < c.g_min || c.group_size > c.g_max))
-    r.missing("group_size", fmt::format("group_size = {} is outside [g_min, g_max] = [{}, {}]",
+    r.conflict("group_size", fmt::format("group_size = {} is outside [g_min, g_max] = [{}, {}]",
                                         c.group_size, c.g_min, c.g_max));
 }
 
@@ -481,7 +488,7 @@ void parse_network(table_reader& r, network_config& c, const std::string& base) 
   r.string("tls_passphrase", c.tls_passphrase);
   if (c.heartbeat_ms > 0 && c.connection_timeout_ms > 0
       && c.connection_timeout_ms <= c.heartbeat_ms)
-    r.missing("connection_timeout_ms",
+    r.conflict("connection_timeout_ms",
               fmt::format("connection_timeout_ms = {} must exceed heartbeat_ms = {}",
                           c.connection_timeout_ms, c.heartbeat_ms));
   // TLS needs all three files; each must exist now, not when the first peer connects.

@@ -130,7 +130,15 @@ TEST_CASE("a value outside an enumeration lists the allowed ones") {
 TEST_CASE("inconsistent group bounds are an error") {
   auto e = only_error("[sagc]\ng_min = 16\ng_max = 8\n" + std::string{minimal});
   CHECK(e.key == "sagc.g_min");
-  CHECK(e.line == 1); // the [sagc] table: the conflict is between two keys
+  CHECK(e.line == 2); // at g_min's value, the key named, though the conflict is with g_max
+  CHECK(e.column == 9);
+  auto d = only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal});
+  CHECK(d.key == "sagc.group_size");
+  CHECK(d.line == 3);
+  // A key left at its default has no line of its own: its table's line is reported.
+  auto t = only_error("[sagc]\npolicy = \"sagc\"\ng_max = 4\n" + std::string{minimal});
+  CHECK(t.key == "sagc.group_size"); // the default 8 is outside [2, 4]
+  CHECK(t.line == 1);
 }
 
 TEST_CASE("a duplicate node name points at the second definition") {
