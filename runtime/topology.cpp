@@ -56,6 +56,12 @@ std::set<std::string> role_names(const role_table& table) {
 
 namespace {
 
+/// Why a node that joins a running job is sent away.
+constexpr const char* late_join_reason =
+  "the job is already running and its roster is fixed; a node cannot join it midway "
+  "(to bring this node back, restart the whole job with --resume)";
+
+
 using namespace std::chrono_literals;
 
 // -- shared bookkeeping --------------------------------------------------------------------
@@ -198,8 +204,7 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
       auto& st = self->state;
       if (st.stopping || st.roster_sent) {
         spdlog::warn("directory: late registration of {} ignored", p.name());
-        self->send(p.handle, shutdown_atom::value, false,
-                   std::string{"registered after the job started"});
+        self->send(p.handle, shutdown_atom::value, false, std::string{late_join_reason});
         return;
       }
       self->monitor(p.handle);
@@ -214,8 +219,15 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
       }
     },
     [self](join_atom, std::string& node, caf::actor& agent) {
+      auto& st = self->state;
+      if (st.stopping || st.roster_sent) {
+        // A restarted node: the roster every actor holds is fixed once the job runs.
+        spdlog::warn("directory: node {} tried to join the running job; refused", node);
+        self->send(agent, shutdown_atom::value, false, std::string{late_join_reason});
+        return;
+      }
       self->monitor(agent);
-      self->state.agents.emplace_back(std::move(node), std::move(agent));
+      st.agents.emplace_back(std::move(node), std::move(agent));
     },
     [stop](shutdown_atom, bool ok, std::string& why) { stop(ok, std::move(why)); },
     [self, stop](join_timeout_atom) {

@@ -104,6 +104,25 @@ TEST_CASE("a killed node is noticed by every other node at once and the rest fin
   CHECK(b->wait_exit(5s) == 128 + SIGKILL);
 }
 
+TEST_CASE("a node restarted into a running job is sent away with the reason") {
+  auto cfg = write_config("mp_rejoin.toml", three_nodes(300, 10));
+  std::string port;
+  auto hub = start_hub(cfg, port);
+  auto a = start_node(cfg, "rollout-a", port);
+  auto b = start_node(cfg, "rollout-b", port);
+  REQUIRE(hub->wait_for("roster complete", 15s));
+  REQUIRE(b->wait_for("first ping received", 5s));
+  b->signal(SIGKILL);
+  REQUIRE(hub->wait_for("peer down: pong#1@rollout-b", 5s));
+  auto again = start_node(cfg, "rollout-b", port);
+  auto rc = again->wait_exit(30s);
+  INFO(again->output());
+  CHECK(rc == 1);
+  CHECK(again->wait_for("a node cannot join it midway", 1s));
+  CHECK(hub->wait_exit(30s) == 0); // the job goes on without it
+  CHECK(a->wait_exit(10s) == 0);
+}
+
 TEST_CASE("a frozen node is dropped after the connection timeout") {
   auto cfg = write_config("mp_freeze.toml", three_nodes(400, 10));
   std::string port;
