@@ -220,8 +220,10 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
     },
     [self](join_atom, std::string& node, caf::actor& agent) {
       auto& st = self->state;
-      if (st.stopping || st.roster_sent) {
-        // A restarted node: the roster every actor holds is fixed once the job runs.
+      // A node with actors that joins once the roster is out is a restarted node: the roster
+      // every actor holds is fixed once the job runs. A node without actors may join at any
+      // time (nothing waits for it); it only hears the shutdown.
+      if (st.roster_sent && !st.stopping && !plan_node(*st.cfg, node).empty()) {
         spdlog::warn("directory: node {} tried to join the running job; refused", node);
         self->send(agent, shutdown_atom::value, false, std::string{late_join_reason});
         return;
