@@ -189,15 +189,22 @@ void on_delta_bucket(worker_actor_t* self, uint64_t version, uint32_t index,
   maybe_apply(self);
 }
 
-void pump(worker_actor_t* self) {
+/// Sends the core's pending timing events to the controller and the scheduler, stamped
+/// with the worker's load after them.
+void send_events(worker_actor_t* self) {
   auto& st = self->state;
-  auto finished = st.core->step();
   auto in_flight = static_cast<uint32_t>(st.core->in_flight());
   for (auto& ev : st.core->take_events()) {
     auto env = encode_event(ev, st.me, in_flight);
     self->send(st.sagc, env);
     self->send(st.scheduler, env);
   }
+}
+
+void pump(worker_actor_t* self) {
+  auto& st = self->state;
+  auto finished = st.core->step();
+  send_events(self);
   for (auto& r : finished)
     self->send(st.trainer, encode_trajectory(r, st.me, st.version));
 }
@@ -270,13 +277,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             for (auto id : a.getRequestIds())
               ids.push_back(id);
             auto aborted = st.core->abort(ids);
-            auto in_flight = static_cast<uint32_t>(st.core->in_flight());
-            // Only the finish events go out: aborted rollouts never reach the loss.
-            for (auto& ev : st.core->take_events()) {
-              auto env = encode_event(ev, st.me, in_flight);
-              self->send(st.sagc, env);
-              self->send(st.scheduler, env);
-            }
+            send_events(self); // only finish events: aborted rollouts never reach the loss
             spdlog::debug("{}: step {}: aborted {} rollout(s) ({}); {} KV blocks in use", st.me,
                           a.getStep(), aborted.size(), a.getReason().cStr(),
                           st.core->kv_blocks_in_use());

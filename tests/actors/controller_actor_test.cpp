@@ -15,18 +15,14 @@
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
 #include "runtime/topology.hpp"
+#include "tests/support/actor_system.hpp"
 
 using namespace sorl;
+using sorl::test::test_context;
+using sorl::test::test_system_config;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct test_system_config : caf::actor_system_config {
-  test_system_config() {
-    add_sorl_message_types(*this);
-    set("scheduler.max-threads", size_t{2});
-  }
-};
 
 constexpr int64_t s = 1'000'000'000; // ns per second
 
@@ -63,12 +59,7 @@ TEST_CASE("the controller flags a straggler from its chunk messages before it fi
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp; // static G = 8, κ = 3, straggler rule needs 8 durations
-  role_context ctx;
-  ctx.config = &exp;
-  ctx.role = "sagc_controller";
-  ctx.node = "test";
-  ctx.outcome = std::make_shared<run_outcome>();
-  auto ctl = spawn_sagc_controller(sys, ctx);
+  auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
 
   ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
     self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(0); },
@@ -118,12 +109,7 @@ TEST_CASE("the controller answers with the configured adaptive policy and its es
   experiment_config exp;
   exp.sagc.policy = "deadline";
   exp.sagc.group_size = 8;
-  role_context ctx;
-  ctx.config = &exp;
-  ctx.role = "sagc_controller";
-  ctx.node = "test";
-  ctx.outcome = std::make_shared<run_outcome>();
-  auto ctl = spawn_sagc_controller(sys, ctx);
+  auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
   // No history: no deadline yet.
   ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
     self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(0); },

@@ -16,18 +16,14 @@
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
 #include "runtime/topology.hpp"
+#include "tests/support/actor_system.hpp"
 
 using namespace sorl;
+using sorl::test::test_context;
+using sorl::test::test_system_config;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct test_system_config : caf::actor_system_config {
-  test_system_config() {
-    add_sorl_message_types(*this);
-    set("scheduler.max-threads", size_t{2});
-  }
-};
 
 /// Two bf16 tensors; version v moves element v of each by one ULP.
 std::vector<std::vector<uint16_t>> weights(uint64_t v) {
@@ -115,13 +111,9 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
   caf::scoped_actor b{sys};
   experiment_config exp; // sync.mode = "sparse"
   exp.sync.bucket_bytes = 4096;
-  role_context ctx;
-  ctx.config = &exp;
-  ctx.role = "sync_publisher";
-  ctx.node = "test";
-  ctx.directory = caf::actor_cast<caf::actor>(trainer); // receives a failure, if any
-  ctx.outcome = std::make_shared<run_outcome>();
-  auto pub = spawn_sync_publisher(sys, ctx);
+  // The trainer stands in for the directory too: it would receive a failure, if any.
+  auto pub = spawn_sync_publisher(
+    sys, test_context(exp, "sync_publisher", caf::actor_cast<caf::actor>(trainer)));
   std::vector<peer_info> roster{{"trainer", 0, "test", caf::actor_cast<caf::actor>(trainer)},
                                 {"rollout_worker", 0, "test", caf::actor_cast<caf::actor>(a)},
                                 {"rollout_worker", 1, "test", caf::actor_cast<caf::actor>(b)}};

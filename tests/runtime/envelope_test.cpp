@@ -12,9 +12,11 @@
 #include "messages/smoke.capnp.h"
 #include "runtime/actor_types.hpp"
 #include "runtime/envelope.hpp"
+#include "tests/support/actor_system.hpp"
 
 using namespace sorl;
 using namespace std::chrono_literals;
+using sorl::test::test_system_config;
 
 namespace {
 
@@ -40,13 +42,6 @@ envelope_errc open_code(const envelope& e, envelope_limits limits = {}) {
   REQUIRE_FALSE(r);
   return code_of(r.error());
 }
-
-struct test_system_config : caf::actor_system_config {
-  test_system_config() {
-    add_sorl_message_types(*this);
-    set("scheduler.max-threads", size_t{2});
-  }
-};
 
 } // namespace
 
@@ -233,11 +228,7 @@ TEST_CASE("an actor that receives garbage logs it and keeps answering") {
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp;
-  role_context ctx;
-  ctx.config = &exp;
-  ctx.role = "pong";
-  ctx.node = "test";
-  ctx.outcome = std::make_shared<run_outcome>();
+  auto ctx = test::test_context(exp, "pong");
   auto pong = smoke::spawn_pong(sys, ctx);
   std::vector<uint64_t> junk{0xdeadbeefdeadbeefull, 1, 2};
   auto garbage = envelope::from_bytes(capnp::typeId<msg::Ping>(), junk.data(), 24);

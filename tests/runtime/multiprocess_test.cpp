@@ -55,6 +55,22 @@ std::unique_ptr<child_process> start_node(const std::string& config, const std::
     SORL_BIN, "node", config, "--node", name, "--connect", "127.0.0.1:" + port});
 }
 
+struct running_job {
+  std::unique_ptr<child_process> hub, a, b;
+  std::string port;
+};
+
+/// Hub and both pong nodes of `config`, once the roster is out and pings flow.
+running_job start_running(const std::string& config) {
+  running_job j;
+  j.hub = start_hub(config, j.port);
+  j.a = start_node(config, "rollout-a", j.port);
+  j.b = start_node(config, "rollout-b", j.port);
+  REQUIRE(j.hub->wait_for("roster complete", 15s));
+  REQUIRE(j.b->wait_for("first ping received", 5s));
+  return j;
+}
+
 double ms_between(child_process::clock::time_point a, child_process::clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -78,12 +94,7 @@ TEST_CASE("three sorl node processes exchange envelopes and exit cleanly") {
 
 TEST_CASE("a killed node is noticed by every other node at once and the rest finish") {
   auto cfg = write_config("mp_kill.toml", three_nodes(300, 10));
-  std::string port;
-  auto hub = start_hub(cfg, port);
-  auto a = start_node(cfg, "rollout-a", port);
-  auto b = start_node(cfg, "rollout-b", port);
-  REQUIRE(hub->wait_for("roster complete", 15s));
-  REQUIRE(b->wait_for("first ping received", 5s));
+  auto [hub, a, b, port] = start_running(cfg);
   std::this_thread::sleep_for(200ms);
   auto killed_at = child_process::clock::now();
   b->signal(SIGKILL);
@@ -106,12 +117,7 @@ TEST_CASE("a killed node is noticed by every other node at once and the rest fin
 
 TEST_CASE("a node restarted into a running job is sent away with the reason") {
   auto cfg = write_config("mp_rejoin.toml", three_nodes(300, 10));
-  std::string port;
-  auto hub = start_hub(cfg, port);
-  auto a = start_node(cfg, "rollout-a", port);
-  auto b = start_node(cfg, "rollout-b", port);
-  REQUIRE(hub->wait_for("roster complete", 15s));
-  REQUIRE(b->wait_for("first ping received", 5s));
+  auto [hub, a, b, port] = start_running(cfg);
   b->signal(SIGKILL);
   REQUIRE(hub->wait_for("peer down: pong#1@rollout-b", 5s));
   auto again = start_node(cfg, "rollout-b", port);
