@@ -54,6 +54,14 @@ struct RolloutEvent {
   inFlight @8 :UInt32;       # requests the worker holds after this event (its load)
 }
 
+# Whether a finished rollout carries a trainable result.
+enum RolloutStatus {
+  ok @0;            # served and scored
+  failed @1;        # the worker could not serve the request (see `failure`); never trained on
+  rewardFailed @2;  # generated, but the scorer or environment threw or gave a non-finite
+                    # reward; out of its group's statistics, masked out of the loss
+}
+
 # A finished rollout: everything the learner needs, plus the facts that metrics report.
 struct Trajectory {
   requestId @0 :UInt64;
@@ -72,6 +80,8 @@ struct Trajectory {
   endNs @13 :Int64;
   weightVersion @14 :UInt64;
   worker @15 :Text;
+  status @16 :RolloutStatus;        # ok unless the request could not be served or scored
+  failure @17 :Text;                # why, when status is not ok
 }
 
 # Trainer → scheduler → rollout workers: stop these rollouts now and free their KV cache

@@ -38,6 +38,8 @@ using stop_timeout_atom = caf::atom_constant<caf::atom("stop_tmo")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 /// trainer → itself: (deadline_atom, step) when deadline mode's rollout budget is spent.
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+/// trainer → itself: (watchdog_atom, step) to check that its rollout phase still progresses.
+using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 
 /// One actor of the running topology: what it is, where it runs, how to reach it.
 struct peer_info {

@@ -403,6 +403,7 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
   r.integer("max_refill_rounds", c.max_refill_rounds, 0, 1000);
   r.choice("overlong", c.overlong, {"none", "filter", "shape"});
   r.integer("overlong_cache", c.overlong_cache, 1, 1 << 20);
+  r.choice("on_reward_failure", c.on_reward_failure, {"mask", "fail"});
   r.integer("epochs", c.epochs, 1, 1000);
   r.integer("minibatches", c.minibatches, 1, 1 << 16);
   r.number("lr", c.lr, 0.0, 1.0, true);
@@ -468,6 +469,7 @@ void parse_rollout(table_reader& r, rollout_config& c) {
   r.choice("speculative", c.speculative, {"off", "on", "auto"});
   not_yet(r, "speculative", c.speculative != "off", "speculative decoding");
   r.integer("kv_cache_tokens", c.kv_cache_tokens, 0, 1ll << 40);
+  r.number("watchdog_s", c.watchdog_s, 0.0, 1e9, true);
 }
 
 void parse_scheduler(table_reader& r, scheduler_config& c) {

@@ -121,7 +121,13 @@ struct algorithm_config {
   bool dynamic_sampling = false;  ///< DAPO: drop zero-signal groups and refill
   int64_t max_refill_rounds = 3;
   std::string overlong = "none";  ///< truncated responses: "none" | "filter" | "shape" (DAPO)
-  int64_t overlong_cache = 4;     ///< DAPO soft overlong punishment interval, tokens
+  /// DAPO soft overlong punishment interval, tokens. Shaping is per turn: a multi-turn
+  /// episode gets the penalty of its longest turn against max_new_tokens (learner_core.hpp).
+  int64_t overlong_cache = 4;
+  /// A rollout whose reward failed (the scorer threw, or a NaN / inf reward): "mask" leaves it
+  /// out of its group's statistics and the loss and counts it in `reward_failures`; "fail"
+  /// stops the job at that step, naming the rollout.
+  std::string on_reward_failure = "mask";
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
   double lr = 1e-4;
@@ -170,6 +176,10 @@ struct rollout_config {
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
   std::string speculative = "off"; ///< "off" | "on" | "auto"
   int64_t kv_cache_tokens = 1 << 20;
+  /// s: the longest the trainer waits, in a step's rollout phase, for the next finished
+  /// rollout (or the group-size decision) before it fails the job, naming the request ids,
+  /// groups and samples still missing; > 0.
+  double watchdog_s = 600.0;
 };
 
 /// [scheduler]: request placement.

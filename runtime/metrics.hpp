@@ -54,6 +54,13 @@
 // | deadline_cut          | 1 when the step was cut at the deadline                         |
 // | aborted               | rollouts aborted by the cut (never trained on)                  |
 // | trained_rollouts      | rollouts in the learner's batch                                 |
+// | failed_rollouts       | rollouts a worker could not serve (prompt does not fit, weights |
+// |                       | of another version, decoding error); never trained on           |
+// | reward_failures       | rollouts whose scorer / environment threw or gave NaN / inf:    |
+// |                       | out of their group's statistics and masked out of the loss      |
+// | overlong_penalty_mean | mean DAPO overlong shaping term over the batch's scored samples |
+// |                       | (per turn, learner_core.hpp; 0 unless algorithm.overlong=shape) |
+// | overlong_shaped       | samples of the batch whose overlong shaping term is < 0         |
 //
 // `extra_text` keys: model_hash (hex, what every worker acknowledged), checksum ("ok", or
 // "ok after resync"), group_policy, group_reason.

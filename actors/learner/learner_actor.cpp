@@ -180,7 +180,9 @@ std::vector<learner::rollout_sample> decode_batch(msg::TrainBatch::Reader batch)
                                               "bytes, {} log-probs",
                                               t.getRequestId(), s.response.size(),
                                               s.loss_mask.size(), s.sampling_logprobs.size()));
-    s.reward = std::isfinite(t.getReward()) ? t.getReward() : 0.0f;
+    // Whatever a worker could not score (or serve) is masked out, never trained as a 0.
+    s.reward_failed = t.getStatus() != msg::RolloutStatus::OK || !std::isfinite(t.getReward());
+    s.reward = s.reward_failed ? 0.0f : t.getReward();
     s.truncated = t.getFinishReason() == msg::FinishReason::LENGTH;
     out.push_back(std::move(s));
   }
@@ -244,6 +246,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
               {"zero_signal_groups", static_cast<double>(m.zero_signal_groups)},
               {"tokens_trained", static_cast<double>(m.tokens_trained)},
               {"overlong_filtered", static_cast<double>(m.overlong_filtered)},
+              {"overlong_penalty_mean", m.overlong_penalty_mean},
+              {"overlong_shaped", static_cast<double>(m.overlong_shaped)},
               {"updates", static_cast<double>(m.updates)},
               {"skipped_updates", static_cast<double>(m.skipped_updates)},
             };

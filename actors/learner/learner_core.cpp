@@ -43,7 +43,7 @@ void validate_batch(const std::vector<rollout_sample>& batch, const ml::model_di
       throw std::invalid_argument(fmt::format(
         "learner: sample {} (group {}): prompt {} + response {} tokens exceed max_seq {}", i,
         s.group_id, s.prompt.size(), s.response.size(), dims.max_seq));
-    if (!std::isfinite(s.reward))
+    if (!s.reward_failed && !std::isfinite(s.reward))
       throw std::invalid_argument(fmt::format(
         "learner: sample {} (group {}): reward {} is not finite", i, s.group_id, s.reward));
     check_ids(s.prompt, i, "prompt");
@@ -65,19 +65,19 @@ std::vector<std::vector<std::size_t>> group_indices(const std::vector<rollout_sa
   return groups;
 }
 
-/// Tokens the policy generated: the length DAPO's length limit is about. Environment tokens of
-/// a multi-turn response don't count, so a generation budget maps onto overlong_max_len.
-std::int64_t generated_tokens(const rollout_sample& s) {
-  std::int64_t n = 0;
-  for (const std::uint8_t m : s.loss_mask)
-    n += m != 0 ? 1 : 0;
-  return n;
-}
-
+/// DAPO's length limit is a generation budget per turn (max_new_tokens), so each turn (a
+/// maximal run of policy tokens; environment tokens separate turns) is compared with it and
+/// the episode gets the penalty of its longest turn. Comparing the whole episode with a
+/// per-turn budget would punish an episode for taking many short turns.
 float shaping_term(const rollout_sample& s, const learner_options& o) {
   if (o.overlong != overlong_mode::shape)
     return 0.0f;
-  return overlong_penalty(generated_tokens(s), o.overlong_max_len, o.overlong_cache_len);
+  std::int64_t longest = 0, run = 0;
+  for (const std::uint8_t m : s.loss_mask) {
+    run = m != 0 ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return overlong_penalty(longest, o.overlong_max_len, o.overlong_cache_len);
 }
 
 struct advantage_result {
@@ -85,6 +85,8 @@ struct advantage_result {
   std::int64_t groups = 0;
   std::int64_t zero_signal_groups = 0;
   double penalty_sum = 0.0;
+  std::int64_t shaped = 0;          // samples with a negative shaping term
+  std::int64_t reward_failures = 0; // samples left out of their group's statistics
 };
 
 advantage_result compute_advantages(const std::vector<rollout_sample>& batch,
@@ -94,22 +96,30 @@ advantage_result compute_advantages(const std::vector<rollout_sample>& batch,
   const auto groups = group_indices(batch);
   out.groups = static_cast<std::int64_t>(groups.size());
   for (const auto& g : groups) {
+    // The group's statistics are over the samples with a reward: a failed one is not a 0.
+    std::vector<std::size_t> scored;
     std::vector<float> rewards;
     rewards.reserve(g.size());
     for (const std::size_t i : g) {
       const rollout_sample& s = batch[i];
+      if (s.reward_failed) {
+        ++out.reward_failures;
+        continue;
+      }
       if (!std::isfinite(s.reward))
         throw std::invalid_argument(fmt::format(
           "learner: sample {} (group {}): reward {} is not finite", i, s.group_id, s.reward));
       const float pen = shaping_term(s, o);
       out.penalty_sum += pen;
+      out.shaped += pen < 0.0f ? 1 : 0;
+      scored.push_back(i);
       rewards.push_back(s.reward + pen);
     }
     if (!has_signal(rewards))
       ++out.zero_signal_groups;
     const std::vector<float> adv = group_advantages(rewards, o.scale_advantages, o.advantage_eps);
-    for (std::size_t k = 0; k < g.size(); ++k)
-      out.advantages[g[k]] = adv[k];
+    for (std::size_t k = 0; k < scored.size(); ++k)
+      out.advantages[scored[k]] = adv[k];
   }
   return out;
 }
@@ -352,24 +362,28 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   const advantage_result adv = compute_advantages(batch, options_);
   m.groups = adv.groups;
   m.zero_signal_groups = adv.zero_signal_groups;
-  m.overlong_penalty_mean = adv.penalty_sum / static_cast<double>(batch.size());
+  m.reward_failures = adv.reward_failures;
+  m.overlong_shaped = adv.shaped;
+  const auto scored = static_cast<double>(m.samples - m.reward_failures);
+  m.overlong_penalty_mean = scored > 0 ? adv.penalty_sum / scored : 0.0;
   double reward_sum = 0.0, adv_abs_sum = 0.0;
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    reward_sum += batch[i].reward;
+    reward_sum += batch[i].reward_failed ? 0.0 : batch[i].reward;
     adv_abs_sum += std::fabs(adv.advantages[i]);
   }
-  m.reward_mean = reward_sum / static_cast<double>(batch.size());
+  m.reward_mean = scored > 0 ? reward_sum / scored : 0.0;
   m.advantage_abs_mean = adv_abs_sum / static_cast<double>(batch.size());
 
   // 2. Pack. Overlong filtering zeroes the whole loss mask of a truncated sample; it still
-  //    counted in its group's statistics above.
+  //    counted in its group's statistics above. A sample whose reward failed is never trained.
   const bool filter = options_.overlong == overlong_mode::filter;
   for (const auto& s : batch)
-    if (filter && s.truncated)
+    if (filter && s.truncated && !s.reward_failed)
       ++m.overlong_filtered;
   const c10::Device device = model_.device();
-  const packed_batch p =
-    pack(batch, device, [&](std::size_t i) { return !(filter && batch[i].truncated); });
+  const packed_batch p = pack(batch, device, [&](std::size_t i) {
+    return !batch[i].reward_failed && !(filter && batch[i].truncated);
+  });
   const at::Tensor advantages = at::tensor(adv.advantages, at::kFloat).to(device);
 
   // 3./4. Old log-probs (and entropy, mismatch) with the current weights, reference log-probs.

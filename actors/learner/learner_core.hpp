@@ -31,8 +31,10 @@ enum class overlong_mode {
   none,   ///< truncated responses are trained like any other
   filter, ///< overlong filtering: samples with `truncated` get loss mask 0 (kept in group stats)
   /// Soft overlong punishment: reward += overlong_penalty(generated, max_len, cache_len), where
-  /// `generated` counts the response tokens with loss_mask ≠ 0 (all of them in single-turn
-  /// tasks; environment tokens of a multi-turn response don't count).
+  /// `generated` is the length of a *turn*: a maximal run of response tokens with
+  /// loss_mask ≠ 0 (the whole response in single-turn tasks). max_len is a per-turn budget
+  /// (max_new_tokens), so a multi-turn episode is shaped by its longest turn, i.e. the
+  /// smallest (most negative) penalty over its turns; many short turns are never overlong.
   shape,
 };
 
@@ -84,6 +86,8 @@ struct step_metrics {
   double entropy = 0.0;     ///< mean token entropy (nats) of the old policy over trained tokens
   double reward_mean = 0.0; ///< mean task reward, before overlong shaping
   double overlong_penalty_mean = 0.0;  ///< mean shaping term added to rewards (mode shape)
+  std::int64_t overlong_shaped = 0;    ///< samples whose shaping term is < 0 (mode shape)
+  std::int64_t reward_failures = 0;    ///< samples with reward_failed (masked out)
   double advantage_abs_mean = 0.0;     ///< mean |A_i| over samples
   std::int64_t samples = 0;            ///< N
   std::int64_t groups = 0;             ///< distinct group ids
@@ -112,9 +116,11 @@ struct optimizer_state {
 };
 
 /// Advantage of every sample of `batch`, in batch order: samples are grouped by group_id,
-/// rewards shaped by overlong_penalty(generated tokens, ...) when options.overlong is shape,
-/// then group_advantages(scale_advantages, advantage_eps) per group. Throws
-/// std::invalid_argument naming the sample for a non-finite reward, or for invalid options.
+/// rewards shaped by the overlong penalty of the longest turn when options.overlong is shape
+/// (see overlong_mode::shape), then group_advantages(scale_advantages, advantage_eps) per
+/// group over the samples whose reward did not fail; reward_failed samples get exactly 0.
+/// Throws std::invalid_argument naming the sample for a non-finite reward that is not marked
+/// reward_failed, or for invalid options.
 std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
                                     const learner_options& options);
 
@@ -144,9 +150,11 @@ public:
   learner_core(const learner_core&) = delete;
   learner_core& operator=(const learner_core&) = delete;
 
-  /// One GRPO / DAPO update on `batch` (see the file comment). For every sample: prompt is
-  /// non-empty, loss_mask and sampling_logprobs have response.size() entries, token ids are in
-  /// [0, vocab), prompt + response fit in max_seq, reward is finite; otherwise
+  /// One GRPO / DAPO update on `batch` (see the file comment). reward_failed samples are
+  /// masked out of the loss and left out of their group's statistics. For every sample:
+  /// prompt is non-empty, loss_mask and sampling_logprobs have response.size() entries, token
+  /// ids are in [0, vocab), prompt + response fit in max_seq, reward is finite (unless
+  /// reward_failed); otherwise
   /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
   /// response token t is read from the logits at position prompt.size() + t − 1.
   /// Cost: epochs × (forward + backward) over the batch, plus one no-grad forward for the old

@@ -25,8 +25,12 @@ struct rollout_sample {
   /// log π_rollout(token | prefix), natural log, as the rollout worker sampled it (bf16 weights,
   /// after its temperature). Used only to report train/inference mismatch.
   std::vector<float> sampling_logprobs;
-  float reward = 0.0f;    ///< verifiable reward, finite (the caller sanitises NaN / inf to 0)
+  float reward = 0.0f;    ///< verifiable reward; finite unless reward_failed
   bool truncated = false; ///< generation stopped at the length limit (finish reason "length")
+  /// The reward could not be computed (the scorer or environment threw, or gave NaN / inf):
+  /// the sample is left out of its group's statistics, gets advantage 0 and loss mask 0, and
+  /// `reward` is ignored. Its siblings' advantages are exactly those of the group without it.
+  bool reward_failed = false;
 };
 
 } // namespace sorl::learner

@@ -99,6 +99,10 @@ envelope encode_trajectory(const rollout::rollout_result& r, const std::string& 
     b.setEndNs(r.end_ns);
     b.setWeightVersion(version);
     b.setWorker(worker);
+    b.setStatus(r.status == rollout::rollout_status::ok       ? msg::RolloutStatus::OK
+                : r.status == rollout::rollout_status::failed ? msg::RolloutStatus::FAILED
+                                                               : msg::RolloutStatus::REWARD_FAILED);
+    b.setFailure(r.failure);
   });
 }
 
@@ -190,7 +194,8 @@ void on_delta_bucket(worker_actor_t* self, uint64_t version, uint32_t index,
 }
 
 /// Sends the core's pending timing events to the controller and the scheduler, stamped
-/// with the worker's load after them.
+/// with the worker's load after them; start events also to the trainer, whose rollout-phase
+/// watchdog names the worker of each rollout it still waits for.
 void send_events(worker_actor_t* self) {
   auto& st = self->state;
   auto in_flight = static_cast<uint32_t>(st.core->in_flight());
@@ -198,15 +203,27 @@ void send_events(worker_actor_t* self) {
     auto env = encode_event(ev, st.me, in_flight);
     self->send(st.sagc, env);
     self->send(st.scheduler, env);
+    if (ev.kind == rollout::event_kind::start)
+      self->send(st.trainer, env);
   }
 }
 
-void pump(worker_actor_t* self) {
+void send_results(worker_actor_t* self, const std::vector<rollout::rollout_result>& results) {
   auto& st = self->state;
-  auto finished = st.core->step();
   send_events(self);
-  for (auto& r : finished)
+  for (auto& r : results)
     self->send(st.trainer, encode_trajectory(r, st.me, st.version));
+}
+
+void pump(worker_actor_t* self) {
+  send_results(self, self->state.core->step());
+}
+
+void start_ticking(worker_actor_t* self) {
+  if (!self->state.ticking) {
+    self->state.ticking = true;
+    self->send(self, tick_atom::value);
+  }
 }
 
 caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
@@ -257,19 +274,28 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             req.temperature = r.getTemperature();
             req.top_p = r.getTopP();
             req.top_k = r.getTopK();
-            if (req.weight_version != st.version)
-              spdlog::warn("{}: request {} wants version {}, holding {}", st.me,
-                           req.request_id, req.weight_version, st.version);
+            // A request is never dropped: what cannot be served goes back to the trainer as a
+            // failed rollout, so that the step completes without it.
             try {
-              st.core->enqueue(req);
+              if (req.weight_version != st.version) {
+                auto why = st.version == no_version
+                             ? fmt::format("the worker holds no weights yet, the request wants "
+                                           "version {}",
+                                           req.weight_version)
+                             : fmt::format("the worker holds weights version {}, the request "
+                                           "wants version {}",
+                                           st.version, req.weight_version);
+                spdlog::warn("{}: request {}: {}", st.me, req.request_id, why);
+                st.core->reject(req, why);
+              } else {
+                st.core->enqueue(req);
+              }
             } catch (const std::exception& ex) {
+              // Only a request id already held: the rollout in flight answers for it.
               spdlog::error("{}: cannot take request {}: {}", st.me, req.request_id, ex.what());
               return;
             }
-            if (!st.ticking) {
-              st.ticking = true;
-              self->send(self, tick_atom::value);
-            }
+            start_ticking(self);
           }))
         return;
       if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
@@ -352,7 +378,17 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
       try {
         pump(self);
       } catch (const std::exception& ex) {
+        // The generator's state is unknown now: every rollout held goes back as failed (the
+        // step completes without them), then the worker leaves and the scheduler places new
+        // requests elsewhere.
         spdlog::critical("{}: decoding failed: {}", st.me, ex.what());
+        auto lost = st.core->abort_all();
+        for (auto& r : lost) {
+          r.status = rollout::rollout_status::failed;
+          r.failure = std::string{"decoding failed on "} + st.me + ": " + ex.what();
+          r.reward_reason = r.failure;
+        }
+        send_results(self, lost);
         self->quit(caf::make_error(caf::sec::runtime_error, std::string{ex.what()}));
         return;
       }

@@ -45,6 +45,9 @@ struct worker_core::rollout_state {
   int64_t start_ns = 0;
   double reward = 0.0;
   std::string reason;
+  rollout_status status = rollout_status::ok;
+  std::string failure;
+  bool truncated = false;                  ///< the context filled up between turns
   bool live = false;                       ///< submitted to the generator
 };
 
@@ -77,25 +80,53 @@ void worker_core::enqueue(const rollout_request& r) {
     throw std::invalid_argument(fmt::format("rollout {} is already held", r.request_id));
   auto st = std::make_unique<rollout_state>();
   st->req = r;
-  if (task_.single_turn) {
-    st->prompt = task_.single_turn->prompt(r.split, r.task_index);
-    st->prompt_tokens = ml::encode_single_turn_prompt(tok_, st->prompt.prompt);
-  } else {
-    st->env = task_.multi_turn->make_environment();
-    auto first = st->env->reset(task_.multi_turn->episode_seed(r.split, r.task_index));
-    st->prompt_tokens =
-      ml::encode_chat(tok_, {ml::chat_message{ml::chat_role::user, first}}, true);
+  std::string refused;
+  try {
+    if (task_.single_turn) {
+      st->prompt = task_.single_turn->prompt(r.split, r.task_index);
+      st->prompt_tokens = ml::encode_single_turn_prompt(tok_, st->prompt.prompt);
+    } else {
+      st->env = task_.multi_turn->make_environment();
+      auto first = st->env->reset(task_.multi_turn->episode_seed(r.split, r.task_index));
+      st->prompt_tokens =
+        ml::encode_chat(tok_, {ml::chat_message{ml::chat_role::user, first}}, true);
+    }
+    auto max_seq = model_->dims().max_seq;
+    if (static_cast<int64_t>(st->prompt_tokens.size()) >= max_seq)
+      refused = fmt::format("prompt of {} tokens does not fit the context of {} tokens",
+                            st->prompt_tokens.size(), max_seq);
+  } catch (const std::exception& e) {
+    refused = std::string{"cannot build the prompt: "} + e.what();
   }
-  auto max_seq = model_->dims().max_seq;
-  if (static_cast<int64_t>(st->prompt_tokens.size()) >= max_seq)
-    throw std::invalid_argument(fmt::format("rollout {}: prompt of {} tokens does not fit the "
-                                            "context of {} tokens",
-                                            r.request_id, st->prompt_tokens.size(), max_seq));
   st->context = st->prompt_tokens;
   st->start_ns = opts_.clock();
   events_.push_back({r.request_id, r.step, r.group_id, event_kind::start, st->start_ns, 0, {}});
-  pending_.push_back(r.request_id);
+  auto& held = *st;
   rollouts_.emplace(r.request_id, std::move(st));
+  if (refused.empty())
+    pending_.push_back(r.request_id);
+  else
+    fail(held, refused);
+}
+
+void worker_core::reject(const rollout_request& r, const std::string& why) {
+  if (rollouts_.count(r.request_id))
+    throw std::invalid_argument(fmt::format("rollout {} is already held", r.request_id));
+  auto st = std::make_unique<rollout_state>();
+  st->req = r;
+  st->start_ns = opts_.clock();
+  events_.push_back({r.request_id, r.step, r.group_id, event_kind::start, st->start_ns, 0, {}});
+  auto& held = *st;
+  rollouts_.emplace(r.request_id, std::move(st));
+  fail(held, why);
+}
+
+void worker_core::fail(rollout_state& st, const std::string& why) {
+  st.status = rollout_status::failed;
+  st.failure = why;
+  st.reward = 0.0;
+  st.reason = why;
+  failed_.push_back(finalize(st, ml::finish_reason::abort));
 }
 
 ml::sampling_params worker_core::params_for(const rollout_state& st) const {
@@ -112,8 +143,14 @@ ml::sampling_params worker_core::params_for(const rollout_state& st) const {
 }
 
 void worker_core::submit_turn(rollout_state& st) {
-  auto id = gen_->submit(st.context, params_for(st),
-                         std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
+  uint64_t id = 0;
+  try {
+    id = gen_->submit(st.context, params_for(st),
+                      std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
+  } catch (const std::invalid_argument& e) {
+    fail(st, fmt::format("turn {} refused by the generator: {}", st.turns + 1, e.what()));
+    return;
+  }
   by_gen_[{id, st.req.sample_index}] = st.req.request_id;
   st.live = true;
 }
@@ -137,7 +174,14 @@ void worker_core::flush_pending() {
       std::vector<int64_t> streams;
       for (size_t i = from; i < to; ++i)
         streams.push_back(members[i]->req.sample_index);
-      auto id = gen_->submit(members[from]->context, params_for(*members[from]), streams);
+      uint64_t id = 0;
+      try {
+        id = gen_->submit(members[from]->context, params_for(*members[from]), streams);
+      } catch (const std::invalid_argument& e) {
+        for (size_t i = from; i < to; ++i)
+          fail(*members[i], std::string{"refused by the generator: "} + e.what());
+        continue;
+      }
       for (size_t i = from; i < to; ++i) {
         by_gen_[{id, members[i]->req.sample_index}] = members[i]->req.request_id;
         members[i]->live = true;
@@ -148,7 +192,8 @@ void worker_core::flush_pending() {
 
 std::vector<rollout_result> worker_core::step() {
   flush_pending();
-  std::vector<rollout_result> out;
+  std::vector<rollout_result> out = std::move(failed_);
+  failed_.clear();
   if (gen_->idle())
     return out;
   auto finished = gen_->step();
@@ -176,7 +221,7 @@ std::vector<rollout_result> worker_core::step() {
     auto& st = *rollouts_.at(id);
     st.live = false;
     if (finish_turn(st, g))
-      out.push_back(finalize(st, g.reason));
+      out.push_back(finalize(st, st.truncated ? ml::finish_reason::length : g.reason));
   }
   return out;
 }
@@ -197,8 +242,8 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
       st.reward = r.reward;
       st.reason = r.reason;
     } catch (const std::exception& e) {
-      st.reward = 0.0;
-      st.reason = std::string{"task error: "} + e.what();
+      st.status = rollout_status::reward_failed;
+      st.failure = std::string{"task error: "} + e.what();
     }
     return true;
   }
@@ -206,8 +251,8 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   try {
     step = st.env->step(text);
   } catch (const std::exception& e) {
-    st.reward = 0.0;
-    st.reason = std::string{"environment error: "} + e.what();
+    st.status = rollout_status::reward_failed;
+    st.failure = std::string{"environment error: "} + e.what();
     return true;
   }
   st.reward += step.reward;
@@ -225,7 +270,10 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   env_tokens.push_back(end_turn);
   env_tokens.push_back(tok_.special_id(ml::special_token::assistant));
   if (static_cast<int64_t>(st.context.size() + env_tokens.size()) >= model_->dims().max_seq) {
+    // Truncated, not failed: the episode's reward so far stands, and the finish reason says
+    // length so that overlong filtering treats it as any response cut at the limit.
     st.reason = "context full after " + std::to_string(st.turns) + " turns";
+    st.truncated = true;
     return true;
   }
   st.response.insert(st.response.end(), env_tokens.begin(), env_tokens.end());
@@ -246,8 +294,14 @@ rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason
   r.response = std::move(st.response);
   r.loss_mask = std::move(st.mask);
   r.logprobs = std::move(st.logprobs);
-  r.reward = std::isfinite(st.reward) ? std::clamp(st.reward, 0.0, 1.0) : 0.0;
-  r.reward_reason = std::isfinite(st.reward) ? st.reason : "reward was not finite: " + st.reason;
+  if (st.status == rollout_status::ok && !std::isfinite(st.reward)) {
+    st.status = rollout_status::reward_failed;
+    st.failure = fmt::format("reward {} is not finite ({})", st.reward, st.reason);
+  }
+  r.status = st.status;
+  r.failure = st.failure;
+  r.reward = st.status == rollout_status::ok ? std::clamp(st.reward, 0.0, 1.0) : 0.0;
+  r.reward_reason = st.status == rollout_status::ok ? st.reason : st.failure;
   r.finish = reason;
   r.turns = st.turns;
   r.start_ns = st.start_ns;
@@ -326,7 +380,7 @@ std::vector<rollout_event> worker_core::take_events() {
 }
 
 bool worker_core::idle() const {
-  return rollouts_.empty();
+  return rollouts_.empty() && failed_.empty();
 }
 
 } // namespace sorl::rollout

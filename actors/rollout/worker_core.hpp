@@ -56,6 +56,13 @@ struct rollout_event {
   ml::finish_reason reason = ml::finish_reason::length; ///< for finish
 };
 
+/// Whether a finished rollout carries a trainable result (mirrors msg::RolloutStatus).
+enum class rollout_status {
+  ok,            ///< served and scored
+  failed,        ///< could not be served; never trained on
+  reward_failed, ///< generated, but the scorer / environment threw or the reward is not finite
+};
+
 /// A finished rollout.
 struct rollout_result {
   rollout_request request;
@@ -63,8 +70,10 @@ struct rollout_result {
   std::vector<int32_t> response;
   std::vector<uint8_t> loss_mask;     ///< per response token, 1 = sampled by the policy
   std::vector<float> logprobs;        ///< per response token (0 where mask = 0)
-  double reward = 0.0;                ///< in [0, 1]
+  double reward = 0.0;                ///< in [0, 1]; 0 when status is not ok
   std::string reward_reason;
+  rollout_status status = rollout_status::ok;
+  std::string failure;                ///< why, when status is not ok
   ml::finish_reason finish = ml::finish_reason::length;
   uint32_t turns = 0;
   int64_t start_ns = 0;
@@ -97,11 +106,22 @@ public:
   void weights_changed();
 
   /// Queues a rollout and emits its start event. Siblings queued before the next step() are
-  /// prefilled once. Raises std::invalid_argument for a prompt that does not fit max_seq.
+  /// prefilled once. A request that cannot be served (its prompt does not fit max_seq, an
+  /// unknown prompt index, an environment whose reset throws) is not dropped: the next step()
+  /// returns it as a failed result (status failed, the reason in `failure`, finish reason
+  /// abort) with its start and finish events. Raises std::invalid_argument only for a
+  /// request id already held.
   void enqueue(const rollout_request& r);
 
+  /// Answers a request the caller refuses (e.g. weights of another version) with a failed
+  /// result from the next step(), with start and finish events, exactly as enqueue() does for
+  /// a request it cannot serve.
+  void reject(const rollout_request& r, const std::string& why);
+
   /// Admits queued rollouts and advances every live one by one token; returns the rollouts
-  /// that finished (reward scored, environment stepped to the end).
+  /// that finished (reward scored, environment stepped to the end) and the failed ones
+  /// (requests refused, and rollouts whose generator submission threw). A scorer or
+  /// environment that throws, or a non-finite reward, gives status reward_failed.
   std::vector<rollout_result> step();
 
   /// Aborts every rollout (queued or live): they come back with finish_reason::abort,
@@ -132,6 +152,7 @@ private:
   void submit_turn(rollout_state& st);
   void flush_pending();
   bool finish_turn(rollout_state& st, const ml::generation_result& g);
+  void fail(rollout_state& st, const std::string& why);
   rollout_result finalize(rollout_state& st, ml::finish_reason reason);
   ml::sampling_params params_for(const rollout_state& st) const;
 
@@ -145,6 +166,7 @@ private:
   std::map<std::pair<uint64_t, int64_t>, uint64_t> by_gen_;     ///< (gen id, stream) → request
   std::map<uint64_t, int64_t> chunked_;                         ///< request → tokens last reported
   std::vector<rollout_event> events_;
+  std::vector<rollout_result> failed_; ///< returned by the next step()
 };
 
 } // namespace sorl::rollout

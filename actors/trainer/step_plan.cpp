@@ -29,6 +29,7 @@ void step_plan::request_groups(uint32_t count, trainer_counters& counters) {
       index %= *opts_.task_size;
     groups_.push_back(group);
     rewards_[group];
+    finished_[group];
     for (uint32_t i = 0; i < opts_.group_size; ++i) {
       rollout_spec r;
       r.request_id = counters.next_request_id++;
@@ -51,23 +52,43 @@ std::vector<rollout_spec> step_plan::take_new_requests() {
   return out;
 }
 
-rollout_verdict step_plan::on_rollout(uint64_t request_id, double reward) {
+rollout_verdict step_plan::on_rollout(uint64_t request_id, double reward,
+                                      rollout_outcome outcome) {
   auto it = by_request_.find(request_id);
   if (it == by_request_.end())
     return rollout_verdict::unknown_request;
   if (cut_)
     return done_.count(request_id) ? rollout_verdict::duplicate : rollout_verdict::after_cut;
-  if (!done_.emplace(request_id, 0).second)
+  if (outcome == rollout_outcome::ok && !std::isfinite(reward))
+    outcome = rollout_outcome::reward_failed;
+  if (!done_.emplace(request_id, outcome).second)
     return rollout_verdict::duplicate;
-  if (!std::isfinite(reward))
-    reward = 0.0;
-  rewards_[requested_[it->second].group_id].push_back(reward);
+  auto group = requested_[it->second].group_id;
+  ++finished_[group];
+  if (outcome == rollout_outcome::failed)
+    ++failed_;
+  else if (outcome == rollout_outcome::reward_failed)
+    ++reward_failures_;
+  else
+    rewards_[group].push_back(reward);
   return rollout_verdict::accepted;
 }
 
 bool step_plan::group_complete(uint64_t group) const {
-  auto n = rewards_.at(group).size();
-  return cut_ ? n >= cut_min_ : n == opts_.group_size;
+  // After a cut only ok rollouts count towards min_finished: failed ones carry nothing to
+  // train on. A complete group without any ok rollout is never trained on.
+  if (rewards_.at(group).empty())
+    return false;
+  return cut_ ? rewards_.at(group).size() >= cut_min_
+              : finished_.at(group) == opts_.group_size;
+}
+
+std::vector<rollout_spec> step_plan::outstanding() const {
+  std::vector<rollout_spec> out;
+  for (const auto& r : requested_)
+    if (!done_.count(r.request_id))
+      out.push_back(r);
+  return out;
 }
 
 bool step_plan::group_has_signal(uint64_t group) const {
@@ -109,7 +130,8 @@ std::vector<uint64_t> step_plan::training_requests() const {
   std::vector<uint64_t> out;
   for (auto g : training_groups())
     for (const auto& r : requested_)
-      if (r.group_id == g && done_.count(r.request_id))
+      if (r.group_id == g && done_.count(r.request_id) &&
+          done_.at(r.request_id) != rollout_outcome::failed)
         out.push_back(r.request_id);
   return out;
 }

@@ -32,6 +32,13 @@ struct rollout_spec {
   uint64_t seed = 0;
 };
 
+/// How a finished rollout came back from its worker (mirrors msg::RolloutStatus).
+enum class rollout_outcome {
+  ok,            ///< served and scored
+  failed,        ///< the worker could not serve it: finished, but never trained on
+  reward_failed, ///< generated, reward unknown: out of its group's statistics, masked out
+};
+
 /// What on_rollout() made of a finished rollout.
 enum class rollout_verdict { accepted, unknown_request, duplicate, after_cut };
 
@@ -60,8 +67,12 @@ public:
   /// Rollouts requested by the last call to the constructor or refill().
   std::vector<rollout_spec> take_new_requests();
 
-  /// Records a finished rollout's reward; NaN or infinite rewards count as 0.
-  rollout_verdict on_rollout(uint64_t request_id, double reward);
+  /// Records a finished rollout. A failed rollout finishes its request (so the step never
+  /// waits for it) but adds no reward to its group; so does a reward_failed one, and an ok
+  /// one whose reward is NaN or infinite counts as reward_failed. Group statistics (signal,
+  /// mean reward) only ever see the finite rewards of ok rollouts.
+  rollout_verdict on_rollout(uint64_t request_id, double reward,
+                             rollout_outcome outcome = rollout_outcome::ok);
 
   /// True when every requested group is complete.
   bool rollouts_complete() const;
@@ -102,13 +113,24 @@ public:
     return aborted_;
   }
 
-  /// Request ids to train on: the finished rollouts of training_groups(), in request order.
+  /// Request ids to train on: the finished rollouts of training_groups(), in request order,
+  /// without failed ones (reward_failed ones stay: the learner masks them out of the loss).
   std::vector<uint64_t> training_requests() const;
+
+  /// Rollouts that came back failed (not served), and those whose reward failed.
+  uint64_t failed_rollouts() const {
+    return failed_;
+  }
+  uint64_t reward_failures() const {
+    return reward_failures_;
+  }
+  /// Requested rollouts not finished yet, in request order (what the step still waits for).
+  std::vector<rollout_spec> outstanding() const;
 
   uint32_t refill_rounds() const {
     return refills_;
   }
-  /// Mean reward over every finished rollout of the step.
+  /// Mean reward over every ok rollout of the step (0 when there is none).
   double mean_reward() const;
 
 private:
@@ -121,8 +143,11 @@ private:
   size_t new_from_ = 0;
   std::vector<uint64_t> groups_;                     ///< in request order
   std::map<uint64_t, size_t> by_request_;            ///< request id → index in requested_
-  std::map<uint64_t, std::vector<double>> rewards_;  ///< group → rewards received
-  std::map<uint64_t, uint32_t> done_;                ///< request ids finished (value unused)
+  std::map<uint64_t, std::vector<double>> rewards_;  ///< group → rewards of ok rollouts
+  std::map<uint64_t, uint32_t> finished_;            ///< group → rollouts finished, any outcome
+  std::map<uint64_t, rollout_outcome> done_;         ///< request ids finished → outcome
+  uint64_t failed_ = 0;
+  uint64_t reward_failures_ = 0;
   uint32_t refills_ = 0;
   bool cut_ = false;
   uint32_t cut_min_ = 0;

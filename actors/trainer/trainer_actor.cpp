@@ -53,6 +53,10 @@ struct trainer_state {
   bool deadline_passed = false;
   std::unique_ptr<trainer::step_plan> plan;
   std::map<uint64_t, envelope> trajectories; ///< by request id, this step
+  std::map<uint64_t, std::string> started_on; ///< request id → worker (start events)
+  /// Rollout-phase watchdog: the last time the step made progress (group size decided, a
+  /// rollout finished).
+  int64_t progress_ns = 0;
   int64_t step_start_ns = 0;
   int64_t rollout_end_ns = 0;
   int64_t learn_end_ns = 0;
@@ -69,6 +73,41 @@ struct trainer_state {
 using trainer_actor_t = caf::stateful_actor<trainer_state>;
 
 void begin_step(trainer_actor_t* self);
+
+std::chrono::nanoseconds watchdog_period(const experiment_config& cfg) {
+  return std::chrono::nanoseconds{static_cast<int64_t>(cfg.rollout.watchdog_s * 1e9)};
+}
+
+trainer::rollout_outcome outcome_of(msg::Trajectory::Reader t) {
+  switch (t.getStatus()) {
+    case msg::RolloutStatus::OK:
+      return trainer::rollout_outcome::ok;
+    case msg::RolloutStatus::FAILED:
+      return trainer::rollout_outcome::failed;
+    default:
+      return trainer::rollout_outcome::reward_failed;
+  }
+}
+
+/// What a stalled rollout phase still waits for, for the watchdog's message.
+std::string missing_rollouts(const trainer_state& st) {
+  if (!st.plan)
+    return "the group-size decision of the sagc_controller";
+  auto missing = st.plan->outstanding();
+  std::string out = fmt::format("{} of {} rollouts:", missing.size(), st.plan->requested().size());
+  constexpr size_t shown = 10;
+  for (size_t i = 0; i < missing.size() && i < shown; ++i) {
+    const auto& r = missing[i];
+    auto w = st.started_on.find(r.request_id);
+    out += fmt::format("{} request {} (group {}, sample {}, {})", i == 0 ? "" : ";",
+                       r.request_id, r.group_id, r.sample_index,
+                       w == st.started_on.end() ? "not started on any worker"
+                                                : "started on " + w->second);
+  }
+  if (missing.size() > shown)
+    out += fmt::format("; and {} more", missing.size() - shown);
+  return out;
+}
 
 void fail_job(trainer_actor_t* self, std::string why) {
   self->state.now = phase::done;
@@ -160,8 +199,13 @@ void begin_step(trainer_actor_t* self) {
   st.deadline_ns = 0;
   st.deadline_passed = false;
   st.trajectories.clear();
+  st.started_on.clear();
+  st.plan.reset();
   st.record = metrics_record{};
   st.record.step = st.step + 1;
+  st.progress_ns = st.step_start_ns;
+  self->delayed_send(self, watchdog_period(*st.cfg), watchdog_atom::value,
+                     static_cast<int64_t>(st.step));
   self->send(st.sagc, build_envelope<msg::GroupSizeQuery>([&](msg::GroupSizeQuery::Builder b) {
                b.setStep(static_cast<uint64_t>(st.step));
              }));
@@ -185,12 +229,15 @@ void end_rollouts(trainer_actor_t* self) {
   std::map<std::string, int> finish_counts;
   for (auto& [id, env] : st.trajectories) {
     with_envelope<msg::Trajectory>(env, [&](msg::Trajectory::Reader t) {
+      if (t.getStatus() == msg::RolloutStatus::FAILED)
+        return; // nothing was generated that the statistics could describe
       double policy_tokens = 0;
       for (auto m : t.getLossMask())
         policy_tokens += m;
       lengths.push_back(policy_tokens);
       tokens += policy_tokens;
-      group_rewards[t.getGroupId()].push_back(t.getReward());
+      if (t.getStatus() == msg::RolloutStatus::OK && std::isfinite(t.getReward()))
+        group_rewards[t.getGroupId()].push_back(t.getReward());
       switch (t.getFinishReason()) {
         case msg::FinishReason::EOS:
           ++finish_counts["eos"];
@@ -230,8 +277,13 @@ void end_rollouts(trainer_actor_t* self) {
   rec.extra["trained_rollouts"] = static_cast<double>(chosen.size());
   rec.extra["aborted"] = static_cast<double>(st.plan->aborted());
   rec.extra["deadline_cut"] = st.plan->was_cut() ? 1.0 : 0.0;
+  rec.extra["failed_rollouts"] = static_cast<double>(st.plan->failed_rollouts());
+  rec.extra["reward_failures"] = static_cast<double>(st.plan->reward_failures());
   if (chosen.empty()) {
-    fail_job(self, fmt::format("step {}: no group to train on", st.step));
+    fail_job(self, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} "
+                               "without a reward)",
+                               st.step, st.plan->failed_rollouts(), st.trajectories.size(),
+                               st.plan->reward_failures()));
     return;
   }
   auto batch = build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
@@ -411,6 +463,7 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
       if (handle_as<msg::GroupSizeDecision>(e, st.me, [&](msg::GroupSizeDecision::Reader d) {
             if (st.now != phase::rollout || d.getStep() != static_cast<uint64_t>(st.step))
               return;
+            st.progress_ns = steady_now_ns();
             st.group_size = d.getGroupSize();
             st.group_reason = d.getReason();
             st.deadline_ns = d.getDeadlineNs();
@@ -448,7 +501,8 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
       if (handle_as<msg::Trajectory>(e, st.me, [&](msg::Trajectory::Reader t) {
             if (st.now != phase::rollout || !st.plan)
               return;
-            auto verdict = st.plan->on_rollout(t.getRequestId(), t.getReward());
+            auto outcome = outcome_of(t);
+            auto verdict = st.plan->on_rollout(t.getRequestId(), t.getReward(), outcome);
             if (verdict == trainer::rollout_verdict::after_cut)
               return; // a straggler that finished while its abort was on the way
             if (verdict != trainer::rollout_verdict::accepted) {
@@ -456,7 +510,26 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
                            t.getStep());
               return;
             }
+            st.progress_ns = steady_now_ns();
             st.trajectories.emplace(t.getRequestId(), e);
+            if (outcome != trainer::rollout_outcome::ok || !std::isfinite(t.getReward())) {
+              auto why = outcome == trainer::rollout_outcome::ok
+                           ? fmt::format("reward {} is not finite", t.getReward())
+                           : std::string{t.getFailure().cStr()};
+              auto what = fmt::format("step {}: rollout {} (group {}, sample {}) from {} {}: {}",
+                                      st.step, t.getRequestId(), t.getGroupId(),
+                                      t.getSampleIndex(), t.getWorker().cStr(),
+                                      outcome == trainer::rollout_outcome::failed
+                                        ? "failed"
+                                        : "has no reward",
+                                      why);
+              if (outcome != trainer::rollout_outcome::failed &&
+                  st.cfg->algorithm.on_reward_failure == "fail") {
+                fail_job(self, what + " (algorithm.on_reward_failure = \"fail\")");
+                return;
+              }
+              spdlog::warn("{}: {}; not trained on", st.me, what);
+            }
             try_cut(self);
             if (st.now != phase::rollout || !st.plan->rollouts_complete())
               return;
@@ -465,6 +538,11 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
               return;
             }
             end_rollouts(self);
+          }))
+        return;
+      if (handle_as<msg::RolloutEvent>(e, st.me, [&](msg::RolloutEvent::Reader ev) {
+            if (ev.getKind() == msg::EventKind::START && st.now == phase::rollout)
+              st.started_on[ev.getRequestId()] = ev.getWorker();
           }))
         return;
       if (handle_as<msg::StepTiming>(e, st.me, [&](msg::StepTiming::Reader t) {
@@ -512,6 +590,21 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
           }))
         return;
       log_unhandled(e, st.me);
+    },
+    [self](watchdog_atom, int64_t step) {
+      auto& st = self->state;
+      if (st.now != phase::rollout || step != st.step)
+        return;
+      auto period = watchdog_period(*st.cfg);
+      auto idle = std::chrono::nanoseconds{steady_now_ns() - st.progress_ns};
+      if (idle < period) {
+        self->delayed_send(self, period - idle, watchdog_atom::value, step);
+        return;
+      }
+      fail_job(self, fmt::format("step {}: nothing finished for {:.1f} s (rollout.watchdog_s = "
+                                 "{}); still waiting for {}",
+                                 st.step, static_cast<double>(idle.count()) / 1e9,
+                                 st.cfg->rollout.watchdog_s, missing_rollouts(st)));
     },
     [self](deadline_atom, int64_t step) {
       auto& st = self->state;

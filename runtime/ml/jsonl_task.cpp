@@ -1,5 +1,6 @@
 #include "runtime/ml/jsonl_task.hpp"
 
+#include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/tasks_random.hpp"
 
 #include <nlohmann/json.hpp>
@@ -23,7 +24,9 @@ std::string json_type_name(const json& j) {
 
 } // namespace
 
-std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match) {
+std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match,
+                                     std::int64_t context_tokens) {
+  const byte_tokenizer tok;
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw task_data_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
@@ -56,6 +59,12 @@ std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match
     rec.prompt = prompt->get<std::string>();
     if (rec.prompt.empty())
       fail("field \"prompt\" is empty");
+    if (context_tokens > 0) {
+      const auto n = static_cast<std::int64_t>(encode_single_turn_prompt(tok, rec.prompt).size());
+      if (n >= context_tokens)
+        fail("field \"prompt\" takes " + std::to_string(n) + " tokens, which leaves no room to "
+             "generate in the model's context of " + std::to_string(context_tokens) + " tokens");
+    }
 
     const auto answer = j.find("answer");
     if (answer == j.end())
@@ -88,10 +97,10 @@ jsonl_task::jsonl_task(const jsonl_options& options, double eval_fraction) : opt
   if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
     throw std::invalid_argument("jsonl task: eval_fraction must be in [0, 1), got "
                                 + std::to_string(eval_fraction));
-  auto records = load_jsonl(options.path, options.match);
+  auto records = load_jsonl(options.path, options.match, options.context_tokens);
   if (!options.eval_path.empty()) {
     train_ = std::move(records);
-    eval_ = load_jsonl(options.eval_path, options.match);
+    eval_ = load_jsonl(options.eval_path, options.match, options.context_tokens);
     return;
   }
   for (auto& rec : records) {

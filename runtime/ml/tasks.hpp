@@ -182,6 +182,10 @@ struct jsonl_options {
   std::string path;      ///< the dataset; required
   std::string eval_path; ///< optional held-out dataset; when set, it is the whole eval split
   answer_match match = answer_match::exact;
+  /// The policy's context (max_seq), tokens. A prompt that takes this many tokens or more
+  /// (<|bos|> and its bytes, as the rollout worker encodes it) leaves no room to generate, so
+  /// the file is refused at load time, naming the line; 0 = not checked.
+  std::int64_t context_tokens = 0;
 };
 
 /// Everything `make_task` needs; only the struct for the named task is read.

@@ -274,6 +274,21 @@ TEST_CASE("a malformed prompts file is refused before anything starts") {
   CHECK_FALSE(fs::exists(data_dir() / "runs" / "badjsonl" / "metrics.jsonl"));
 }
 
+TEST_CASE("a prompt longer than the model's context is refused by sorl check, naming its line") {
+  // 600 characters = 601 tokens with <|bos|> against the tiny model's 512: no worker could
+  // ever serve it, so it must not reach one (where the step would wait for it).
+  auto long_prompts = data_dir() / "long_prompt.jsonl";
+  std::ofstream{long_prompts} << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \""
+                              << std::string(600, '7') << "\", \"answer\": \"1\"}\n";
+  auto text = small_config("longprompt", 1, one_node);
+  text.replace(text.find("name = \"arithmetic\""), 19,
+               "name = \"jsonl\"\npath = \"" + long_prompts.string() + "\"");
+  child_process p{{SORL_BIN, "check", write("longprompt.toml", text)}};
+  CHECK(p.wait_exit(60s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("long_prompt.jsonl:2: field \"prompt\" takes 601 tokens", 1s));
+}
+
 TEST_CASE("a trainer without the other training roles is refused before anything starts") {
   auto cfg = write("lonely.toml", small_config("lonely", 1, R"(
 [[node]]

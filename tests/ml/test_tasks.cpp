@@ -447,6 +447,37 @@ TEST_CASE("JSONL integer mode checks references at load time", "[tasks][jsonl]")
   }
 }
 
+TEST_CASE("a JSONL prompt that leaves no room in the context is refused at load time",
+          "[tasks][jsonl]") {
+  // 600 characters: <|bos|> + 600 byte tokens = 601 tokens against the tiny preset's 512.
+  const std::string good = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n";
+  const std::string path = write_data_file(
+    "long.jsonl", good + "{\"prompt\": \"" + std::string(600, '7') + "\", \"answer\": \"1\"}\n");
+  CHECK(load_jsonl(path, answer_match::exact).size() == 2); // unchecked without a context
+  try {
+    load_jsonl(path, answer_match::exact, 512);
+    FAIL("no error");
+  } catch (const task_data_error& e) {
+    INFO(e.what());
+    CHECK(e.line() == 2);
+    CHECK(contains(e.what(), path + ":2: field \"prompt\" takes 601 tokens"));
+    CHECK(contains(e.what(), "context of 512 tokens"));
+  }
+  // The boundary: 510 bytes + <|bos|> = 511 tokens leave one to generate; 511 bytes do not.
+  const std::string edge = write_data_file(
+    "edge.jsonl", "{\"prompt\": \"" + std::string(510, 'x') + "\", \"answer\": \"1\"}\n");
+  CHECK(load_jsonl(edge, answer_match::exact, 512).size() == 1);
+  const std::string over = write_data_file(
+    "over.jsonl", "{\"prompt\": \"" + std::string(511, 'x') + "\", \"answer\": \"1\"}\n");
+  CHECK_THROWS_AS(load_jsonl(over, answer_match::exact, 512), task_data_error);
+  // The task built from options checks its eval file too.
+  jsonl_options o;
+  o.path = edge;
+  o.eval_path = path;
+  o.context_tokens = 512;
+  CHECK_THROWS_WITH(jsonl_task(o, 0.0), Catch::Contains("long.jsonl:2:"));
+}
+
 TEST_CASE("a missing JSONL file is an error naming it", "[tasks][jsonl]") {
   const std::string path = std::string(SORL_TEST_DATA_DIR) + "/does_not_exist.jsonl";
   try {

@@ -127,6 +127,23 @@ TEST_CASE("a value outside an enumeration lists the allowed ones") {
   CHECK(e.message == "\"sparce\" is not one of \"full\", \"sparse\"");
 }
 
+TEST_CASE("the rollout watchdog and the reward-failure policy are read and checked") {
+  auto cfg = parse_config(minimal, "test.toml", roles);
+  CHECK(cfg.rollout.watchdog_s == 600.0);
+  CHECK(cfg.algorithm.on_reward_failure == "mask");
+  cfg = parse_config("[rollout]\nwatchdog_s = 2.5\n[algorithm]\non_reward_failure = \"fail\"\n" +
+                       std::string{minimal},
+                     "test.toml", roles);
+  CHECK(cfg.rollout.watchdog_s == 2.5);
+  CHECK(cfg.algorithm.on_reward_failure == "fail");
+  auto e = only_error("[rollout]\nwatchdog_s = 0\n" + std::string{minimal});
+  CHECK(e.key == "rollout.watchdog_s");
+  CHECK_THAT(e.message, Catch::Contains("out of range (0,"));
+  e = only_error("[algorithm]\non_reward_failure = \"zero\"\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.on_reward_failure");
+  CHECK(e.message == "\"zero\" is not one of \"mask\", \"fail\"");
+}
+
 TEST_CASE("inconsistent group bounds are an error") {
   auto e = only_error("[sagc]\ng_min = 16\ng_max = 8\n" + std::string{minimal});
   CHECK(e.key == "sagc.g_min");

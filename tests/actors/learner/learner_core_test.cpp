@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <numeric>
@@ -321,6 +322,95 @@ TEST_CASE("a bad optimizer state is rejected and leaves the learner untouched") 
   REQUIRE(after.tensors.size() == good.tensors.size());
   for (std::size_t i = 0; i < good.tensors.size(); ++i)
     CHECK(at::equal(after.tensors[i].second, good.tensors[i].second));
+}
+
+TEST_CASE("a failed reward is left out of its group statistics and masked out of the loss") {
+  at::set_num_threads(1);
+  const auto vocab = small_dims().vocab;
+  const auto prompt = tokens(4, vocab, 7);
+  // Group 0: rewards 1.0 / (scorer threw or returned NaN) / 3.0; group 1 has no failure.
+  std::vector<rollout_sample> batch{
+    sample(0, prompt, tokens(5, vocab, 1), 1.0f), sample(0, prompt, tokens(6, vocab, 2), 0.0f),
+    sample(0, prompt, tokens(5, vocab, 3), 3.0f), sample(1, prompt, tokens(5, vocab, 4), 0.5f),
+    sample(1, prompt, tokens(7, vocab, 5), 2.0f), sample(1, prompt, tokens(5, vocab, 6), -1.0f)};
+  batch[1].reward_failed = true;
+  batch[1].reward = std::nanf("");
+  learner_options o = test_options();
+  o.advantage_eps = 0.0;
+  // Mean 2 and population std 1 over the two finite rewards; the failed one gets 0.
+  const auto a = batch_advantages(batch, o);
+  CHECK(a[0] == -1.0f);
+  CHECK(a[1] == 0.0f);
+  CHECK(a[2] == 1.0f);
+
+  // The other group's advantages are bit-identical to those of a batch without the failure.
+  auto clean = batch;
+  clean[1].reward_failed = false;
+  clean[1].reward = 2.0f;
+  const auto b = batch_advantages(clean, o);
+  for (std::size_t i = 3; i < 6; ++i)
+    CHECK(std::memcmp(&a[i], &b[i], sizeof(float)) == 0);
+
+  // The failed sample's tokens are never trained, and the step counts it.
+  ml::policy_model model(small_dims(), 9);
+  learner_core learner(model, o, 1);
+  const step_metrics m = learner.train_step(batch);
+  CHECK(m.reward_failures == 1);
+  CHECK(m.tokens_trained == 5 + 5 + 5 + 7 + 5);
+  CHECK(m.reward_mean == Approx((1.0 + 3.0 + 0.5 + 2.0 - 1.0) / 5.0));
+  CHECK(m.updates == 1);
+}
+
+TEST_CASE("overlong shaping compares each turn of an episode with the per-turn budget") {
+  at::set_num_threads(1);
+  const auto vocab = small_dims().vocab;
+  // A number-guess-like layout: `turns` turns of 4 policy tokens (mask 1), separated by 3
+  // environment tokens (mask 0).
+  auto episode = [&](int turns, std::uint32_t salt) {
+    std::vector<std::int32_t> resp;
+    std::vector<std::uint8_t> mask;
+    const auto toks = tokens(static_cast<std::size_t>(turns) * 7, vocab, salt);
+    for (int t = 0; t < turns; ++t) {
+      for (int k = 0; k < 4; ++k) {
+        resp.push_back(toks[resp.size()]);
+        mask.push_back(1);
+      }
+      if (t + 1 < turns)
+        for (int k = 0; k < 3; ++k) {
+          resp.push_back(toks[resp.size()]);
+          mask.push_back(0);
+        }
+    }
+    auto s = sample(0, tokens(4, vocab, 1), resp, 1.0f);
+    s.loss_mask = mask;
+    return s;
+  };
+  // Two correct episodes: 5 turns × 4 tokens and 1 turn × 4 tokens, max_new_tokens 16, cache 4.
+  std::vector<rollout_sample> batch{episode(5, 2), episode(1, 3)};
+  learner_options o = test_options();
+  o.overlong = overlong_mode::shape;
+  o.overlong_max_len = 16;
+  o.overlong_cache_len = 4;
+  CHECK(batch_advantages(batch, o) == std::vector<float>{0.0f, 0.0f});
+  ml::policy_model model(small_dims(), 11);
+  {
+    learner_core learner(model, o, 1);
+    const step_metrics m = learner.train_step(batch);
+    CHECK(m.overlong_penalty_mean == 0.0);
+    CHECK(m.overlong_shaped == 0);
+  }
+  // One turn of 14 tokens in the second episode: (12 − 14) / 4 = −0.5 from that turn alone.
+  for (int k = 0; k < 10; ++k) {
+    batch[1].response.push_back(batch[1].response[0]);
+    batch[1].loss_mask.push_back(1);
+    batch[1].sampling_logprobs.push_back(0.0f);
+  }
+  o.scale_advantages = false; // Dr. GRPO: rewards {1, 0.5} → ±0.25
+  CHECK(batch_advantages(batch, o) == std::vector<float>{0.25f, -0.25f});
+  learner_core learner(model, o, 1);
+  const step_metrics m = learner.train_step(batch);
+  CHECK(m.overlong_penalty_mean == -0.25);
+  CHECK(m.overlong_shaped == 1);
 }
 
 TEST_CASE("a malformed sample is rejected before anything changes") {

@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "actors/rollout/worker_core.hpp"
@@ -299,7 +301,7 @@ public:
 
 } // namespace
 
-TEST_CASE("a scorer or environment that throws or returns NaN gives reward 0 with a reason") {
+TEST_CASE("a scorer or environment that throws or returns NaN gives a failed reward and not a 0") {
   at::set_num_threads(1);
   ml::any_task task;
   task.single_turn = std::make_shared<faulty_task>();
@@ -313,10 +315,12 @@ TEST_CASE("a scorer or environment that throws or returns NaN gives reward 0 wit
   for (auto& r : run(w))
     by_id[r.request.request_id] = r;
   REQUIRE(by_id.size() == 3);
-  CHECK(by_id[0].reward == 0.0);
-  CHECK(by_id[0].reward_reason == "task error: scorer exploded");
-  CHECK(by_id[1].reward == 0.0);
-  CHECK(by_id[1].reward_reason == "reward was not finite: nan");
+  CHECK(by_id[0].status == rollout_status::reward_failed);
+  CHECK(by_id[0].failure == "task error: scorer exploded");
+  CHECK(by_id[1].status == rollout_status::reward_failed);
+  CHECK(by_id[1].failure == "reward nan is not finite (nan)");
+  CHECK(by_id[2].status == rollout_status::ok);
+  CHECK(by_id[2].failure.empty());
   CHECK(by_id[2].reward == Approx(0.7));
 
   ml::any_task multi;
@@ -325,9 +329,60 @@ TEST_CASE("a scorer or environment that throws or returns NaN gives reward 0 wit
   m.enqueue(request(9, 0, 0, 5, 2));
   auto done = run(m);
   REQUIRE(done.size() == 1);
-  CHECK(done[0].reward == 0.0);
-  CHECK(done[0].reward_reason == "environment error: environment exploded");
+  CHECK(done[0].status == rollout_status::reward_failed);
+  CHECK(done[0].failure == "environment error: environment exploded");
   CHECK(done[0].turns == 1);
+}
+
+TEST_CASE("a prompt that does not fit the context comes back as a failed rollout and is not dropped") {
+  at::set_num_threads(1);
+  auto path = std::filesystem::temp_directory_path() / "sorl_worker_long_prompt.jsonl";
+  std::ofstream{path} << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"
+                      << "{\"prompt\": \"" << std::string(600, '7') << "\", \"answer\": \"1\"}\n";
+  ml::task_options o;
+  o.eval_fraction = 0.0;
+  o.jsonl.path = path.string(); // context_tokens = 0: the loader does not check, as a
+                                // worker must expect from any task
+  auto dims = small_dims();
+  dims.max_seq = 512; // the tiny preset's context
+  worker_core w{dims, ml::make_task("jsonl", o), counting_clock()};
+  for (uint32_t i = 0; i < 2; ++i) {
+    auto fits = request(i, 0, i, 5, 2);
+    fits.task_index = 0;
+    w.enqueue(fits);
+    auto too_long = request(2 + i, 1, i, 5, 2);
+    too_long.task_index = 1;
+    w.enqueue(too_long);
+  }
+  auto events = w.take_events();
+  CHECK(events.size() == 4 + 2); // four starts, and the two failed ones finish at once
+  std::map<uint64_t, rollout_result> by_id;
+  for (auto& r : run(w))
+    by_id[r.request.request_id] = r;
+  REQUIRE(by_id.size() == 4);
+  for (uint64_t id : {2, 3}) {
+    CHECK(by_id[id].status == rollout_status::failed);
+    CHECK(by_id[id].failure == "prompt of 601 tokens does not fit the context of 512 tokens");
+    CHECK(by_id[id].finish == ml::finish_reason::abort);
+    CHECK(by_id[id].response.empty());
+  }
+  for (uint64_t id : {0, 1})
+    CHECK(by_id[id].status == rollout_status::ok);
+
+  // A request the shell refuses (weights of another version) is answered the same way.
+  w.take_events();
+  w.reject(request(7, 2, 0, 5, 2), "the worker holds weights version 3, the request wants 4");
+  CHECK_FALSE(w.idle());
+  auto refused = w.step();
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].status == rollout_status::failed);
+  CHECK(refused[0].failure == "the worker holds weights version 3, the request wants 4");
+  auto ev = w.take_events();
+  REQUIRE(ev.size() == 2);
+  CHECK(ev[0].kind == event_kind::start);
+  CHECK(ev[1].kind == event_kind::finish);
+  CHECK(ev[1].reason == ml::finish_reason::abort);
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("long rollouts report chunk events every chunk_tokens while they decode") {

@@ -42,9 +42,62 @@ TEST_CASE("groups complete when every sample reported; unknown and duplicate rep
   CHECK(p.on_rollout(7, 1.0) == rollout_verdict::unknown_request);
   CHECK(p.on_rollout(1, std::nan("")) == rollout_verdict::accepted);
   CHECK(p.rollouts_complete());
-  CHECK(p.mean_reward() == 0.5); // NaN counted as 0
+  CHECK(p.mean_reward() == 1.0); // a NaN reward is a failed reward, not a 0
+  CHECK(p.reward_failures() == 1);
   CHECK(p.training_groups() == std::vector<uint64_t>{0});
-  CHECK(p.zero_signal_groups().empty());
+  CHECK(p.zero_signal_groups() == std::vector<uint64_t>{0}); // one reward left: no signal
+}
+
+TEST_CASE("a rollout the worker could not serve finishes its request and is never trained on") {
+  trainer_counters c;
+  step_plan p{{0, 2, 3, 0, std::nullopt, false, 3}, c};
+  // Group 0: 0.0 / (prompt did not fit) / 1.0; group 1: 1.0 / 0.0 / 1.0.
+  CHECK(p.on_rollout(0, 0.0) == rollout_verdict::accepted);
+  CHECK(p.on_rollout(1, 0.0, rollout_outcome::failed) == rollout_verdict::accepted);
+  CHECK(p.on_rollout(1, 0.0) == rollout_verdict::duplicate);
+  CHECK(p.on_rollout(3, 1.0) == rollout_verdict::accepted);
+  CHECK(p.on_rollout(4, 0.0) == rollout_verdict::accepted);
+  CHECK(p.outstanding().size() == 2);
+  CHECK(p.outstanding()[0].request_id == 2);
+  CHECK(p.outstanding()[1].request_id == 5);
+  CHECK_FALSE(p.rollouts_complete());
+  CHECK(p.on_rollout(2, 1.0) == rollout_verdict::accepted);
+  CHECK(p.on_rollout(5, 1.0) == rollout_verdict::accepted);
+  CHECK(p.rollouts_complete()); // the failed rollout does not keep the step waiting
+  CHECK(p.outstanding().empty());
+  CHECK(p.failed_rollouts() == 1);
+  CHECK(p.reward_failures() == 0);
+  CHECK(p.training_groups() == std::vector<uint64_t>{0, 1});
+  CHECK(p.training_requests() == std::vector<uint64_t>{0, 2, 3, 4, 5});
+  CHECK(p.mean_reward() == 3.0 / 5.0); // over the five rollouts with a reward
+}
+
+TEST_CASE("a failed reward stays out of its group's signal and mean but is sent to be masked") {
+  trainer_counters c;
+  step_plan p{{0, 1, 3, 0, std::nullopt, true, 3}, c};
+  // 1.0 / (scorer threw) / 1.0: without the failure the group has no signal; a failure
+  // counted as 0 would have given it a false one.
+  p.on_rollout(0, 1.0);
+  p.on_rollout(1, 0.0, rollout_outcome::reward_failed);
+  p.on_rollout(2, 1.0);
+  CHECK(p.rollouts_complete());
+  CHECK(p.reward_failures() == 1);
+  CHECK(p.zero_signal_groups() == std::vector<uint64_t>{0});
+  CHECK(p.mean_reward() == 1.0);
+  CHECK(p.refill(c)); // dynamic sampling replaces it
+}
+
+TEST_CASE("a group in which every rollout failed is complete but never trained on") {
+  trainer_counters c;
+  step_plan p{{0, 2, 2, 0, std::nullopt, false, 3}, c};
+  p.on_rollout(0, 0.0, rollout_outcome::failed);
+  p.on_rollout(1, 0.0, rollout_outcome::failed);
+  p.on_rollout(2, 1.0);
+  p.on_rollout(3, 0.0);
+  CHECK(p.rollouts_complete());
+  CHECK(p.training_groups() == std::vector<uint64_t>{1});
+  CHECK(p.training_requests() == std::vector<uint64_t>{2, 3});
+  CHECK(p.failed_rollouts() == 2);
 }
 
 TEST_CASE("without dynamic sampling zero-signal groups are still trained on") {

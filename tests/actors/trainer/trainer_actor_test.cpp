@@ -1,0 +1,231 @@
+// The trainer actor shell with every peer played by the test: a rollout that a worker could not
+// serve still lets the step complete and is counted; a reward failure can stop the job; and the
+// rollout-phase watchdog fails a stalled step with a message naming what is missing.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <tuple>
+
+#include <caf/all.hpp>
+
+#include "actors/trainer/trainer_actor.hpp"
+#include "messages/rollout.capnp.h"
+#include "messages/sync.capnp.h"
+#include "messages/train.capnp.h"
+#include "runtime/actor_types.hpp"
+#include "runtime/config.hpp"
+#include "runtime/envelope.hpp"
+#include "runtime/metrics.hpp"
+#include "tests/support/actor_system.hpp"
+
+using namespace sorl;
+using sorl::test::test_context;
+using sorl::test::test_system_config;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// One step of B = 2 prompts, static G = 3, no evaluation, its run directory emptied.
+experiment_config one_step(const std::string& name) {
+  experiment_config exp;
+  exp.run.name = name;
+  exp.run.steps = 1;
+  exp.run.output_dir = (fs::temp_directory_path() / "sorl_trainer_actor_test").string();
+  exp.task.eval_prompts = 0;
+  exp.algorithm.prompts_per_step = 2;
+  fs::remove_all(exp.run.run_dir());
+  return exp;
+}
+
+/// Waits for the next envelope of schema `Schema` (others are skipped) and reads it.
+template <class Schema, class Read>
+void expect(caf::scoped_actor& self, Read read) {
+  for (bool found = false; !found;)
+    self->receive(
+      [&](const envelope& e) {
+        if (e.schema_id() != capnp::typeId<Schema>())
+          return;
+        found = true;
+        CHECK_FALSE(with_envelope<Schema>(e, read));
+      },
+      [&](shutdown_atom, bool, const std::string& why) { FAIL("the job ended: " << why); },
+      caf::after(20s) >> [&] { FAIL("no message from the trainer"); });
+}
+
+/// Waits for the trainer's (shutdown_atom, ok, why) to the directory.
+std::pair<bool, std::string> expect_shutdown(caf::scoped_actor& self) {
+  std::pair<bool, std::string> out;
+  for (bool found = false; !found;)
+    self->receive([](const envelope&) {},
+                  [&](shutdown_atom, bool ok, const std::string& why) {
+                    found = true;
+                    out = {ok, why};
+                  },
+                  caf::after(20s) >> [&] { FAIL("the trainer never ended the job"); });
+  return out;
+}
+
+/// The trainer with the test's scoped actor in every other role and as the directory, taken
+/// to its first rollout phase with G = 3: `ids` are its six requests. The trainer is stopped
+/// at the end of the test.
+struct trainer_harness {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  experiment_config exp;
+  caf::actor trainer;
+  std::vector<uint64_t> ids;
+
+  trainer_harness(const std::string& name, const std::function<void(experiment_config&)>& tweak)
+    : exp(one_step(name)) {
+    tweak(exp);
+    auto me = caf::actor_cast<caf::actor>(self);
+    trainer = spawn_trainer(sys, test_context(exp, "trainer", me));
+    std::vector<peer_info> roster;
+    for (auto role : {"trainer", "scheduler", "learner", "sagc_controller", "sync_publisher",
+                      "rollout_worker"})
+      roster.push_back({role, 0, "test", std::string{role} == "trainer" ? trainer : me});
+    self->send(trainer, roster_atom::value, roster);
+    self->send(trainer, build_envelope<msg::LearnerReady>([](msg::LearnerReady::Builder b) {
+                 b.setVersion(0);
+                 b.setSource("test");
+               }));
+    self->send(trainer, build_envelope<msg::VersionReady>(
+                          [](msg::VersionReady::Builder b) { b.setVersion(0); }));
+    expect<msg::GroupSizeQuery>(self,
+                                [](msg::GroupSizeQuery::Reader q) { CHECK(q.getStep() == 0); });
+    self->send(trainer,
+               build_envelope<msg::GroupSizeDecision>([](msg::GroupSizeDecision::Builder b) {
+                 b.setStep(0);
+                 b.setGroupSize(3);
+                 b.setPolicy("static");
+               }));
+    for (int i = 0; i < 6; ++i)
+      expect<msg::GenerateRequest>(self, [&](msg::GenerateRequest::Reader r) {
+        ids.push_back(r.getRequestId());
+      });
+  }
+  ~trainer_harness() {
+    self->send_exit(trainer, caf::exit_reason::user_shutdown);
+  }
+};
+
+/// Trajectory of request `id` (group id / 3, sample id % 3) as a worker sends it.
+envelope trajectory(uint64_t id, float reward,
+                    msg::RolloutStatus status = msg::RolloutStatus::OK,
+                    const std::string& failure = "") {
+  return build_envelope<msg::Trajectory>([&](msg::Trajectory::Builder b) {
+    b.setRequestId(id);
+    b.setGroupId(id / 3);
+    b.setSampleIndex(static_cast<uint32_t>(id % 3));
+    auto prompt = b.initPromptTokens(2);
+    prompt.set(0, 256);
+    prompt.set(1, 49);
+    bool served = status != msg::RolloutStatus::FAILED;
+    auto resp = b.initResponseTokens(served ? 2 : 0);
+    auto lp = b.initSamplingLogprobs(served ? 2 : 0);
+    std::vector<uint8_t> mask(served ? 2 : 0, 1);
+    for (unsigned i = 0; served && i < 2; ++i) {
+      resp.set(i, 50 + static_cast<int32_t>(i));
+      lp.set(i, -1.0f);
+    }
+    b.setLossMask(kj::arrayPtr(mask.data(), mask.size()));
+    b.setReward(reward);
+    b.setFinishReason(served ? msg::FinishReason::EOS : msg::FinishReason::ABORT);
+    b.setWorker("rollout_worker#0@test");
+    b.setStatus(status);
+    b.setFailure(failure);
+  });
+}
+
+} // namespace
+
+TEST_CASE("a rollout no worker can serve is counted as failed and the step completes without it") {
+  trainer_harness h{"failed_rollout", [](experiment_config&) {}};
+  auto [self, exp, trainer, ids] = std::tie(h.self, h.exp, h.trainer, h.ids);
+  REQUIRE(ids == std::vector<uint64_t>{0, 1, 2, 3, 4, 5});
+  // Request 1's prompt does not fit the context: the worker answers with a failed rollout.
+  for (auto id : ids)
+    self->send(trainer, id == 1 ? trajectory(1, 0.0f, msg::RolloutStatus::FAILED,
+                                             "prompt of 601 tokens does not fit the context of "
+                                             "512 tokens")
+                                : trajectory(id, id % 2 == 0 ? 1.0f : 0.0f));
+  std::vector<uint64_t> trained;
+  expect<msg::TrainBatch>(self, [&](msg::TrainBatch::Reader b) {
+    for (auto t : b.getTrajectories())
+      trained.push_back(t.getRequestId());
+  });
+  CHECK(trained == std::vector<uint64_t>{0, 2, 3, 4, 5}); // never trained on
+  self->send(trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
+               b.setStep(0);
+               b.setVersion(1);
+               b.setOk(true);
+             }));
+  self->send(trainer, build_envelope<msg::VersionReady>(
+                        [](msg::VersionReady::Builder b) { b.setVersion(1); }));
+  expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
+    CHECK(r.getStep() == 1);
+  });
+  self->send(trainer, build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
+               b.setStep(1);
+               b.setOk(true);
+             }));
+  auto [ok, why] = expect_shutdown(self);
+  INFO(why);
+  CHECK(ok);
+
+  std::ifstream in{fs::path{exp.run.run_dir()} / "metrics.jsonl"};
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  auto rec = parse_metrics_line(line);
+  CHECK(rec.step == 1);
+  CHECK(rec.extra.at("failed_rollouts") == 1.0);
+  CHECK(rec.extra.at("reward_failures") == 0.0);
+  CHECK(rec.extra.at("rollouts") == 6.0);
+  CHECK(rec.extra.at("trained_rollouts") == 5.0);
+  CHECK(*rec.reward_mean == Approx(3.0 / 5.0)); // rewards 1, 1, 0, 1, 0 of the served ones
+  CHECK_FALSE(std::getline(in, line));
+}
+
+TEST_CASE("with on_reward_failure = fail a failed reward stops the job naming the rollout") {
+  trainer_harness h{"reward_fail",
+                    [](experiment_config& e) { e.algorithm.on_reward_failure = "fail"; }};
+  auto [self, trainer] = std::tie(h.self, h.trainer);
+  self->send(trainer, trajectory(0, 1.0f));
+  self->send(trainer, trajectory(2, 0.0f, msg::RolloutStatus::REWARD_FAILED,
+                                 "task error: scorer exploded"));
+  auto [ok, why] = expect_shutdown(self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 0: rollout 2 (group 0, sample 2) from rollout_worker#0@test has no reward: "
+               "task error: scorer exploded (algorithm.on_reward_failure = \"fail\")");
+}
+
+TEST_CASE("the rollout-phase watchdog fails a stalled step naming the rollouts it waits for") {
+  trainer_harness h{"watchdog", [](experiment_config& e) { e.rollout.watchdog_s = 0.2; }};
+  auto [self, exp, trainer] = std::tie(h.self, h.exp, h.trainer);
+  // Requests 0–3 finish; request 4 started on a worker that then went silent; request 5 was
+  // lost before any worker started it.
+  self->send(trainer, build_envelope<msg::RolloutEvent>([](msg::RolloutEvent::Builder b) {
+               b.setRequestId(4);
+               b.setGroupId(1);
+               b.setKind(msg::EventKind::START);
+               b.setWorker("rollout_worker#1@test");
+             }));
+  for (uint64_t id = 0; id < 4; ++id)
+    self->send(trainer, trajectory(id, 1.0f));
+  auto [ok, why] = expect_shutdown(self);
+  INFO(why);
+  CHECK_FALSE(ok);
+  CHECK_THAT(why, Catch::StartsWith("step 0: nothing finished for "));
+  CHECK_THAT(why, Catch::Contains("(rollout.watchdog_s = 0.2); still waiting for 2 of 6 "
+                                  "rollouts: request 4 (group 1, sample 1, started on "
+                                  "rollout_worker#1@test); request 5 (group 1, sample 2, not "
+                                  "started on any worker)"));
+  auto metrics = fs::path{exp.run.run_dir()} / "metrics.jsonl"; // no step was written
+  CHECK((!fs::exists(metrics) || fs::file_size(metrics) == 0));
+}
