@@ -384,6 +384,8 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
         spdlog::critical("{}: decoding failed: {}", st.me, ex.what());
         auto lost = st.core->abort_all();
         for (auto& r : lost) {
+          if (r.finish != ml::finish_reason::abort || r.status != rollout::rollout_status::ok)
+            continue; // finished (or failed) before the error: sent as it is
           r.status = rollout::rollout_status::failed;
           r.failure = std::string{"decoding failed on "} + st.me + ": " + ex.what();
           r.reward_reason = r.failure;

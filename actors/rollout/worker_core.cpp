@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -126,7 +127,7 @@ void worker_core::fail(rollout_state& st, const std::string& why) {
   st.failure = why;
   st.reward = 0.0;
   st.reason = why;
-  failed_.push_back(finalize(st, ml::finish_reason::abort));
+  ready_.push_back(finalize(st, ml::finish_reason::abort));
 }
 
 ml::sampling_params worker_core::params_for(const rollout_state& st) const {
@@ -191,11 +192,11 @@ void worker_core::flush_pending() {
 }
 
 std::vector<rollout_result> worker_core::step() {
+  // Results wait in ready_ until the end: if the generator throws midway, none is lost, and
+  // abort_all() still returns them.
   flush_pending();
-  std::vector<rollout_result> out = std::move(failed_);
-  failed_.clear();
   if (gen_->idle())
-    return out;
+    return std::exchange(ready_, {});
   auto finished = gen_->step();
   if (opts_.chunk_tokens > 0) {
     for (const auto& p : gen_->progress()) {
@@ -221,9 +222,9 @@ std::vector<rollout_result> worker_core::step() {
     auto& st = *rollouts_.at(id);
     st.live = false;
     if (finish_turn(st, g))
-      out.push_back(finalize(st, st.truncated ? ml::finish_reason::length : g.reason));
+      ready_.push_back(finalize(st, st.truncated ? ml::finish_reason::length : g.reason));
   }
-  return out;
+  return std::exchange(ready_, {});
 }
 
 bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g) {
@@ -322,7 +323,7 @@ std::vector<rollout_result> worker_core::abort_all() {
   by_gen_.clear();
   pending_.clear();
   chunked_.clear();
-  std::vector<rollout_result> out;
+  std::vector<rollout_result> out = std::exchange(ready_, {});
   while (!rollouts_.empty()) {
     auto& st = *rollouts_.begin()->second;
     st.reward = 0.0;
@@ -380,7 +381,7 @@ std::vector<rollout_event> worker_core::take_events() {
 }
 
 bool worker_core::idle() const {
-  return rollouts_.empty() && failed_.empty();
+  return rollouts_.empty() && ready_.empty();
 }
 
 } // namespace sorl::rollout

@@ -125,7 +125,7 @@ public:
   std::vector<rollout_result> step();
 
   /// Aborts every rollout (queued or live): they come back with finish_reason::abort,
-  /// reward 0.
+  /// reward 0, after any finished result step() has not returned yet.
   std::vector<rollout_result> abort_all();
 
   /// Aborts the given rollouts (deadline mode, DESIGN.md §6 SAGC baseline): their KV blocks
@@ -166,7 +166,7 @@ private:
   std::map<std::pair<uint64_t, int64_t>, uint64_t> by_gen_;     ///< (gen id, stream) → request
   std::map<uint64_t, int64_t> chunked_;                         ///< request → tokens last reported
   std::vector<rollout_event> events_;
-  std::vector<rollout_result> failed_; ///< returned by the next step()
+  std::vector<rollout_result> ready_; ///< finished or failed, returned by the next step()
 };
 
 } // namespace sorl::rollout

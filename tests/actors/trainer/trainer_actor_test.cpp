@@ -23,6 +23,7 @@
 #include "tests/support/actor_system.hpp"
 
 using namespace sorl;
+using sorl::test::expect;
 using sorl::test::test_context;
 using sorl::test::test_system_config;
 using namespace std::chrono_literals;
@@ -40,21 +41,6 @@ experiment_config one_step(const std::string& name) {
   exp.algorithm.prompts_per_step = 2;
   fs::remove_all(exp.run.run_dir());
   return exp;
-}
-
-/// Waits for the next envelope of schema `Schema` (others are skipped) and reads it.
-template <class Schema, class Read>
-void expect(caf::scoped_actor& self, Read read) {
-  for (bool found = false; !found;)
-    self->receive(
-      [&](const envelope& e) {
-        if (e.schema_id() != capnp::typeId<Schema>())
-          return;
-        found = true;
-        CHECK_FALSE(with_envelope<Schema>(e, read));
-      },
-      [&](shutdown_atom, bool, const std::string& why) { FAIL("the job ended: " << why); },
-      caf::after(20s) >> [&] { FAIL("no message from the trainer"); });
 }
 
 /// Waits for the trainer's (shutdown_atom, ok, why) to the directory.
