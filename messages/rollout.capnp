@@ -72,7 +72,8 @@ struct Trajectory {
   responseTokens @5 :List(Int32);   # all tokens after the prompt, every turn
   lossMask @6 :Data;                # one byte per response token: 1 = sampled by the policy
   samplingLogprobs @7 :List(Float32); # per response token; 0 where lossMask = 0
-  reward @8 :Float32;               # in [0, 1]; 0 for malformed output or a task error
+  reward @8 :Float32;               # in [0, 1]; 0 for malformed output; 0 and meaningless
+                                    # when status is not ok
   rewardReason @9 :Text;
   finishReason @10 :FinishReason;
   turns @11 :UInt32;

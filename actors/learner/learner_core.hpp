@@ -84,8 +84,8 @@ struct step_metrics {
   double mismatch_mean = 0.0;
   double mismatch_max = 0.0;
   double entropy = 0.0;     ///< mean token entropy (nats) of the old policy over trained tokens
-  double reward_mean = 0.0; ///< mean task reward, before overlong shaping
-  double overlong_penalty_mean = 0.0;  ///< mean shaping term added to rewards (mode shape)
+  double reward_mean = 0.0; ///< mean task reward of samples with one, before overlong shaping
+  double overlong_penalty_mean = 0.0;  ///< mean shaping term over samples with a reward
   std::int64_t overlong_shaped = 0;    ///< samples whose shaping term is < 0 (mode shape)
   std::int64_t reward_failures = 0;    ///< samples with reward_failed (masked out)
   double advantage_abs_mean = 0.0;     ///< mean |A_i| over samples

@@ -83,7 +83,9 @@ public:
 
   /// Groups to train on, in request order: with dynamic sampling the complete groups with
   /// signal, up to B (or, when none has any after the refills, every complete group); without
-  /// it every requested group (zero-signal ones get zero advantages).
+  /// it every complete group (zero-signal ones get zero advantages). A group counts as
+  /// complete when all G rollouts finished (after a cut: min_finished of them with a reward)
+  /// and at least one has a reward, so a group whose rollouts all failed is never trained.
   std::vector<uint64_t> training_groups() const;
   /// Groups whose rewards are all equal (no signal), among those requested.
   std::vector<uint64_t> zero_signal_groups() const;
