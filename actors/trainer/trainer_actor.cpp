@@ -282,7 +282,7 @@ void end_rollouts(trainer_actor_t* self) {
   if (chosen.empty()) {
     fail_job(self, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} "
                                "without a reward)",
-                               st.step, st.plan->failed_rollouts(), st.trajectories.size(),
+                               st.step + 1, st.plan->failed_rollouts(), st.trajectories.size(),
                                st.plan->reward_failures()));
     return;
   }
@@ -517,7 +517,7 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
                            ? fmt::format("reward {} is not finite", t.getReward())
                            : std::string{t.getFailure().cStr()};
               auto what = fmt::format("step {}: rollout {} (group {}, sample {}) from {} {}: {}",
-                                      st.step, t.getRequestId(), t.getGroupId(),
+                                      st.step + 1, t.getRequestId(), t.getGroupId(),
                                       t.getSampleIndex(), t.getWorker().cStr(),
                                       outcome == trainer::rollout_outcome::failed
                                         ? "failed"
@@ -603,7 +603,7 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
       }
       fail_job(self, fmt::format("step {}: nothing finished for {:.1f} s (rollout.watchdog_s = "
                                  "{}); still waiting for {}",
-                                 st.step, static_cast<double>(idle.count()) / 1e9,
+                                 st.step + 1, static_cast<double>(idle.count()) / 1e9,
                                  st.cfg->rollout.watchdog_s, missing_rollouts(st)));
     },
     [self](deadline_atom, int64_t step) {

@@ -168,6 +168,27 @@ TEST_CASE("multi-turn rollouts interleave policy tokens with untrained environme
   CHECK(chunks == static_cast<int>(r.turns) - 1);
 }
 
+TEST_CASE("an episode whose next environment turn does not fit ends as truncated at length") {
+  at::set_num_threads(1);
+  auto task = guessing();
+  ml::byte_tokenizer tok;
+  auto env = task.multi_turn->make_environment();
+  auto first = env->reset(task.multi_turn->episode_seed(ml::task_split::train, 0));
+  auto prompt = ml::encode_chat(tok, {ml::chat_message{ml::chat_role::user, first}}, true);
+  // Room for the first turn's 6 tokens and 3 more: never for an observation turn after it.
+  auto dims = small_dims();
+  dims.max_seq = static_cast<int64_t>(prompt.size()) + 6 + 3;
+  worker_core w{dims, task, counting_clock()};
+  w.enqueue(request(1, 0, 0, 11, 6));
+  auto all = run(w);
+  REQUIRE(all.size() == 1);
+  INFO(all[0].reward_reason);
+  CHECK(all[0].status == rollout_status::ok); // its reward so far stands
+  CHECK(all[0].turns == 1);
+  CHECK(all[0].reward_reason == "context full after 1 turns");
+  CHECK(all[0].finish == ml::finish_reason::length);
+}
+
 TEST_CASE("abort_all returns every held rollout as aborted with reward 0") {
   at::set_num_threads(1);
   worker_core w{small_dims(), arithmetic(), counting_clock()};

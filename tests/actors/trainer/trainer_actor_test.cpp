@@ -187,7 +187,7 @@ TEST_CASE("with on_reward_failure = fail a failed reward stops the job naming th
                                  "task error: scorer exploded"));
   auto [ok, why] = expect_shutdown(self);
   CHECK_FALSE(ok);
-  CHECK(why == "step 0: rollout 2 (group 0, sample 2) from rollout_worker#0@test has no reward: "
+  CHECK(why == "step 1: rollout 2 (group 0, sample 2) from rollout_worker#0@test has no reward: "
                "task error: scorer exploded (algorithm.on_reward_failure = \"fail\")");
 }
 
@@ -207,7 +207,7 @@ TEST_CASE("the rollout-phase watchdog fails a stalled step naming the rollouts i
   auto [ok, why] = expect_shutdown(self);
   INFO(why);
   CHECK_FALSE(ok);
-  CHECK_THAT(why, Catch::StartsWith("step 0: nothing finished for "));
+  CHECK_THAT(why, Catch::StartsWith("step 1: nothing finished for "));
   CHECK_THAT(why, Catch::Contains("(rollout.watchdog_s = 0.2); still waiting for 2 of 6 "
                                   "rollouts: request 4 (group 1, sample 1, started on "
                                   "rollout_worker#1@test); request 5 (group 1, sample 2, not "
