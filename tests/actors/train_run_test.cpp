@@ -190,6 +190,14 @@ TEST_CASE("DAPO refills zero-signal groups and trains on groups with signal only
     CHECK(field(line, "refill_rounds") == "2.0");
     CHECK(field(line, "rollouts") == "48.0");
     CHECK(field(line, "trained_groups") == "12.0");
+    // max_new_tokens = 4 = overlong_cache: the ramp starts at 0 tokens, so every trained
+    // response (≥ 1 token, a single turn) is shaped by −length / 4, in [−1, −0.25].
+    CHECK(field(line, "overlong_shaped") == "48.0");
+    auto penalty = std::stod(field(line, "overlong_penalty_mean"));
+    CHECK(penalty >= -1.0);
+    CHECK(penalty <= -0.25);
+    CHECK(field(line, "failed_rollouts") == "0.0");
+    CHECK(field(line, "reward_failures") == "0.0");
   }
 }
 
