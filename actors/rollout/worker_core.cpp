@@ -99,11 +99,7 @@ void worker_core::enqueue(const rollout_request& r) {
   } catch (const std::exception& e) {
     refused = std::string{"cannot build the prompt: "} + e.what();
   }
-  st->context = st->prompt_tokens;
-  st->start_ns = opts_.clock();
-  events_.push_back({r.request_id, r.step, r.group_id, event_kind::start, st->start_ns, 0, {}});
-  auto& held = *st;
-  rollouts_.emplace(r.request_id, std::move(st));
+  auto& held = hold(std::move(st));
   if (refused.empty())
     pending_.push_back(r.request_id);
   else
@@ -115,11 +111,17 @@ void worker_core::reject(const rollout_request& r, const std::string& why) {
     throw std::invalid_argument(fmt::format("rollout {} is already held", r.request_id));
   auto st = std::make_unique<rollout_state>();
   st->req = r;
+  fail(hold(std::move(st)), why);
+}
+
+worker_core::rollout_state& worker_core::hold(std::unique_ptr<rollout_state> st) {
+  st->context = st->prompt_tokens;
   st->start_ns = opts_.clock();
+  const auto& r = st->req;
   events_.push_back({r.request_id, r.step, r.group_id, event_kind::start, st->start_ns, 0, {}});
   auto& held = *st;
   rollouts_.emplace(r.request_id, std::move(st));
-  fail(held, why);
+  return held;
 }
 
 void worker_core::fail(rollout_state& st, const std::string& why) {

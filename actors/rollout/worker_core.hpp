@@ -153,6 +153,8 @@ private:
   void flush_pending();
   bool finish_turn(rollout_state& st, const ml::generation_result& g);
   void fail(rollout_state& st, const std::string& why);
+  /// Takes a new rollout into rollouts_ and emits its start event.
+  rollout_state& hold(std::unique_ptr<rollout_state> st);
   rollout_result finalize(rollout_state& st, ml::finish_reason reason);
   ml::sampling_params params_for(const rollout_state& st) const;
 
