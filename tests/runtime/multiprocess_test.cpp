@@ -226,7 +226,7 @@ actors = ["pong"]
 
 } // namespace
 
-TEST_CASE("nodes with certificates from the hub's CA run the job over TLS; others are refused") {
+TEST_CASE("nodes with certificates from the hub's CA run the job over TLS and others are refused") {
   if (!fs::exists("/usr/bin/openssl"))
     FAIL("openssl is needed to make test certificates (scripts/install-deps installs it)");
   auto root = fs::path{SORL_TEST_DATA_DIR} / "pki";

@@ -206,7 +206,7 @@ TEST_CASE("abort_all returns every held rollout as aborted with reward 0") {
   CHECK(w.idle());
 }
 
-TEST_CASE("abort stops chosen rollouts at once and frees their KV; the others go on") {
+TEST_CASE("abort stops chosen rollouts at once and frees their KV while the others go on") {
   at::set_num_threads(1);
   worker_core w{small_dims(), arithmetic(), counting_clock()};
   CHECK(w.kv_blocks_in_use() == 0);

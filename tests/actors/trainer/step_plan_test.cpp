@@ -33,7 +33,7 @@ TEST_CASE("a step requests B groups of G rollouts with stable ids and group seed
   CHECK(p.take_new_requests().empty());
 }
 
-TEST_CASE("groups complete when every sample reported; unknown and duplicate reports are flagged") {
+TEST_CASE("groups complete when every sample reported, and unknown or duplicate reports are flagged") {
   trainer_counters c;
   step_plan p{{0, 1, 2, 0, std::nullopt, false, 3}, c};
   CHECK(p.on_rollout(0, 1.0) == rollout_verdict::accepted);
