@@ -178,6 +178,25 @@ actors = ["ping", "pong"]
   }
 }
 
+TEST_CASE("sorl check reports a file name that is too long as a config error, exit 2") {
+  const std::string longname(300, 'x');
+  auto cfg = write_config("mp_long_path.toml", "[task]\nname = \"jsonl\"\npath = \"" + longname
+                                                 + ".jsonl\"\n[network]\ntls_certificate = \""
+                                                 + longname + "\"\n" + R"(
+[[node]]
+name = "main"
+actors = ["ping", "pong"]
+)");
+  child_process p{{SORL_BIN, "check", cfg}};
+  CHECK(p.wait_exit(10s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("mp_long_path.toml:3:8: key 'task.path': ", 1s));
+  CHECK(p.wait_for("mp_long_path.toml:5:19: key 'network.tls_certificate': ", 1s));
+  CHECK(p.wait_for("is 300 bytes long; a file name may have at most 255", 1s));
+  CHECK(p.wait_for("nothing started", 1s));
+  CHECK(p.output().find("terminate called") == std::string::npos);
+}
+
 TEST_CASE("a node that cannot reach its hub gives up after the connect timeout") {
   auto cfg = write_config("mp_unreachable.toml", three_nodes(1, 1, 300));
   // Port 1 on loopback: nothing listens there.
