@@ -14,6 +14,7 @@
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
+#include "runtime/config_resolved.hpp"
 #include "runtime/log.hpp"
 #include "runtime/topology.hpp"
 
@@ -25,10 +26,11 @@ namespace fs = std::filesystem;
 /// this binary was built from, so `build/sorl train` works from anywhere in a checkout.
 std::string default_config() {
   const char* name = "configs/default.toml";
-  if (fs::exists(name))
+  std::error_code ec;
+  if (fs::exists(name, ec))
     return name;
   auto in_tree = fs::path{SORL_SOURCE_DIR} / name;
-  if (fs::exists(in_tree))
+  if (fs::exists(in_tree, ec))
     return in_tree.string();
   return name;
 }
@@ -36,6 +38,8 @@ std::string default_config() {
 sorl::experiment_config load_or_exit(const std::string& path) {
   try {
     auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+    if (auto presets = sorl::preset_summary(cfg); !presets.empty())
+      fmt::print("{}: {}\n", path, presets);
     // A training topology needs every training role; say so before anything starts.
     if (cfg.count_role("trainer") > 0) {
       std::string missing;
@@ -139,18 +143,44 @@ int check_run_dir(const sorl::experiment_config& cfg, bool resume, bool overwrit
   if (cfg.count_role("trainer") == 0)
     return 0;
   auto dir = fs::path{cfg.run.run_dir()};
-  if (resume && !fs::exists(dir / "checkpoints")) {
+  // error_code overloads: the config loader vetted the path, but a permission can change.
+  std::error_code ec;
+  if (!fs::exists(dir, ec) && ec) {
+    std::cerr << "sorl: run directory " << dir.string() << ": " << ec.message() << '\n';
+    return 2;
+  }
+  auto exists = [&](const fs::path& p) { return fs::exists(p, ec); };
+  if (resume && !exists(dir / "checkpoints")) {
     std::cerr << "sorl: --resume: " << (dir / "checkpoints").string()
               << " does not exist: nothing to resume (start the run without --resume)\n";
     return 2;
   }
   if (resume || overwrite)
     return 0;
-  if (!fs::exists(dir / "metrics.jsonl") && !fs::exists(dir / "checkpoints"))
+  if (!exists(dir / "metrics.jsonl") && !exists(dir / "checkpoints"))
     return 0;
   std::cerr << "sorl: " << dir.string() << " already holds a run; continue it with --resume, "
             << "replace it with --overwrite, or choose another run.name / run.output_dir\n";
   return 2;
+}
+
+/// Writes run_dir/config.resolved.toml; on resume, says what differs from the last session.
+int save_resolved_config(const sorl::experiment_config& cfg, bool resume) {
+  try {
+    auto w = sorl::write_resolved_config(cfg, resume);
+    if (!w.changes.empty()) {
+      std::string list;
+      for (const auto& c : w.changes)
+        list += "\n  " + c;
+      spdlog::warn("--resume with settings that differ from the run's previous session (its "
+                   "resolved configuration is kept as {}):{}",
+                   w.previous.string(), list);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "sorl: " << e.what() << '\n';
+    return 2;
+  }
 }
 
 /// True when `node` (or, without one, any node) hosts the learner.
@@ -276,8 +306,18 @@ int main(int argc, char** argv) {
       at::set_num_threads(static_cast<int>(cfg.run.threads));
     if (int rc = check_run_dir(cfg, resume, overwrite))
       return rc;
-    if (overwrite)
-      fs::remove_all(fs::path{cfg.run.run_dir()} / "checkpoints");
+    if (overwrite) {
+      std::error_code ec;
+      fs::remove_all(fs::path{cfg.run.run_dir()} / "checkpoints", ec);
+      if (ec) {
+        std::cerr << "sorl: --overwrite: cannot remove " << cfg.run.run_dir()
+                  << "/checkpoints: " << ec.message() << '\n';
+        return 2;
+      }
+    }
+    if (cfg.count_role("trainer") > 0)
+      if (int rc = save_resolved_config(cfg, resume))
+        return rc;
     if (hosts_learner(cfg, "") && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;
@@ -300,9 +340,12 @@ int main(int argc, char** argv) {
     if (self_node)
       for (const auto& a : self_node->actors)
         has_trainer = has_trainer || a.role == "trainer";
-    if (has_trainer)
+    if (has_trainer) {
       if (int rc = check_run_dir(cfg, resume, overwrite))
         return rc;
+      if (int rc = save_resolved_config(cfg, resume))
+        return rc;
+    }
     if (hosts_learner(cfg, node_opts.node) && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;
