@@ -15,6 +15,7 @@
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
 #include "runtime/config_resolved.hpp"
+#include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/log.hpp"
 #include "runtime/topology.hpp"
 
@@ -38,8 +39,6 @@ std::string default_config() {
 sorl::experiment_config load_or_exit(const std::string& path) {
   try {
     auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
-    if (auto presets = sorl::preset_summary(cfg); !presets.empty())
-      fmt::print("{}: {}\n", path, presets);
     // A training topology needs every training role; say so before anything starts.
     if (cfg.count_role("trainer") > 0) {
       std::string missing;
@@ -208,6 +207,30 @@ void print_topology(const sorl::experiment_config& cfg) {
   }
 }
 
+/// Says what a preset changed (after pin_cpu_kernels, which may start the process again).
+void print_presets(const sorl::experiment_config& cfg) {
+  if (auto presets = sorl::preset_summary(cfg); !presets.empty())
+    fmt::print("{}: {}\n", cfg.file, presets);
+}
+
+/// Pins the CPU kernels (runtime/cpu_kernels.hpp) in a process that trains or decodes
+/// (`node` names it: only its own roles count), and logs them; the others skip the restart.
+void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std::string& node = "") {
+  bool ml = cfg == nullptr; // sorl sft
+  if (cfg)
+    for (const auto& n : cfg->nodes)
+      if (node.empty() || n.name == node)
+        for (const auto& a : n.actors)
+          ml = ml || a.role == "trainer" || a.role == "learner" || a.role == "rollout_worker";
+  if (!ml)
+    return;
+  sorl::pin_cpu_kernels(argv);
+  spdlog::info("CPU kernels: {}", sorl::cpu_kernels_summary());
+  if (sorl::loaded_blas().find("openblas") == std::string::npos && !std::getenv("SORL_NATIVE_KERNELS"))
+    spdlog::warn("the BLAS is not OpenBLAS: results differ from those of machines with it "
+                 "(scripts/install-deps installs libopenblas0-pthread)");
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -292,15 +315,22 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (check->parsed()) {
-    print_topology(load_or_exit(check_config));
+    auto cfg = load_or_exit(check_config);
+    print_presets(cfg);
+    print_topology(cfg);
     return 0;
   }
-  if (sft->parsed())
-    return run_warm_start(load_or_exit(sft_config));
+  if (sft->parsed()) {
+    auto cfg = load_or_exit(sft_config);
+    pin_cpu_kernels(argv, nullptr);
+    return run_warm_start(cfg);
+  }
   if (train->parsed()) {
     if (train_config.empty())
       train_config = default_config();
     auto cfg = load_or_exit(train_config);
+    pin_cpu_kernels(argv, &cfg);
+    print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
@@ -327,6 +357,8 @@ int main(int argc, char** argv) {
   }
   if (node->parsed()) {
     auto cfg = load_or_exit(node_config);
+    pin_cpu_kernels(argv, &cfg, node_opts.node);
+    print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));

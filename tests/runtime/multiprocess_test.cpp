@@ -5,8 +5,11 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "tests/support/process.hpp"
 
@@ -195,6 +198,54 @@ actors = ["ping", "pong"]
   CHECK(p.wait_for("is 300 bytes long; a file name may have at most 255", 1s));
   CHECK(p.wait_for("nothing started", 1s));
   CHECK(p.output().find("terminate called") == std::string::npos);
+}
+
+TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CPU") {
+  // sorl pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2 (runtime/ml/cpu_kernels.hpp);
+  // run b sets by hand what an AVX2-only machine would choose by itself.
+  // On an AVX-512 machine, run a without the pin differs in the last bits of every weight.
+  auto run = [](const std::string& name, bool as_avx2_machine, const char* blas_dir = nullptr) {
+    auto dir = fs::path{SORL_TEST_DATA_DIR} / ("isa_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    auto cfg = write_config("isa_" + name + ".toml",
+                            "[model]\ncheckpoint = \"" + dir.string() + "\"\n"
+                            "[task]\nmax_new_tokens = 6\n[sft]\nsteps = 8\nbatch_size = 8\n"
+                            "eval_count = 0\n[[node]]\nname = \"m\"\nactors = [\"ping\"]\n");
+    // This process's environment is the child's: set for the one spawn, then put back.
+    std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+    for (auto v : {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "LD_LIBRARY_PATH"}) {
+      const char* old = std::getenv(v);
+      saved.emplace_back(v, old ? std::optional<std::string>{old} : std::nullopt);
+    }
+    if (as_avx2_machine) {
+      setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+      setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+      setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    }
+    if (blas_dir)
+      setenv("LD_LIBRARY_PATH", blas_dir, 1);
+    child_process p{{SORL_BIN, "sft", cfg}};
+    for (const auto& [v, old] : saved)
+      old ? setenv(v, old->c_str(), 1) : unsetenv(v);
+    auto rc = p.wait_exit(120s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    std::ifstream in{dir / "step-0000000008" / "model.safetensors", std::ios::binary};
+    std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+    fs::remove_all(dir);
+    return bytes;
+  };
+  auto pinned = run("pinned", false);
+  auto avx2 = run("avx2", true);
+  REQUIRE(pinned.size() > 1000);
+  CHECK(pinned == avx2);
+  // A machine whose BLAS alternative is the reference BLAS (where Debian has it): sorl loads
+  // OpenBLAS instead.
+  const char* reference_blas = "/usr/lib/x86_64-linux-gnu/blas";
+  if (fs::exists(fs::path{reference_blas} / "libblas.so.3"))
+    CHECK(run("reference_blas", false, reference_blas) == pinned);
+  else
+    WARN("no reference BLAS in " << reference_blas << ": the BLAS-alternative case is skipped");
 }
 
 TEST_CASE("a node that cannot reach its hub gives up after the connect timeout") {
