@@ -248,6 +248,60 @@ TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CP
     WARN("no reference BLAS in " << reference_blas << ": the BLAS-alternative case is skipped");
 }
 
+TEST_CASE("sorl train keeps the resolved configuration and reports what a resume changed") {
+  auto out = fs::path{SORL_TEST_DATA_DIR} / ("resolved_run_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto text = [&](const std::string& steps_and_lr) {
+    return "[run]\nname = \"r\"\noutput_dir = \"" + out.string() + "\"\n" + steps_and_lr
+           + "checkpoint_every = 1\n[task]\nmax_new_tokens = 2\neval_prompts = 0\n"
+             "[algorithm]\nname = \"dapo\"\nprompts_per_step = 1\ndynamic_sampling = false\n"
+             "[sagc]\ngroup_size = 2\n[[node]]\nname = \"main\"\nactors = [\"trainer\", "
+             "\"learner\", \"sync_publisher\", \"sagc_controller\", \"scheduler\", "
+             "\"rollout_worker\"]\n";
+  };
+  auto read = [](const fs::path& p) {
+    std::ifstream in{p};
+    return std::string{std::istreambuf_iterator<char>{in}, {}};
+  };
+  auto first = write_config("resolved_run.toml", text("steps = 1\n"));
+  {
+    child_process p{{SORL_BIN, "train", first}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK(p.wait_for("resolved_run.toml: algorithm = dapo sets clip_eps_high = 0.28 (default "
+                     "0.2), overlong = \"shape\" (default \"none\")",
+                     1s));
+  }
+  auto resolved = out / "r" / "config.resolved.toml";
+  auto kept = out / "r" / "config.resolved.1.toml";
+  auto before = read(resolved);
+  CHECK_THAT(before, Catch::Contains("\n[algorithm]\nname = \"dapo\"\n"));
+  CHECK_THAT(before, Catch::Contains("\nclip_eps_high = 0.28\n"));
+  CHECK_THAT(before, Catch::Contains("\nlr = 0.0001\n"));
+  // The resolved file is an experiment file: the same run from it changes nothing.
+  {
+    child_process p{{SORL_BIN, "train", resolved.string(), "--resume"}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK_FALSE(p.wait_for("differ from the run's previous session", 1s));
+  }
+  CHECK_FALSE(fs::exists(kept));
+  auto changed = text("steps = 2\n");
+  changed.insert(changed.find("prompts_per_step"), "lr = 2e-4\n");
+  auto second = write_config("resolved_run2.toml", changed);
+  {
+    child_process p{{SORL_BIN, "train", second, "--resume"}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK(p.wait_for("(its resolved configuration is kept as " + kept.string() + ")", 1s));
+    CHECK(p.wait_for("  run.steps: 1 → 2", 1s));
+    CHECK(p.wait_for("  algorithm.lr: 0.0001 → 0.0002", 1s));
+  }
+  CHECK(read(kept) == before);
+  CHECK_THAT(read(resolved), Catch::Contains("\nlr = 0.0002\n"));
+  fs::remove_all(out);
+}
+
 TEST_CASE("a node that cannot reach its hub gives up after the connect timeout") {
   auto cfg = write_config("mp_unreachable.toml", three_nodes(1, 1, 300));
   // Port 1 on loopback: nothing listens there.
