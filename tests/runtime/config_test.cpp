@@ -375,6 +375,8 @@ TEST_CASE("a key written in the wrong table is answered with the tables that hav
         == "unknown key; did you mean `lr` in [algorithm] or [sft]?");
   CHECK(only_error("[algoritm]\nlr = 1e-3\n" + std::string{minimal}).message
         == "unknown section or key; did you mean [algorithm]?");
+  CHECK(only_error("[[nodes]]\nname = \"x\"\n" + std::string{minimal}).message
+        == "unknown section or key; did you mean [[node]]?");
 }
 
 TEST_CASE("an unknown key with no known key near it gets no hint") {
