@@ -14,6 +14,8 @@
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
+#include "runtime/config_resolved.hpp"
+#include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/log.hpp"
 #include "runtime/topology.hpp"
 
@@ -25,10 +27,11 @@ namespace fs = std::filesystem;
 /// this binary was built from, so `build/sorl train` works from anywhere in a checkout.
 std::string default_config() {
   const char* name = "configs/default.toml";
-  if (fs::exists(name))
+  std::error_code ec;
+  if (fs::exists(name, ec))
     return name;
   auto in_tree = fs::path{SORL_SOURCE_DIR} / name;
-  if (fs::exists(in_tree))
+  if (fs::exists(in_tree, ec))
     return in_tree.string();
   return name;
 }
@@ -139,18 +142,44 @@ int check_run_dir(const sorl::experiment_config& cfg, bool resume, bool overwrit
   if (cfg.count_role("trainer") == 0)
     return 0;
   auto dir = fs::path{cfg.run.run_dir()};
-  if (resume && !fs::exists(dir / "checkpoints")) {
+  // error_code overloads: the config loader vetted the path, but a permission can change.
+  std::error_code ec;
+  if (!fs::exists(dir, ec) && ec) {
+    std::cerr << "sorl: run directory " << dir.string() << ": " << ec.message() << '\n';
+    return 2;
+  }
+  auto exists = [&](const fs::path& p) { return fs::exists(p, ec); };
+  if (resume && !exists(dir / "checkpoints")) {
     std::cerr << "sorl: --resume: " << (dir / "checkpoints").string()
               << " does not exist: nothing to resume (start the run without --resume)\n";
     return 2;
   }
   if (resume || overwrite)
     return 0;
-  if (!fs::exists(dir / "metrics.jsonl") && !fs::exists(dir / "checkpoints"))
+  if (!exists(dir / "metrics.jsonl") && !exists(dir / "checkpoints"))
     return 0;
   std::cerr << "sorl: " << dir.string() << " already holds a run; continue it with --resume, "
             << "replace it with --overwrite, or choose another run.name / run.output_dir\n";
   return 2;
+}
+
+/// Writes run_dir/config.resolved.toml; on resume, says what differs from the last session.
+int save_resolved_config(const sorl::experiment_config& cfg, bool resume) {
+  try {
+    auto w = sorl::write_resolved_config(cfg, resume);
+    if (!w.changes.empty()) {
+      std::string list;
+      for (const auto& c : w.changes)
+        list += "\n  " + c;
+      spdlog::warn("--resume with settings that differ from the run's previous session (its "
+                   "resolved configuration is kept as {}):{}",
+                   w.previous.string(), list);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "sorl: " << e.what() << '\n';
+    return 2;
+  }
 }
 
 /// True when `node` (or, without one, any node) hosts the learner.
@@ -176,6 +205,30 @@ void print_topology(const sorl::experiment_config& cfg) {
                                        : std::string{"connects to the hub"},
                roles);
   }
+}
+
+/// Says what a preset changed (after pin_cpu_kernels, which may start the process again).
+void print_presets(const sorl::experiment_config& cfg) {
+  if (auto presets = sorl::preset_summary(cfg); !presets.empty())
+    fmt::print("{}: {}\n", cfg.file, presets);
+}
+
+/// Pins the CPU kernels (runtime/cpu_kernels.hpp) in a process that trains or decodes
+/// (`node` names it: only its own roles count), and logs them; the others skip the restart.
+void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std::string& node = "") {
+  bool ml = cfg == nullptr; // sorl sft
+  if (cfg)
+    for (const auto& n : cfg->nodes)
+      if (node.empty() || n.name == node)
+        for (const auto& a : n.actors)
+          ml = ml || a.role == "trainer" || a.role == "learner" || a.role == "rollout_worker";
+  if (!ml)
+    return;
+  sorl::pin_cpu_kernels(argv);
+  spdlog::info("CPU kernels: {}", sorl::cpu_kernels_summary());
+  if (sorl::loaded_blas().find("openblas") == std::string::npos && !std::getenv("SORL_NATIVE_KERNELS"))
+    spdlog::warn("the BLAS is not OpenBLAS: results differ from those of machines with it "
+                 "(scripts/install-deps installs libopenblas0-pthread)");
 }
 
 } // namespace
@@ -262,22 +315,39 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (check->parsed()) {
-    print_topology(load_or_exit(check_config));
+    auto cfg = load_or_exit(check_config);
+    print_presets(cfg);
+    print_topology(cfg);
     return 0;
   }
-  if (sft->parsed())
-    return run_warm_start(load_or_exit(sft_config));
+  if (sft->parsed()) {
+    auto cfg = load_or_exit(sft_config);
+    pin_cpu_kernels(argv, nullptr);
+    return run_warm_start(cfg);
+  }
   if (train->parsed()) {
     if (train_config.empty())
       train_config = default_config();
     auto cfg = load_or_exit(train_config);
+    pin_cpu_kernels(argv, &cfg);
+    print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
     if (int rc = check_run_dir(cfg, resume, overwrite))
       return rc;
-    if (overwrite)
-      fs::remove_all(fs::path{cfg.run.run_dir()} / "checkpoints");
+    if (overwrite) {
+      std::error_code ec;
+      fs::remove_all(fs::path{cfg.run.run_dir()} / "checkpoints", ec);
+      if (ec) {
+        std::cerr << "sorl: --overwrite: cannot remove " << cfg.run.run_dir()
+                  << "/checkpoints: " << ec.message() << '\n';
+        return 2;
+      }
+    }
+    if (cfg.count_role("trainer") > 0)
+      if (int rc = save_resolved_config(cfg, resume))
+        return rc;
     if (hosts_learner(cfg, "") && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;
@@ -287,6 +357,8 @@ int main(int argc, char** argv) {
   }
   if (node->parsed()) {
     auto cfg = load_or_exit(node_config);
+    pin_cpu_kernels(argv, &cfg, node_opts.node);
+    print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
@@ -300,9 +372,12 @@ int main(int argc, char** argv) {
     if (self_node)
       for (const auto& a : self_node->actors)
         has_trainer = has_trainer || a.role == "trainer";
-    if (has_trainer)
+    if (has_trainer) {
       if (int rc = check_run_dir(cfg, resume, overwrite))
         return rc;
+      if (int rc = save_resolved_config(cfg, resume))
+        return rc;
+    }
     if (hosts_learner(cfg, node_opts.node) && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;

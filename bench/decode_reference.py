@@ -17,8 +17,14 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    print(f"decode_reference.py: {e.name} is missing: install Debian's python3-torch and "
+          f"python3-numpy (scripts/install-deps --with-extras) and run with /usr/bin/python3",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 class Dims:

@@ -1,7 +1,12 @@
 #include "runtime/config.hpp"
 
 #include <arpa/inet.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -167,6 +172,9 @@ const char* type_name(const toml::node& n) {
 struct error_sink {
   std::string file;
   std::vector<config_error> errors;
+  /// When set, every key a reader looks up is recorded under its table's kind (see
+  /// table_kind): how known_config_keys() learns the keys from the parser itself.
+  std::map<std::string, std::set<std::string>>* known = nullptr;
 
   void add(const toml::source_region& where, std::string key, std::string message) {
     errors.push_back(config_error{file, static_cast<int>(where.begin.line),
@@ -174,6 +182,151 @@ struct error_sink {
                                   std::move(message)});
   }
 };
+
+/// "node[2].actors[1]" → "node.actors": the kind of table a reader reads, the unit in which
+/// known keys are recorded and suggested.
+std::string table_kind(std::string_view prefix) {
+  std::string out;
+  bool in_index = false;
+  for (char c : prefix) {
+    if (c == '[')
+      in_index = true;
+    else if (c == ']')
+      in_index = false;
+    else if (!in_index)
+      out += c;
+  }
+  return out;
+}
+
+/// Edits (insert, delete, substitute, swap two neighbours) from `a` to `b`, ASCII case
+/// folded: the optimal-string-alignment variant of the Damerau-Levenshtein distance.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  auto low = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i)
+    d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j)
+    d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = low(a[i - 1]) == low(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && low(a[i - 1]) == low(b[j - 2]) && low(a[i - 2]) == low(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+/// The candidates nearest to `word`, in their order, when near enough to be a typo of it: at
+/// most one edit per three characters of `word`, and at least one (the rule rustc and cargo
+/// use for their suggestions). Empty when nothing is that near.
+std::vector<std::string> nearest(std::string_view word, const std::vector<std::string>& candidates) {
+  size_t limit = std::max<size_t>(word.size(), 3) / 3;
+  size_t best = limit + 1;
+  std::vector<std::string> out;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best) {
+      best = d;
+      out.clear();
+    }
+    if (d == best && std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(c);
+  }
+  return out;
+}
+
+/// How a table kind is written in a suggestion.
+std::string kind_label(const std::string& kind) {
+  if (kind == "node")
+    return "[[node]]";
+  if (kind == "node.actors")
+    return "[[node]] actors entries";
+  return "[" + kind + "]";
+}
+
+std::string or_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " or " : ", ") + items[i];
+  return out;
+}
+
+/// "; did you mean \"x\"?" naming the nearest of `candidates` to `word`, or "".
+std::string value_hint(std::string_view word, const std::vector<std::string>& candidates) {
+  std::vector<std::string> quoted;
+  for (const auto& c : nearest(word, candidates))
+    quoted.push_back(fmt::format("\"{}\"", c));
+  return quoted.empty() ? "" : fmt::format("; did you mean {}?", or_list(quoted));
+}
+
+/// "; did you mean `temperature` in [algorithm]?" for an unknown `key` of a table of `kind`
+/// ("" = the top level), or "" when no known key is near. A near key of the same table wins;
+/// otherwise the same or a near name in any other table (a key written in the wrong table).
+std::string key_hint(const std::string& kind, std::string_view key) {
+  const auto& known = known_config_keys();
+  if (auto it = known.find(kind); it != known.end()) {
+    std::vector<std::string> near;
+    for (const auto& k : nearest(key, {it->second.begin(), it->second.end()}))
+      near.push_back(kind.empty() ? kind_label(k) : fmt::format("`{}`", k));
+    if (!near.empty())
+      return fmt::format("; did you mean {}?", or_list(near));
+  }
+  std::vector<std::string> names;
+  for (const auto& [other, keys] : known)
+    if (other != kind && !other.empty())
+      names.insert(names.end(), keys.begin(), keys.end());
+  std::vector<std::string> phrases;
+  for (const auto& name : nearest(key, names)) {
+    std::vector<std::string> tables;
+    for (const auto& [other, keys] : known)
+      if (other != kind && !other.empty() && keys.count(name))
+        tables.push_back(kind_label(other));
+    phrases.push_back(fmt::format("`{}` in {}", name, or_list(tables)));
+  }
+  return phrases.empty() ? "" : fmt::format("; did you mean {}?", or_list(phrases));
+}
+
+namespace fs = std::filesystem;
+
+/// What a configured path must be.
+enum class path_role {
+  input_file,       ///< exists now and is readable (datasets, TLS files)
+  directory_to_make ///< a directory now or creatable later (run directory, checkpoint root)
+};
+
+/// Why `p` cannot serve as `role`, or "" when it can. Never throws: every std::filesystem
+/// call takes an error_code, so a long name, a denied permission or a symlink loop is a
+/// config error with a location instead of an exception escaping the loader.
+std::string path_problem(const std::string& p, path_role role) {
+  // Checked by hand: the kernel's ENAMETOOLONG does not say which component, and a missing
+  // parent directory would hide it until the directory is created.
+  auto shown = [](const std::string& s, size_t n) { return s.size() > n ? s.substr(0, n) + "..." : s; };
+  for (const auto& part : fs::path{p}) {
+    const auto& name = part.native();
+    if (name.size() > NAME_MAX)
+      return fmt::format("\"{}\": the component \"{}\" is {} bytes long; a file name may "
+                         "have at most {}",
+                         shown(p, 64), shown(name, 24), name.size(), NAME_MAX);
+  }
+  if (p.size() >= PATH_MAX)
+    return fmt::format("\"{}\": the path is {} bytes long; at most {} are allowed",
+                       shown(p, 64), p.size(), PATH_MAX - 1);
+  std::error_code ec;
+  auto st = fs::status(p, ec);
+  if (ec == std::errc::no_such_file_or_directory)
+    return role == path_role::input_file ? fmt::format("file \"{}\" does not exist", p) : "";
+  if (ec)
+    return fmt::format("cannot access \"{}\": {}", p, ec.message());
+  if (role == path_role::directory_to_make)
+    return fs::is_directory(st) ? "" : fmt::format("\"{}\" exists and is not a directory", p);
+  if (fs::is_directory(st))
+    return fmt::format("\"{}\" is a directory, not a file", p);
+  if (::access(p.c_str(), R_OK) != 0)
+    return fmt::format("cannot read \"{}\": {}", p, std::error_code{errno, std::generic_category()}.message());
+  return "";
+}
 
 /// Reads the keys of one table, remembering which were consumed so that whatever is left
 /// at finish() is reported as unknown.
@@ -189,6 +342,8 @@ public:
 
   const toml::node* find(std::string_view key) {
     seen_.emplace(key);
+    if (sink_.known)
+      (*sink_.known)[table_kind(prefix_)].emplace(key);
     return tbl_.get(key);
   }
 
@@ -289,13 +444,16 @@ public:
     std::string list;
     for (auto a : allowed)
       list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", a);
-    error(key, *n, fmt::format("\"{}\" is not one of {}", value, list));
+    error(key, *n,
+          fmt::format("\"{}\" is not one of {}{}", value, list,
+                      value_hint(value, {allowed.begin(), allowed.end()})));
   }
 
   void finish() {
     for (auto&& [k, v] : tbl_) {
       if (seen_.count(std::string{k.str()}) == 0)
-        sink_.add(k.source(), path(k.str()), "unknown key");
+        sink_.add(k.source(), path(k.str()),
+                  "unknown key" + key_hint(table_kind(prefix_), k.str()));
     }
   }
 
@@ -339,12 +497,20 @@ void parse_run(table_reader& r, run_config& c) {
   r.string("output_dir", c.output_dir);
   r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
   r.integer("threads", c.threads, 0, 1024);
+  // The run directory is made when the run starts; refuse now what could never be made.
+  if (auto why = path_problem(c.output_dir, path_role::directory_to_make); !why.empty())
+    r.conflict("output_dir", why);
+  else if (auto why = path_problem(c.run_dir(), path_role::directory_to_make); !why.empty())
+    r.conflict("name", why);
 }
 
 void parse_model(table_reader& r, model_config& c, const std::string& base) {
   r.choice("preset", c.preset, {"tiny", "50m"});
   r.string("checkpoint", c.checkpoint);
   c.checkpoint = resolve(base, c.checkpoint);
+  if (!c.checkpoint.empty())
+    if (auto why = path_problem(c.checkpoint, path_role::directory_to_make); !why.empty())
+      r.conflict("checkpoint", why);
   r.boolean("warm_start", c.warm_start);
   r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"});
   not_yet(r, "rollout_dtype", c.rollout_dtype != "bf16", "rollout_dtype \"fp32\"");
@@ -383,8 +549,10 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
     r.missing("path", "task \"jsonl\" needs a path to a JSONL prompts file");
   c.path = resolve(base, c.path);
   c.eval_path = resolve(base, c.eval_path);
-  if (!c.path.empty() && !std::filesystem::exists(c.path))
-    r.missing("path", fmt::format("file \"{}\" does not exist", c.path));
+  for (auto [key, value] : {std::pair{"path", &c.path}, std::pair{"eval_path", &c.eval_path}})
+    if (!value->empty())
+      if (auto why = path_problem(*value, path_role::input_file); !why.empty())
+        r.conflict(key, why);
 }
 
 void parse_sft(table_reader& r, sft_config& c) {
@@ -421,14 +589,16 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
   // overlong punishment, token-level loss; any of them can still be set explicitly.
   if (c.name == "dapo") {
     const auto& t = r.table();
-    if (!t.contains("clip_eps_high"))
-      c.clip_eps_high = 0.28;
-    if (!t.contains("dynamic_sampling"))
-      c.dynamic_sampling = true;
-    if (!t.contains("overlong"))
-      c.overlong = "shape";
-    if (!t.contains("loss_norm"))
-      c.loss_norm = "token";
+    auto preset = [&](const char* key, auto& field, auto value) {
+      if (t.contains(key))
+        return;
+      field = value;
+      c.preset_keys.emplace_back(key);
+    };
+    preset("clip_eps_high", c.clip_eps_high, 0.28);
+    preset("dynamic_sampling", c.dynamic_sampling, true);
+    preset("overlong", c.overlong, "shape");
+    preset("loss_norm", c.loss_norm, "token");
   }
 }
 
@@ -509,8 +679,8 @@ void parse_network(table_reader& r, network_config& c, const std::string& base) 
         continue;
       }
       *v = resolve(base, *v);
-      if (!std::filesystem::exists(*v) && n)
-        r.error(k, *n, fmt::format("file \"{}\" does not exist", *v));
+      if (auto why = path_problem(*v, path_role::input_file); !why.empty() && n)
+        r.error(k, *n, why);
     }
   }
 }
@@ -557,7 +727,8 @@ void parse_role(const toml::node& n, const std::string& key, error_sink& sink,
     for (const auto& r : known_roles)
       list += (list.empty() ? "" : ", ") + r;
     sink.add(name_node->source(), key,
-             fmt::format("unknown role \"{}\" (known roles: {})", spec.role, list));
+             fmt::format("unknown role \"{}\" (known roles: {}){}", spec.role, list,
+                         value_hint(spec.role, {known_roles.begin(), known_roles.end()})));
     return;
   }
   node.actors.push_back(std::move(spec));
@@ -656,21 +827,12 @@ void check_topology(const toml::table& root, error_sink& sink, experiment_config
   }
 }
 
-} // namespace
-
-experiment_config parse_config(std::string_view text, const std::string& file,
-                               const std::set<std::string>& known_roles,
-                               const std::string& base_dir) {
-  error_sink sink{file, {}};
-  toml::table root;
-  try {
-    root = toml::parse(text, file);
-  } catch (const toml::parse_error& e) {
-    sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
-    throw config_exception(std::move(sink.errors));
-  }
+/// Everything after the TOML syntax: fills the structs from `root`, adding every problem to
+/// `sink` (the caller throws).
+experiment_config parse_root(const toml::table& root, error_sink& sink,
+                             const std::set<std::string>& known_roles,
+                             const std::string& base_dir) {
   experiment_config cfg;
-  cfg.file = file;
   std::set<std::string> seen;
   auto section = [&](std::string_view name, auto&& fn) {
     seen.emplace(name);
@@ -700,16 +862,58 @@ experiment_config parse_config(std::string_view text, const std::string& file,
   section("network", [&](table_reader& r) { parse_network(r, cfg.network, base_dir); });
   section("smoke", [&](table_reader& r) { parse_smoke(r, cfg.smoke); });
   seen.emplace("node");
+  if (sink.known)
+    (*sink.known)[""].insert(seen.begin(), seen.end());
   parse_nodes(root.get("node"), sink, known_roles, cfg);
   for (auto&& [k, v] : root)
     if (seen.count(std::string{k.str()}) == 0)
-      sink.add(k.source(), std::string{k.str()}, "unknown section or key");
+      sink.add(k.source(), std::string{k.str()},
+               "unknown section or key" + key_hint("", k.str()));
   if (sink.errors.empty()) {
     if (cfg.nodes.empty())
       sink.add(root.source(), "node", "the file defines no [[node]]: nothing would run");
     else
       check_topology(root, sink, cfg);
   }
+  return cfg;
+}
+
+} // namespace
+
+const std::map<std::string, std::set<std::string>>& known_config_keys() {
+  // Read off the parser: every section empty, one [[node]] with one table entry in actors,
+  // so each reader looks up each of its keys once. No path is set, so nothing touches disk.
+  // A first pass over an empty file yields the section names.
+  static const auto keys = [] {
+    std::map<std::string, std::set<std::string>> known;
+    error_sink sink{"<known keys>", {}, &known};
+    parse_root(toml::table{}, sink, {}, ".");
+    toml::table probe;
+    for (const auto& name : known[""])
+      if (name != "node")
+        probe.insert(name, toml::table{});
+    toml::table node;
+    node.insert("actors", toml::array{toml::table{}});
+    probe.insert("node", toml::array{std::move(node)});
+    parse_root(probe, sink, {}, ".");
+    return known;
+  }();
+  return keys;
+}
+
+experiment_config parse_config(std::string_view text, const std::string& file,
+                               const std::set<std::string>& known_roles,
+                               const std::string& base_dir) {
+  error_sink sink{file, {}};
+  toml::table root;
+  try {
+    root = toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
+    throw config_exception(std::move(sink.errors));
+  }
+  auto cfg = parse_root(root, sink, known_roles, base_dir);
+  cfg.file = file;
   if (!sink.errors.empty())
     throw config_exception(std::move(sink.errors));
   return cfg;
@@ -717,9 +921,13 @@ experiment_config parse_config(std::string_view text, const std::string& file,
 
 experiment_config load_config(const std::string& path,
                               const std::set<std::string>& known_roles) {
-  std::ifstream in{path, std::ios::binary};
-  if (!in)
-    throw config_exception({config_error{path, 0, 0, "", "cannot open the file"}});
+  auto why = path_problem(path, path_role::input_file);
+  std::ifstream in;
+  if (why.empty())
+    in.open(path, std::ios::binary);
+  if (!why.empty() || !in)
+    throw config_exception({config_error{
+      path, 0, 0, "", "cannot open the file" + (why.empty() ? std::string{} : ": " + why)}});
   std::ostringstream text;
   text << in.rdbuf();
   auto base = std::filesystem::path{path}.parent_path().string();

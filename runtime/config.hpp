@@ -6,6 +6,7 @@
 // Free of CAF: the loader is a pure function from text to structs or a list of errors.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -141,6 +142,9 @@ struct algorithm_config {
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = 0;              ///< 0 = off
+  /// Not a key: the keys `name`'s preset set because the file does not (runtime/
+  /// config_resolved.hpp, preset_summary, reports them at start).
+  std::vector<std::string> preset_keys;
 };
 
 /// [sagc]: group-size control (DESIGN.md §6, SAGC).
@@ -262,7 +266,15 @@ experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
                                const std::string& base_dir = ".");
 
+/// The keys each table accepts, read off the parser itself: "" holds the top-level names
+/// (sections and "node"), "node" the keys of a [[node]], "node.actors" those of an actors
+/// entry `{ role = ..., count = ... }`, every other entry a section's keys. An unknown key
+/// is reported with the nearest of these ("did you mean `temperature` in [algorithm]?").
+const std::map<std::string, std::set<std::string>>& known_config_keys();
+
 /// Reads and parses a file; a missing or unreadable file is a config_exception too.
+/// Every file-system problem of a configured path (missing, too long a name, no permission,
+/// a symlink loop, a file where a directory belongs) is a config_error at its key.
 experiment_config load_config(const std::string& path,
                               const std::set<std::string>& known_roles);
 

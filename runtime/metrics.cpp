@@ -225,8 +225,13 @@ metrics_sink::metrics_sink(metrics_sink&&) noexcept = default;
 metrics_sink& metrics_sink::operator=(metrics_sink&&) noexcept = default;
 
 void metrics_sink::open_resume(std::optional<int64_t> keep_through_step) {
-  if (!std::filesystem::exists(path_))
+  std::error_code access;
+  if (!std::filesystem::exists(path_, access)) {
+    if (access)
+      throw std::runtime_error("metrics: cannot access " + path_.string() + ": "
+                               + access.message());
     return;
+  }
   std::ifstream in(path_, std::ios::binary);
   if (!in)
     throw std::runtime_error("metrics: cannot read " + path_.string() + ": " + errno_text());

@@ -23,6 +23,9 @@ while (($#)); do
     *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+me=bench/sagc/real_run.sh
+source "$root/scripts/lib/need.sh"
+need_commands /usr/bin/python3:python3
 [[ -x build/sorl ]] || scripts/build
 out=runs/sagc-real
 mkdir -p "$out"

@@ -10,9 +10,8 @@
 # rollouts per second) are documented in actors/sagc/simulator.hpp.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+me=bench/sagc/sagc_sim.sh
+source "$root/scripts/lib/need.sh"
 build=${BUILD_DIR:-$root/build}
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S "$root" -B "$build" -G Ninja -DSORL_BUILD_TESTS=OFF -DSORL_WITH_CUDA=OFF >/dev/null
-fi
-cmake --build "$build" --target sagc_sim >/dev/null
+build_target "$build" sagc_sim -DSORL_BUILD_TESTS=OFF -DSORL_WITH_CUDA=OFF
 exec "$build/bench/sagc/sagc_sim" "$@"

@@ -11,10 +11,9 @@
 # otherwise). --quick: tiny preset and 2^24 synthetic elements, well under a minute.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+me=bench/sync/sync_codec.sh
+source "$root/scripts/lib/need.sh"
 build=${BUILD_DIR:-$root/build}
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSORL_BUILD_TESTS=OFF \
-    -DSORL_WITH_CUDA=OFF >/dev/null
-fi
-cmake --build "$build" --target sync_codec_bench >/dev/null
+build_target "$build" sync_codec_bench -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSORL_BUILD_TESTS=OFF \
+  -DSORL_WITH_CUDA=OFF
 exec "$build/bench/sync/sync_codec_bench" "$@"

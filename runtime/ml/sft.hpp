@@ -14,7 +14,8 @@
 // Optimiser: AdamW (Loshchilov & Hutter 2019, decoupled weight decay; no decay on 1-D norm
 // weights), global gradient-norm clipping, linear warm-up then cosine decay to
 // min_lr_fraction × lr. Everything is seeded: the same options and thread count give the same
-// weights.
+// weights on the same CPU kernels (runtime/ml/cpu_kernels.hpp pins them for sorl and
+// scripts/measure_sft; the figures below were measured before that, on native kernels).
 //
 // Measured with scripts/measure_sft (runtime/ml/tools/sft_measure.cpp), 1 intra-op thread on
 // the 2-core development machine (Debian libtorch 1.13 on the reference BLAS), other jobs

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include "runtime/config.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 using sorl::config_error;
 using sorl::config_exception;
 using sorl::parse_config;
+using sorl::test::scratch_dir;
 
 namespace {
 
@@ -22,9 +24,9 @@ actors = ["ping", "pong"]
 )";
 
 /// Parses `text` expecting failure and returns the errors.
-std::vector<config_error> errors_of(const std::string& text) {
+std::vector<config_error> errors_of(const std::string& text, const std::string& base = ".") {
   try {
-    parse_config(text, "test.toml", roles);
+    parse_config(text, "test.toml", roles, base);
   } catch (const config_exception& e) {
     return e.errors();
   }
@@ -32,9 +34,9 @@ std::vector<config_error> errors_of(const std::string& text) {
   return {};
 }
 
-/// The one error of `text`, checked for file name.
-config_error only_error(const std::string& text) {
-  auto errs = errors_of(text);
+/// The one error of `text`, checked for file name; `base` is the config file's directory.
+config_error only_error(const std::string& text, const std::string& base = ".") {
+  auto errs = errors_of(text, base);
   REQUIRE(errs.size() == 1);
   CHECK(errs[0].file == "test.toml");
   return errs[0];
@@ -124,7 +126,10 @@ TEST_CASE("a value outside an enumeration lists the allowed ones") {
   auto e = only_error("[sync]\nmode = \"sparce\"\n" + std::string{minimal});
   CHECK(e.line == 2);
   CHECK(e.key == "sync.mode");
-  CHECK(e.message == "\"sparce\" is not one of \"full\", \"sparse\"");
+  CHECK(e.message == "\"sparce\" is not one of \"full\", \"sparse\"; did you mean \"sparse\"?");
+  // Nothing near: no hint.
+  CHECK(only_error("[sync]\nmode = \"dense\"\n" + std::string{minimal}).message
+        == "\"dense\" is not one of \"full\", \"sparse\"");
 }
 
 TEST_CASE("the rollout watchdog and the reward-failure policy are read and checked") {
@@ -363,4 +368,175 @@ TEST_CASE("settings that are not implemented yet are refused, not ignored") {
   auto one = only_error("[sagc]\ngroup_size = 1\n" + std::string{minimal});
   CHECK(one.key == "sagc.group_size");
   CHECK(one.message == "1 is out of range [2, 65536]");
+}
+
+TEST_CASE("a misspelled key is answered with the nearest known key of its table") {
+  auto e = only_error("[algorithm]\ntemprature = 0.7\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.temprature");
+  CHECK(e.line == 2);
+  CHECK(e.column == 1);
+  CHECK(e.message == "unknown key; did you mean `temperature`?");
+  CHECK(only_error("[sagc]\ngroup_sz = 4\n" + std::string{minimal}).message
+        == "unknown key; did you mean `group_size`?");
+}
+
+TEST_CASE("a key written in the wrong table is answered with the tables that have it") {
+  // At the top level: the same name, or a near one, in any section.
+  auto e = only_error("temprature = 0.7\n" + std::string{minimal});
+  CHECK(e.key == "temprature");
+  CHECK(e.message == "unknown section or key; did you mean `temperature` in [algorithm]?");
+  CHECK(only_error("lr = 1e-3\n" + std::string{minimal}).message
+        == "unknown section or key; did you mean `lr` in [algorithm] or [sft]?");
+  // In another section.
+  CHECK(only_error("[run]\nlr = 1e-3\n" + std::string{minimal}).message
+        == "unknown key; did you mean `lr` in [algorithm] or [sft]?");
+  CHECK(only_error("[algoritm]\nlr = 1e-3\n" + std::string{minimal}).message
+        == "unknown section or key; did you mean [algorithm]?");
+  CHECK(only_error("[[nodes]]\nname = \"x\"\n" + std::string{minimal}).message
+        == "unknown section or key; did you mean [[node]]?");
+}
+
+TEST_CASE("an unknown key with no known key near it gets no hint") {
+  // learning_rate is 6 edits from its nearest key (target_rate); the limit for 13 characters
+  // is 4 (one per three characters).
+  auto e = only_error("learning_rate = 1e-3\n" + std::string{minimal});
+  CHECK(e.key == "learning_rate");
+  CHECK(e.message == "unknown section or key");
+  CHECK(only_error("[algorithm]\nlearning_rate = 1e-3\n" + std::string{minimal}).message
+        == "unknown key");
+}
+
+TEST_CASE("node keys, actors entries and role names get hints too") {
+  auto e = only_error(R"([[node]]
+name = "main"
+actor = ["ping"]
+)");
+  CHECK(e.key == "node[1].actor");
+  CHECK(e.message == "unknown key; did you mean `actors`?");
+  auto errs = errors_of(R"([[node]]
+name = "main"
+actors = [{ role = "pong", cuont = 2 }, "pongg"]
+)");
+  REQUIRE(errs.size() == 2);
+  CHECK(errs[0].key == "node[1].actors[1].cuont");
+  CHECK(errs[0].message == "unknown key; did you mean `count`?");
+  CHECK(errs[1].key == "node[1].actors[2]");
+  CHECK(errs[1].message
+        == "unknown role \"pongg\" (known roles: ping, pong); did you mean \"pong\"?");
+}
+
+TEST_CASE("the known keys are read off the parser") {
+  const auto& known = sorl::known_config_keys();
+  CHECK(known.at("").count("algorithm") == 1);
+  CHECK(known.at("").count("node") == 1);
+  CHECK(known.at("algorithm").count("temperature") == 1);
+  CHECK(known.at("sft").count("lr") == 1);
+  CHECK(known.at("node") == std::set<std::string>{"actors", "connect", "listen", "name"});
+  CHECK(known.at("node.actors") == std::set<std::string>{"count", "role"});
+  CHECK(known.count("<known keys>") == 0);
+}
+
+TEST_CASE("a path component longer than 255 bytes is a config error at its key") {
+  scratch_dir dir{"long_names"};
+  const std::string longname(300, 'a');
+  struct site {
+    std::string text;
+    std::string key;
+    int line;
+  };
+  for (const auto& s : {
+         site{"[task]\nname = \"jsonl\"\npath = \"" + longname + "/x.jsonl\"\n", "task.path", 3},
+         site{"[task]\neval_path = \"" + longname + "\"\n", "task.eval_path", 2},
+         site{"[model]\ncheckpoint = \"ckpt/" + longname + "\"\n", "model.checkpoint", 2},
+         site{"[run]\noutput_dir = \"" + longname + "\"\n", "run.output_dir", 2},
+         site{"[run]\nname = \"" + longname + "\"\n", "run.name", 2},
+         site{"[network]\ntls_certificate = \"" + longname + "\"\ntls_key = \"k\"\n"
+              "tls_ca_file = \"c\"\n",
+              "network.tls_certificate", 2},
+       }) {
+    INFO(s.key);
+    try {
+      parse_config(s.text + minimal, "test.toml", roles, dir.path.string());
+      FAIL("accepted");
+    } catch (const config_exception& e) {
+      // TLS: the key and CA files are missing too; the long name is the first error.
+      const auto& err = e.errors().at(0);
+      CHECK(err.key == s.key);
+      CHECK(err.line == s.line);
+      CHECK(err.column > 0);
+      CHECK_THAT(err.message, Catch::Contains("the component \"aaaaaaaaaaaaaaaaaaaaaaaa...\" "
+                                              "is 300 bytes long; a file name may have at "
+                                              "most 255"));
+    }
+  }
+}
+
+TEST_CASE("a path through a file, a symlink loop or a locked directory is a config error") {
+  scratch_dir dir{"bad_paths"};
+  std::ofstream{dir.path / "plain"} << "x";
+  std::filesystem::create_symlink("loop_b", dir.path / "loop_a");
+  std::filesystem::create_symlink("loop_a", dir.path / "loop_b");
+  const auto base = dir.path.string();
+
+  auto e = only_error("[task]\nname = \"jsonl\"\npath = \"plain/x.jsonl\"\n" + std::string{minimal}, base);
+  CHECK(e.key == "task.path");
+  CHECK(e.line == 3);
+  CHECK(e.message == "cannot access \"" + base + "/plain/x.jsonl\": Not a directory");
+
+  auto loop = only_error("[task]\nname = \"jsonl\"\npath = \"loop_a\"\n" + std::string{minimal}, base);
+  CHECK(loop.key == "task.path");
+  CHECK(loop.message == "cannot access \"" + base + "/loop_a\": Too many levels of symbolic links");
+  CHECK(only_error("[model]\ncheckpoint = \"loop_a/ckpt\"\n" + std::string{minimal}, base).key
+        == "model.checkpoint");
+  auto tls = only_error("[network]\ntls_certificate = \"plain\"\ntls_key = \"plain\"\n"
+                           "tls_ca_file = \"loop_b\"\n" + std::string{minimal}, base);
+  CHECK(tls.key == "network.tls_ca_file");
+  CHECK(tls.line == 4);
+  CHECK_THAT(tls.message, Catch::EndsWith("Too many levels of symbolic links"));
+
+  // A file where the run directory or the checkpoint root belongs.
+  auto run = only_error("[run]\noutput_dir = \"" + base + "/plain\"\n" + std::string{minimal}, base);
+  CHECK(run.key == "run.output_dir");
+  CHECK(run.message == "\"" + base + "/plain\" exists and is not a directory");
+  CHECK(only_error("[model]\ncheckpoint = \"plain\"\n" + std::string{minimal}, base).message
+        == "\"" + base + "/plain\" exists and is not a directory");
+  // A directory where a file belongs.
+  std::filesystem::create_directory(dir.path / "adir");
+  CHECK(only_error("[task]\neval_path = \"adir\"\n" + std::string{minimal}, base).message
+        == "\"" + base + "/adir\" is a directory, not a file");
+
+  std::filesystem::create_directory(dir.path / "locked");
+  std::ofstream{dir.path / "locked" / "tasks.jsonl"} << "{}\n";
+  std::ofstream{dir.path / "unreadable.jsonl"} << "{}\n";
+  std::filesystem::permissions(dir.path / "unreadable.jsonl", std::filesystem::perms::none);
+  std::filesystem::permissions(dir.path / "locked", std::filesystem::perms::none);
+  if (geteuid() == 0) {
+    WARN("running as root, which passes every permission check: the permission-denied "
+         "cases are skipped (the not-a-directory case above covers the same error path)");
+    return;
+  }
+  auto denied = only_error("[task]\nname = \"jsonl\"\npath = \"locked/tasks.jsonl\"\n" + std::string{minimal}, base);
+  CHECK(denied.key == "task.path");
+  CHECK(denied.message == "cannot access \"" + base + "/locked/tasks.jsonl\": Permission denied");
+  CHECK(only_error("[task]\nname = \"jsonl\"\npath = \"unreadable.jsonl\"\n" + std::string{minimal}, base).message
+        == "cannot read \"" + base + "/unreadable.jsonl\": Permission denied");
+}
+
+TEST_CASE("a config file that cannot be opened says why") {
+  scratch_dir dir{"config_open"};
+  auto check = [](const std::string& path, const std::string& why) {
+    try {
+      sorl::load_config(path, roles);
+      FAIL("no exception for " << path);
+    } catch (const config_exception& e) {
+      REQUIRE(e.errors().size() == 1);
+      CHECK(e.errors()[0].file == path);
+      CHECK_THAT(e.errors()[0].message, Catch::StartsWith("cannot open the file: ")
+                                          && Catch::EndsWith(why));
+    }
+  };
+  check((dir.path / std::string(300, 'c')).string() + ".toml", "a file name may have at most 255");
+  check(dir.path.string(), "is a directory, not a file");
+  std::filesystem::create_symlink("self", dir.path / "self");
+  check((dir.path / "self").string(), "Too many levels of symbolic links");
 }

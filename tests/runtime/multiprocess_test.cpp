@@ -5,8 +5,11 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "tests/support/process.hpp"
 
@@ -176,6 +179,127 @@ actors = ["ping", "pong"]
                      1s));
     CHECK(p.wait_for("nothing started", 1s));
   }
+}
+
+TEST_CASE("sorl check reports a file name that is too long as a config error, exit 2") {
+  const std::string longname(300, 'x');
+  auto cfg = write_config("mp_long_path.toml", "[task]\nname = \"jsonl\"\npath = \"" + longname
+                                                 + ".jsonl\"\n[network]\ntls_certificate = \""
+                                                 + longname + "\"\n" + R"(
+[[node]]
+name = "main"
+actors = ["ping", "pong"]
+)");
+  child_process p{{SORL_BIN, "check", cfg}};
+  CHECK(p.wait_exit(10s) == 2);
+  INFO(p.output());
+  CHECK(p.wait_for("mp_long_path.toml:3:8: key 'task.path': ", 1s));
+  CHECK(p.wait_for("mp_long_path.toml:5:19: key 'network.tls_certificate': ", 1s));
+  CHECK(p.wait_for("is 300 bytes long; a file name may have at most 255", 1s));
+  CHECK(p.wait_for("nothing started", 1s));
+  CHECK(p.output().find("terminate called") == std::string::npos);
+}
+
+TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CPU") {
+  // sorl pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2 (runtime/ml/cpu_kernels.hpp);
+  // run b sets by hand what an AVX2-only machine would choose by itself.
+  // On an AVX-512 machine, run a without the pin differs in the last bits of every weight.
+  auto run = [](const std::string& name, bool as_avx2_machine, const char* blas_dir = nullptr) {
+    auto dir = fs::path{SORL_TEST_DATA_DIR} / ("isa_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    auto cfg = write_config("isa_" + name + ".toml",
+                            "[model]\ncheckpoint = \"" + dir.string() + "\"\n"
+                            "[task]\nmax_new_tokens = 6\n[sft]\nsteps = 8\nbatch_size = 8\n"
+                            "eval_count = 0\n[[node]]\nname = \"m\"\nactors = [\"ping\"]\n");
+    // This process's environment is the child's: set for the one spawn, then put back.
+    std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+    for (auto v : {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "LD_LIBRARY_PATH"}) {
+      const char* old = std::getenv(v);
+      saved.emplace_back(v, old ? std::optional<std::string>{old} : std::nullopt);
+    }
+    if (as_avx2_machine) {
+      setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+      setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+      setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    }
+    if (blas_dir)
+      setenv("LD_LIBRARY_PATH", blas_dir, 1);
+    child_process p{{SORL_BIN, "sft", cfg}};
+    for (const auto& [v, old] : saved)
+      old ? setenv(v, old->c_str(), 1) : unsetenv(v);
+    auto rc = p.wait_exit(120s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    std::ifstream in{dir / "step-0000000008" / "model.safetensors", std::ios::binary};
+    std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+    fs::remove_all(dir);
+    return bytes;
+  };
+  auto pinned = run("pinned", false);
+  auto avx2 = run("avx2", true);
+  REQUIRE(pinned.size() > 1000);
+  CHECK(pinned == avx2);
+  // A machine whose BLAS alternative is the reference BLAS (where Debian has it): sorl loads
+  // OpenBLAS instead.
+  const char* reference_blas = "/usr/lib/x86_64-linux-gnu/blas";
+  if (fs::exists(fs::path{reference_blas} / "libblas.so.3"))
+    CHECK(run("reference_blas", false, reference_blas) == pinned);
+  else
+    WARN("no reference BLAS in " << reference_blas << ": the BLAS-alternative case is skipped");
+}
+
+TEST_CASE("sorl train keeps the resolved configuration and reports what a resume changed") {
+  auto out = fs::path{SORL_TEST_DATA_DIR} / ("resolved_run_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto text = [&](const std::string& steps_and_lr) {
+    return "[run]\nname = \"r\"\noutput_dir = \"" + out.string() + "\"\n" + steps_and_lr
+           + "checkpoint_every = 1\n[task]\nmax_new_tokens = 2\neval_prompts = 0\n"
+             "[algorithm]\nname = \"dapo\"\nprompts_per_step = 1\ndynamic_sampling = false\n"
+             "[sagc]\ngroup_size = 2\n[[node]]\nname = \"main\"\nactors = [\"trainer\", "
+             "\"learner\", \"sync_publisher\", \"sagc_controller\", \"scheduler\", "
+             "\"rollout_worker\"]\n";
+  };
+  auto read = [](const fs::path& p) {
+    std::ifstream in{p};
+    return std::string{std::istreambuf_iterator<char>{in}, {}};
+  };
+  auto first = write_config("resolved_run.toml", text("steps = 1\n"));
+  {
+    child_process p{{SORL_BIN, "train", first}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK(p.wait_for("resolved_run.toml: algorithm = dapo sets clip_eps_high = 0.28 (default "
+                     "0.2), overlong = \"shape\" (default \"none\")",
+                     1s));
+  }
+  auto resolved = out / "r" / "config.resolved.toml";
+  auto kept = out / "r" / "config.resolved.1.toml";
+  auto before = read(resolved);
+  CHECK_THAT(before, Catch::Contains("\n[algorithm]\nname = \"dapo\"\n"));
+  CHECK_THAT(before, Catch::Contains("\nclip_eps_high = 0.28\n"));
+  CHECK_THAT(before, Catch::Contains("\nlr = 0.0001\n"));
+  // The resolved file is an experiment file: the same run from it changes nothing.
+  {
+    child_process p{{SORL_BIN, "train", resolved.string(), "--resume"}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK_FALSE(p.wait_for("differ from the run's previous session", 1s));
+  }
+  CHECK_FALSE(fs::exists(kept));
+  auto changed = text("steps = 2\n");
+  changed.insert(changed.find("prompts_per_step"), "lr = 2e-4\n");
+  auto second = write_config("resolved_run2.toml", changed);
+  {
+    child_process p{{SORL_BIN, "train", second, "--resume"}};
+    CHECK(p.wait_exit(120s) == 0);
+    INFO(p.output());
+    CHECK(p.wait_for("(its resolved configuration is kept as " + kept.string() + ")", 1s));
+    CHECK(p.wait_for("  run.steps: 1 → 2", 1s));
+    CHECK(p.wait_for("  algorithm.lr: 0.0001 → 0.0002", 1s));
+  }
+  CHECK(read(kept) == before);
+  CHECK_THAT(read(resolved), Catch::Contains("\nlr = 0.0002\n"));
+  fs::remove_all(out);
 }
 
 TEST_CASE("a node that cannot reach its hub gives up after the connect timeout") {

@@ -10,6 +10,7 @@
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps).
 // A live progress line goes to stderr, the summary to stdout.
 
+#include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/ml/tokenizer.hpp"
@@ -24,6 +25,9 @@
 using namespace sorl::ml;
 
 int main(int argc, char** argv) try {
+  // The same kernels as `sorl sft`, so that the accuracy measured is the one sorl gets.
+  sorl::pin_cpu_kernels(argv);
+  std::fprintf(stderr, "CPU kernels: %s\n", sorl::cpu_kernels_summary().c_str());
   sft_options o;
   o.threads = 1;
   for (int i = 1; i < argc; ++i) {

@@ -1,0 +1,219 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "runtime/config.hpp"
+#include "runtime/config_resolved.hpp"
+#include "tests/support/scratch_dir.hpp"
+
+using sorl::parse_config;
+using sorl::test::scratch_dir;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::set<std::string> roles{"ping", "pong"};
+
+std::string without_comments(const std::string& text) {
+  std::istringstream in{text};
+  std::string line;
+  std::string out;
+  while (std::getline(in, line))
+    if (line.rfind("#", 0) != 0)
+      out += line + "\n";
+  return out;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in{p};
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// Settings away from their defaults in every table, with strings and floats that need care.
+std::string full_config(const fs::path& dir) {
+  return R"([run]
+name = "quote\"back\\slash"
+seed = 7
+output_dir = ")" + (dir / "runs").string() + R"("
+[model]
+checkpoint = "ckpt"
+warm_start = true
+[task]
+name = "jsonl"
+path = "tasks.jsonl"
+match = "integer"
+[algorithm]
+name = "dapo"
+overlong = "filter"
+lr = 1e-4
+top_p = 0.8
+temperature = 0.7
+kl_coef = 1e-40
+max_grad_norm = inf
+[sagc]
+policy = "sagc"
+g_min = 4
+[network]
+heartbeat_ms = 100
+connection_timeout_ms = 300
+[[node]]
+name = "hub"
+listen = "127.0.0.1:0"
+actors = ["ping"]
+[[node]]
+name = "worker"
+connect = "hub"
+actors = [{ role = "pong", count = 3 }]
+)";
+}
+
+} // namespace
+
+TEST_CASE("the resolved configuration reads back to the same settings") {
+  scratch_dir dir{"resolved_roundtrip"};
+  std::ofstream{dir.path / "tasks.jsonl"} << R"({"prompt": "1+1=", "answer": "2"})" << '\n';
+  auto cfg = parse_config(full_config(dir.path), "exp.toml", roles, dir.path.string());
+  auto text = sorl::resolved_toml(cfg);
+  // Loaded from elsewhere: absolute paths mean the same from any directory.
+  auto back = parse_config(text, "config.resolved.toml", roles, "/");
+  auto again = sorl::resolved_toml(back);
+  CHECK(sorl::resolved_differences(text, again).empty());
+  CHECK(without_comments(text) == without_comments(again));
+
+  CHECK(back.run.name == "quote\"back\\slash");
+  CHECK(back.run.seed == 7);
+  CHECK(back.run.output_dir == (dir.path / "runs").string());
+  CHECK(back.model.checkpoint == (dir.path / "ckpt").string());
+  CHECK(back.task.path == (dir.path / "tasks.jsonl").string());
+  CHECK(back.task.match == "integer");
+  CHECK(back.algorithm.clip_eps_high == 0.28);
+  CHECK(back.algorithm.dynamic_sampling);
+  CHECK(back.algorithm.overlong == "filter");
+  CHECK(back.algorithm.lr == 1e-4);
+  CHECK(back.algorithm.top_p == 0.8);
+  CHECK(back.algorithm.temperature == 0.7);
+  CHECK(back.algorithm.kl_coef == 1e-40);
+  CHECK(back.algorithm.max_grad_norm == std::numeric_limits<double>::infinity());
+  CHECK(back.sagc.g_min == 4);
+  CHECK(back.sagc.g_max == 16);
+  CHECK(back.network.heartbeat_ms == 100);
+  REQUIRE(back.nodes.size() == 2);
+  CHECK(back.nodes[0].listen->to_string() == "127.0.0.1:0");
+  CHECK(back.nodes[1].connect == "hub");
+  REQUIRE(back.nodes[1].actors.size() == 1);
+  CHECK(back.nodes[1].actors[0].role == "pong");
+  CHECK(back.nodes[1].actors[0].count == 3);
+  // Every key is explicit in the resolved file, so no preset default is left to report.
+  CHECK(back.algorithm.preset_keys.empty());
+  CHECK(sorl::preset_summary(back).empty());
+}
+
+TEST_CASE("the resolved configuration holds every key the parser knows") {
+  scratch_dir dir{"resolved_keys"};
+  std::ofstream{dir.path / "tasks.jsonl"} << "{}\n";
+  auto cfg = parse_config(full_config(dir.path), "exp.toml", roles, dir.path.string());
+  std::map<std::string, std::set<std::string>> written;
+  for (const auto& e : sorl::resolved_entries(cfg)) {
+    auto kind = e.table.rfind("node[", 0) == 0 ? std::string{"node"} : e.table;
+    written[""].insert(kind);
+    written[kind].insert(e.key);
+    if (e.key == "actors")
+      CHECK(e.value == (e.table == "node[2]" ? R"([{ role = "pong", count = 3 }])"
+                                             : R"([{ role = "ping", count = 1 }])"));
+  }
+  auto known = sorl::known_config_keys();
+  known["network"].erase("tls_passphrase"); // a secret, deliberately not copied
+  known.erase("node.actors");               // written inline in `actors`, checked above
+  CHECK(written == known);
+}
+
+TEST_CASE("the TLS passphrase is not copied into the run directory") {
+  auto cfg = parse_config("[network]\ntls_passphrase = \"hunter2\"\n[[node]]\nname = \"m\"\n"
+                          "actors = [\"ping\"]\n",
+                          "exp.toml", roles);
+  CHECK(cfg.network.tls_passphrase == "hunter2");
+  CHECK(sorl::resolved_toml(cfg).find("hunter2") == std::string::npos);
+}
+
+TEST_CASE("algorithm dapo names the defaults it changed that the file does not set") {
+  const std::string node = "[[node]]\nname = \"m\"\nactors = [\"ping\"]\n";
+  auto dapo = parse_config("[algorithm]\nname = \"dapo\"\n" + node, "exp.toml", roles);
+  CHECK(dapo.algorithm.preset_keys
+        == std::vector<std::string>{"clip_eps_high", "dynamic_sampling", "overlong", "loss_norm"});
+  // loss_norm "token" is the plain default too: not a change.
+  CHECK(sorl::preset_summary(dapo)
+        == "algorithm = dapo sets clip_eps_high = 0.28 (default 0.2), dynamic_sampling = true "
+           "(default false), overlong = \"shape\" (default \"none\")");
+  auto partly = parse_config("[algorithm]\nname = \"dapo\"\noverlong = \"filter\"\n"
+                             "clip_eps_high = 0.3\n" + node,
+                             "exp.toml", roles);
+  CHECK(sorl::preset_summary(partly)
+        == "algorithm = dapo sets dynamic_sampling = true (default false)");
+  auto grpo = parse_config(node, "exp.toml", roles);
+  CHECK(grpo.algorithm.preset_keys.empty());
+  CHECK(sorl::preset_summary(grpo).empty());
+}
+
+TEST_CASE("a resumed run keeps the previous resolved configuration when settings change") {
+  scratch_dir dir{"resolved_write"};
+  const std::string node = "[[node]]\nname = \"m\"\nactors = [\"ping\"]\n";
+  auto head = "[run]\nname = \"r\"\noutput_dir = \"" + dir.path.string() + "\"\n";
+  auto cfg = parse_config(head + node, "exp.toml", roles);
+  const auto file = dir.path / "r" / "config.resolved.toml";
+  const auto kept = dir.path / "r" / "config.resolved.1.toml";
+
+  auto fresh = sorl::write_resolved_config(cfg, false);
+  CHECK(fresh.path == file);
+  CHECK(fresh.changes.empty());
+  CHECK(read(file) == sorl::resolved_toml(cfg));
+
+  // Same settings (even from another file name): nothing kept, nothing rewritten.
+  auto same_cfg = parse_config(head + node, "elsewhere.toml", roles);
+  auto same = sorl::write_resolved_config(same_cfg, true);
+  CHECK(same.changes.empty());
+  CHECK(same.previous.empty());
+  CHECK(read(file) == sorl::resolved_toml(cfg));
+  CHECK_FALSE(fs::exists(kept));
+
+  auto changed_cfg = parse_config(head + "[algorithm]\nlr = 2e-4\n" + node, "exp.toml", roles);
+  auto changed = sorl::write_resolved_config(changed_cfg, true);
+  CHECK(changed.changes == std::vector<std::string>{"algorithm.lr: 0.0001 → 0.0002"});
+  CHECK(changed.previous == kept);
+  CHECK(read(kept) == sorl::resolved_toml(cfg));
+  CHECK(read(file) == sorl::resolved_toml(changed_cfg));
+
+  // A fresh start over the run replaces it all.
+  sorl::write_resolved_config(cfg, false);
+  CHECK_FALSE(fs::exists(kept));
+  CHECK(read(file) == sorl::resolved_toml(cfg));
+}
+
+TEST_CASE("a resolved configuration that cannot be written is an error naming the path") {
+  scratch_dir dir{"resolved_unwritable"};
+  std::ofstream{dir.path / "plain"} << "x";
+  sorl::experiment_config cfg;
+  cfg.run.output_dir = (dir.path / "plain").string();
+  try {
+    sorl::write_resolved_config(cfg, false);
+    FAIL("no error");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string{e.what()}
+          == (dir.path / "plain" / "sorl").string()
+               + ": cannot create the run directory: Not a directory");
+  }
+}
+
+TEST_CASE("differences between resolved files name each changed, added and removed key") {
+  auto before = "# c\n[run]\nname = \"a\"\nsteps = 3\n\n[[node]]\nname = \"m\"\n";
+  auto after = "[run]\nname = \"b\"\nseed = 1\n\n[[node]]\nname = \"m\"\n";
+  CHECK(sorl::resolved_differences(before, after)
+        == std::vector<std::string>{"run.name: \"a\" → \"b\"", "run.seed: (absent) → 1",
+                                    "run.steps: 3 → (absent)"});
+  CHECK(sorl::resolved_differences(before, before).empty());
+}
