@@ -127,6 +127,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("max_refill_rounds", a.max_refill_rounds);
   e.str("overlong", a.overlong);
   e.integer("overlong_cache", a.overlong_cache);
+  e.str("on_reward_failure", a.on_reward_failure);
   e.integer("epochs", a.epochs);
   e.integer("minibatches", a.minibatches);
   e.number("lr", a.lr);
@@ -167,6 +168,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("chunk_tokens", c.rollout.chunk_tokens);
   e.str("speculative", c.rollout.speculative);
   e.integer("kv_cache_tokens", c.rollout.kv_cache_tokens);
+  e.number("watchdog_s", c.rollout.watchdog_s);
 
   e.table = "scheduler";
   e.str("policy", c.scheduler.policy);
