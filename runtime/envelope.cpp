@@ -131,15 +131,17 @@ constexpr size_t unknown_length_chunk = size_t{1} << 20;
 /// cannot say how many bytes it holds: chunk by chunk, so a claimed length with nothing behind
 /// it fails after one chunk instead of after allocating all of it.
 caf::error read_in_chunks(caf::deserializer& f, uint64_t n, envelope::buffer& out) {
-  std::vector<capnp::word> words;
+  std::vector<char> bytes;
   for (uint64_t done = 0; done < n;) {
     const size_t step = static_cast<size_t>(std::min<uint64_t>(n - done, unknown_length_chunk));
-    words.resize((done + step) / sizeof(capnp::word));
-    if (auto err = f.apply_raw(step, reinterpret_cast<char*>(words.data()) + done))
+    bytes.resize(static_cast<size_t>(done) + step);
+    if (auto err = f.apply_raw(step, bytes.data() + done))
       return err;
     done += step;
   }
-  out = kj::heapArray<capnp::word>(words.data(), words.size());
+  out = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  if (!bytes.empty())
+    std::memcpy(out.begin(), bytes.data(), bytes.size());
   return caf::none;
 }
 
