@@ -15,7 +15,8 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <toml++/toml.h>
+
+#include "runtime/toml.hpp"
 
 namespace sorl {
 
@@ -629,7 +630,7 @@ void parse_salt(table_reader& r, salt_config& c) {
 
 void parse_sync(table_reader& r, sync_config& c) {
   r.choice("mode", c.mode, {"full", "sparse"});
-  r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 32);
+  r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 29);
   r.integer("full_every", c.full_every, 0, 1 << 30);
 }
 
@@ -907,7 +908,7 @@ experiment_config parse_config(std::string_view text, const std::string& file,
   error_sink sink{file, {}};
   toml::table root;
   try {
-    root = toml::parse(text, file);
+    root = parse_toml(text, file);
   } catch (const toml::parse_error& e) {
     sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
     throw config_exception(std::move(sink.errors));

@@ -170,7 +170,7 @@ struct salt_config {
 /// [sync]: learner → rollout weight synchronisation (DESIGN.md §6, SparseRL-Sync).
 struct sync_config {
   std::string mode = "sparse";   ///< "sparse" (bit-exact bf16 deltas) | "full"
-  int64_t bucket_bytes = 64ll << 20;
+  int64_t bucket_bytes = 64ll << 20; ///< bytes per bucket, 4096..2^29 (an envelope is ≤ 1 GiB)
   int64_t full_every = 0;        ///< a full anchor every N versions; 0 = never forced
 };
 

@@ -1,7 +1,10 @@
 #include "runtime/envelope.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include <caf/binary_deserializer.hpp>
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/message.hpp>
@@ -26,6 +29,8 @@ const char* to_string(envelope_errc x) {
       return "malformed";
     case envelope_errc::limit_exceeded:
       return "limit_exceeded";
+    case envelope_errc::truncated:
+      return "truncated";
   }
   return "unknown";
 }
@@ -106,12 +111,41 @@ std::string describe(const caf::error& err) {
 caf::error inspect(caf::serializer& f, envelope& x) {
   uint64_t id = x.schema_id();
   uint64_t n = x.size_bytes();
+  if (n > envelope_wire_limit)
+    return detail::make_envelope_error(
+      envelope_errc::oversized,
+      fmt::format("cannot send {} bytes: the wire limit is {} bytes", n, envelope_wire_limit));
   if (auto err = f(id, n))
     return err;
   if (n > 0)
     return f.apply_raw(n, const_cast<void*>(x.data()));
   return caf::none;
 }
+
+namespace {
+
+/// Bytes read at a time when the deserializer cannot tell how many are left.
+constexpr size_t unknown_length_chunk = size_t{1} << 20;
+
+/// Reads `n` bytes (a multiple of 8, at most envelope_wire_limit) from a deserializer that
+/// cannot say how many bytes it holds: chunk by chunk, so a claimed length with nothing behind
+/// it fails after one chunk instead of after allocating all of it.
+caf::error read_in_chunks(caf::deserializer& f, uint64_t n, envelope::buffer& out) {
+  std::vector<char> bytes;
+  for (uint64_t done = 0; done < n;) {
+    const size_t step = static_cast<size_t>(std::min<uint64_t>(n - done, unknown_length_chunk));
+    bytes.resize(static_cast<size_t>(done) + step);
+    if (auto err = f.apply_raw(step, bytes.data() + done))
+      return err;
+    done += step;
+  }
+  out = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  if (!bytes.empty())
+    std::memcpy(out.begin(), bytes.data(), bytes.size());
+  return caf::none;
+}
+
+} // namespace
 
 caf::error inspect(caf::deserializer& f, envelope& x) {
   uint64_t id = 0;
@@ -120,14 +154,25 @@ caf::error inspect(caf::deserializer& f, envelope& x) {
     return err;
   if (n % sizeof(capnp::word) != 0)
     return detail::make_envelope_error(envelope_errc::misaligned,
-                                       fmt::format("received {} bytes", n));
-  if (n > envelope_wire_limit)
-    return detail::make_envelope_error(envelope_errc::oversized,
                                        fmt::format("received length {} bytes", n));
-  auto words = kj::heapArray<capnp::word>(n / sizeof(capnp::word));
-  if (n > 0)
-    if (auto err = f.apply_raw(n, words.begin()))
-      return err;
+  if (n > envelope_wire_limit)
+    return detail::make_envelope_error(
+      envelope_errc::oversized,
+      fmt::format("received length {} bytes exceeds the limit of {} bytes", n,
+                  envelope_wire_limit));
+  envelope::buffer words;
+  if (auto* bin = dynamic_cast<caf::binary_deserializer*>(&f)) {
+    if (n > bin->remaining())
+      return detail::make_envelope_error(
+        envelope_errc::truncated,
+        fmt::format("received length {} bytes, but only {} bytes follow", n, bin->remaining()));
+    words = kj::heapArray<capnp::word>(n / sizeof(capnp::word));
+    if (n > 0)
+      if (auto err = f.apply_raw(n, words.begin()))
+        return err;
+  } else if (auto err = read_in_chunks(f, n, words)) {
+    return err;
+  }
   x = envelope{id, std::make_shared<const envelope::buffer>(std::move(words))};
   return caf::none;
 }

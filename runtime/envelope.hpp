@@ -36,13 +36,18 @@ enum class envelope_errc : uint8_t {
   wrong_schema,   ///< schema id differs from the one the reader expects
   malformed,      ///< capnp rejected the bytes (truncated segment table, bad pointer, ...)
   limit_exceeded, ///< traversal or nesting limit hit: hostile or runaway message
+  truncated,      ///< the wire length claims more bytes than the sender sent
 };
 
 const char* to_string(envelope_errc x);
 
+/// Largest envelope payload in bytes (1 GiB), on the wire and when opened: config keys that
+/// size messages (sync.bucket_bytes, smoke.payload_bytes) are bounded far below it.
+inline constexpr size_t envelope_max_bytes = size_t{1} << 30;
+
 /// Bounds applied when opening an envelope; defaults suit control messages and delta buckets.
 struct envelope_limits {
-  size_t max_bytes = size_t{1} << 30;  ///< 1 GiB; buckets are bounded far below this
+  size_t max_bytes = envelope_max_bytes; ///< bytes
   uint64_t traversal_words = 0;        ///< 0 = 8 × message words (capnp's own heuristic)
   int nesting = 64;                    ///< capnp's default
 };
@@ -175,13 +180,18 @@ std::string describe(const caf::error& err);
 
 // -- CAF serialization (cross-node) ---------------------------------------------------------
 
-/// Writes schema id, byte count and the raw bytes once.
+/// Writes schema id, byte count and the raw bytes once. Errors: oversized (more than
+/// envelope_wire_limit bytes, which no receiver would accept).
 caf::error inspect(caf::serializer& f, envelope& x);
-/// Reads and validates size before allocating, so a hostile length cannot exhaust memory.
+/// Reads schema id, byte count and bytes. The count is checked before anything is allocated:
+/// misaligned, oversized (above envelope_wire_limit), truncated (more than the bytes left in a
+/// caf::binary_deserializer, the one CAF's network layer uses). A deserializer that cannot
+/// tell how many bytes are left is read in chunks of at most 1 MiB, so memory grows with the
+/// bytes that actually arrive, never with the claimed count.
 caf::error inspect(caf::deserializer& f, envelope& x);
 
-/// Hard cap on a received envelope, bytes; larger ones are refused before allocation.
-inline constexpr size_t envelope_wire_limit = size_t{2} << 30;
+/// Hard cap on an envelope crossing the wire, bytes: the same as the reader's own limit.
+inline constexpr size_t envelope_wire_limit = envelope_max_bytes;
 
 /// For CAF's to_string and logging: prints the schema id and size only.
 template <class Inspector>

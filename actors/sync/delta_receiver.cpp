@@ -1,5 +1,6 @@
 #include "actors/sync/delta_receiver.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <variant>
 
@@ -11,7 +12,7 @@ void delta_receiver::reset() {
   active_ = false;
   header_.clear();
   buckets_.clear();
-  seen_.clear();
+  count_ = 0;
   left_ = 0;
   changed_ = 0;
 }
@@ -37,12 +38,17 @@ std::optional<std::string> delta_receiver::begin(uint64_t version, uint64_t base
                          h.name);
   if (bucket_count == 0)
     return fmt::format("sparse version {} announces no buckets", version);
+  uint64_t elements = 0;
+  for (const auto& h : header)
+    elements += h.elements();
+  if (bucket_count > std::max<uint64_t>(1, elements))
+    return fmt::format("sparse version {} announces {} buckets for {} elements", version,
+                       bucket_count, elements);
   header_ = header;
   version_ = version;
   base_version_ = base_version;
   model_hash_ = header_model_hash;
-  buckets_.assign(bucket_count, {});
-  seen_.assign(bucket_count, false);
+  count_ = bucket_count;
   left_ = bucket_count;
   active_ = true;
   return std::nullopt;
@@ -57,21 +63,20 @@ std::optional<std::string> delta_receiver::add_bucket(uint64_t version, uint32_t
   if (version != version_)
     return fmt::format("delta bucket of version {} while receiving version {}", version,
                        version_);
-  if (index >= seen_.size())
-    return fmt::format("delta bucket index {} out of range [0, {})", index, seen_.size());
-  if (seen_[index])
+  if (index >= count_)
+    return fmt::format("delta bucket index {} out of range [0, {})", index, count_);
+  if (buckets_.count(index) != 0)
     return fmt::format("delta bucket {} received twice", index);
   auto info = read_delta_bucket_info(data, size);
   if (auto* err = std::get_if<std::string>(&info))
     return fmt::format("delta bucket {}: {}", index, *err);
   const auto& h = std::get<delta_bucket_info>(info);
-  if (h.index != index || h.count != seen_.size())
-    return fmt::format("delta bucket {} of {} says it is bucket {} of {}", index, seen_.size(),
+  if (h.index != index || h.count != count_)
+    return fmt::format("delta bucket {} of {} says it is bucket {} of {}", index, count_,
                        h.index, h.count);
   if (auto err = check_delta_bucket(data, size, base_version_, version_, targets))
     return fmt::format("delta bucket {}: {}", index, *err);
   buckets_[index].assign(data, data + size);
-  seen_[index] = true;
   --left_;
   changed_ += h.changed;
   return std::nullopt;
@@ -92,9 +97,9 @@ std::optional<std::string> delta_receiver::apply(const std::vector<delta_target>
                                        targets.size(), header_.size()));
   // Every bucket was checked by check_delta_bucket on arrival (receive), so the validating
   // decode pass is skipped here.
-  for (size_t k = 0; k < buckets_.size(); ++k)
-    if (auto err = apply_checked_delta_bucket(buckets_[k].data(), buckets_[k].size(),
-                                              base_version_, version_, targets))
+  for (const auto& [k, bytes] : buckets_)
+    if (auto err = apply_checked_delta_bucket(bytes.data(), bytes.size(), base_version_,
+                                              version_, targets))
       return fmt::format("delta bucket {}: {}", k, *err); // checked on arrival: not expected
   std::vector<uint64_t> hashes(header_.size());
   std::optional<std::string> first_bad;

@@ -6,6 +6,7 @@
 // Free of CAF and libtorch: the worker's shell passes its bf16 parameters as delta_targets.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,10 @@ public:
   /// Starts sparse `version`, a delta against `base_version`. `held` is the version the worker
   /// holds now (nullopt: none or unknown); it must equal `base_version`. `header` lists the
   /// published tensors with their hashes and must match `expected` (names, shapes, bf16)
-  /// exactly. `bucket_count` ≥ 1. Returns an error message or std::nullopt.
+  /// exactly. 1 ≤ `bucket_count` ≤ max(1, the header's elements): every bucket but the one
+  /// of a version without changes carries a changed element, and nothing is allocated per
+  /// announced bucket, so a hostile count costs no memory. Returns an error message or
+  /// std::nullopt.
   std::optional<std::string> begin(uint64_t version, uint64_t base_version,
                                    std::optional<uint64_t> held,
                                    const std::vector<tensor_meta>& header,
@@ -71,8 +75,8 @@ private:
   uint64_t base_version_ = 0;
   uint64_t model_hash_ = 0;
   std::vector<tensor_meta> header_;
-  std::vector<std::vector<uint8_t>> buckets_; ///< by index; empty = not yet received
-  std::vector<bool> seen_;
+  std::map<uint32_t, std::vector<uint8_t>> buckets_; ///< received so far, by index
+  uint32_t count_ = 0;                               ///< buckets the version announced
   uint32_t left_ = 0;
   uint64_t changed_ = 0;
 };

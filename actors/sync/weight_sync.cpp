@@ -94,11 +94,18 @@ std::optional<std::string> weight_assembler::begin(uint64_t version,
   reset();
   if (auto err = match_header(version, header, expected))
     return err;
-  uint64_t total = 0;
-  for (const auto& h : header)
+  uint64_t total = 0, elements = 0;
+  for (const auto& h : header) {
     total += h.bytes();
+    elements += h.elements();
+  }
   if (bucket_count == 0 && total > 0)
     return fmt::format("version {} announces no buckets for {} bytes", version, total);
+  // Every bucket carries at least one element (plan_buckets): a larger count is hostile, and
+  // would otherwise size bucket_seen_.
+  if (bucket_count > elements)
+    return fmt::format("version {} announces {} buckets for {} elements", version, bucket_count,
+                       elements);
   header_ = header;
   version_ = version;
   model_hash_ = header_model_hash;

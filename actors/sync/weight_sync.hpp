@@ -72,8 +72,9 @@ struct chunk_view {
 class weight_assembler {
 public:
   /// Starts version `version`. `expected` lists what the worker's model holds (names, shapes,
-  /// dtypes; hashes ignored); the header must match it exactly. Returns an error message or
-  /// std::nullopt.
+  /// dtypes; hashes ignored); the header must match it exactly. `bucket_count` is at most the
+  /// header's elements (each bucket carries one or more), so staging is sized by the local
+  /// model, never by a claim. Returns an error message or std::nullopt.
   std::optional<std::string> begin(uint64_t version, const std::vector<tensor_meta>& header,
                                    uint64_t header_model_hash, uint32_t bucket_count,
                                    const std::vector<tensor_meta>& expected);

@@ -3,7 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <limits>
 #include <system_error>
+#include <type_traits>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -26,6 +28,30 @@ std::string hex64(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+/// `j` as a T, or std::nullopt unless it is a JSON integer within T's range. nlohmann's
+/// get<T> converts a float or an out-of-range integer with a plain cast, which for a hostile
+/// sidecar ("step": 1e300) is undefined behaviour.
+template <class T>
+std::optional<T> json_integer(const json& j) {
+  static_assert(std::is_integral_v<T>);
+  if (j.is_number_unsigned()) {
+    const auto v = j.get<std::uint64_t>();
+    if (v > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+      return std::nullopt;
+    return static_cast<T>(v);
+  }
+  if (j.is_number_integer()) {
+    const auto v = j.get<std::int64_t>();
+    if (v < 0 ? (std::is_unsigned_v<T>
+                 || v < static_cast<std::int64_t>(std::numeric_limits<T>::min()))
+              : static_cast<std::uint64_t>(v)
+                  > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+      return std::nullopt;
+    return static_cast<T>(v);
+  }
+  return std::nullopt;
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -175,11 +201,15 @@ loaded_checkpoint load_checkpoint(const fs::path& dir, const named_tensors& mode
   try {
     if (!sidecar.is_object() || sidecar.value("format", std::string()) != format_name)
       fail(std::string("not a sorl checkpoint sidecar (\"format\" is not \"") + format_name + "\")");
-    const auto version = sidecar.at("format_version").get<int>();
-    if (version != checkpoint_format_version)
-      fail("format_version " + std::to_string(version) + " is not supported (this build reads "
+    const json& version = sidecar.at("format_version");
+    if (json_integer<int>(version) != checkpoint_format_version)
+      fail("format_version " + version.dump() + " is not supported (this build reads "
            + std::to_string(checkpoint_format_version) + ")");
-    out.state.step = sidecar.at("step").get<std::int64_t>();
+    const std::optional<std::int64_t> step = json_integer<std::int64_t>(sidecar.at("step"));
+    if (!step || *step < 0)
+      fail("corrupt: \"step\" is " + sidecar.at("step").dump()
+           + ", not a non-negative 64-bit integer");
+    out.state.step = *step;
     out.state.rng_states = sidecar.at("rng_states").get<string_map>();
     out.state.metadata = sidecar.at("metadata").get<string_map>();
   } catch (const json::exception& e) {
@@ -193,7 +223,11 @@ loaded_checkpoint load_checkpoint(const fs::path& dir, const named_tensors& mode
     std::string want_hash;
     try {
       const json& entry = sidecar.at("files").at(file);
-      want_bytes = entry.at("bytes").get<std::uint64_t>();
+      const std::optional<std::uint64_t> bytes = json_integer<std::uint64_t>(entry.at("bytes"));
+      if (!bytes)
+        fail(std::string("corrupt: the size of ") + file + " is " + entry.at("bytes").dump()
+             + ", not a byte count");
+      want_bytes = *bytes;
       want_hash = entry.at("xxh3_64").get<std::string>();
     } catch (const json::exception& e) {
       fail(std::string("corrupt: no size/checksum for ") + file + " (" + e.what() + ")");

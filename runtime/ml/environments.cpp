@@ -13,9 +13,12 @@ void validate(const number_guess_options& o) {
   if (o.hi < o.lo)
     throw std::invalid_argument("number_guess: hi (" + std::to_string(o.hi)
                                 + ") must be >= lo (" + std::to_string(o.lo) + ")");
-  // The span must fit comfortably in int64 (bisection computes hi - lo).
+  // The span must fit comfortably in int64 (bisection computes hi - lo). Checked in uint64:
+  // with lo = -2^62 and hi = 2^62, hi - lo itself would overflow int64.
   constexpr std::int64_t limit = std::int64_t{1} << 62;
-  if (o.lo < -limit || o.hi > limit || o.hi - o.lo >= limit)
+  if (o.lo < -limit || o.hi > limit
+      || static_cast<std::uint64_t>(o.hi) - static_cast<std::uint64_t>(o.lo)
+           >= static_cast<std::uint64_t>(limit))
     throw std::invalid_argument("number_guess: [lo, hi] must satisfy -2^62 <= lo, hi <= 2^62, "
                                 "hi - lo < 2^62");
   if (o.max_turns < 1)

@@ -164,10 +164,7 @@ std::string jsonl_task::wrong_completion(const task_prompt& prompt, std::uint64_
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
   if (options_.match == answer_match::integer) {
     const integer_answer ref = parse_integer_answer(prompt.reference);
-    std::int64_t offset = rng.between(1, 10);
-    if (rng.below(2) == 0)
-      offset = -offset;
-    return std::to_string(ref.value.value_or(0) + offset);
+    return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));
   }
   // Another train record's answer: a plausible output in the dataset's own style, and
   // never an eval answer (demonstrations are training data). Random probes first, so

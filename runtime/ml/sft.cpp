@@ -208,6 +208,10 @@ void validate(const sft_options& o) {
   if (o.pool_size < 0) bad_option(fmt::format("pool_size must be >= 0, got {}", o.pool_size));
   if (o.steps < 1) bad_option(fmt::format("steps must be >= 1, got {}", o.steps));
   if (o.batch_size < 1) bad_option(fmt::format("batch_size must be >= 1, got {}", o.batch_size));
+  std::int64_t sequences = 0; // run_sft draws steps × batch_size fresh demonstrations
+  if (__builtin_mul_overflow(o.steps, o.batch_size, &sequences))
+    bad_option(fmt::format("steps × batch_size = {} × {} overflows a 64-bit count", o.steps,
+                           o.batch_size));
   if (!(o.lr > 0.0 && std::isfinite(o.lr))) bad_option(fmt::format("lr must be finite and > 0, got {}", o.lr));
   if (o.warmup_steps < 0) bad_option(fmt::format("warmup_steps must be >= 0, got {}", o.warmup_steps));
   if (!(o.min_lr_fraction >= 0.0 && o.min_lr_fraction <= 1.0))

@@ -149,10 +149,7 @@ std::string arithmetic_task::wrong_completion(const task_prompt& prompt,
                                               std::uint64_t seed) const {
   const integer_answer ref = parse_integer_answer(prompt.reference);
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
-  std::int64_t offset = rng.between(1, 10);
-  if (rng.below(2) == 0)
-    offset = -offset;
-  return std::to_string(ref.value.value_or(0) + offset);
+  return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));
 }
 
 } // namespace sorl::ml

@@ -50,6 +50,20 @@ private:
   std::uint64_t state_;
 };
 
+/// A plausible wrong integer answer: `reference` moved by an offset of 1..10 in a random
+/// direction. When that direction would leave int64 (a reference within 10 of either end, as
+/// a JSONL answer may be) the offset goes the other way, so the result is always a
+/// representable integer different from `reference`; otherwise the draw is unchanged.
+inline std::int64_t wrong_integer_near(std::int64_t reference, split_mix& rng) noexcept {
+  std::int64_t offset = rng.between(1, 10);
+  if (rng.below(2) == 0)
+    offset = -offset;
+  std::int64_t out = 0;
+  if (__builtin_add_overflow(reference, offset, &out))
+    out = reference - offset;
+  return out;
+}
+
 /// FNV-1a over bytes, then mixed: a portable content hash (std::hash isn't).
 inline std::uint64_t hash_text(std::string_view text) noexcept {
   std::uint64_t h = 0xCBF29CE484222325ULL;

@@ -424,6 +424,32 @@ TEST_CASE("a corrupted checkpoint file is rejected and the model left untouched"
     const checkpoint_error e = expect_error([&] { load_checkpoint(dir, model); });
     CHECK(contains(e.what(), "format_version 2"));
   }
+  SECTION("sidecar numbers that do not fit their fields") {
+    std::ifstream in(dir / "state.json");
+    const auto good = nlohmann::json::parse(in);
+    in.close();
+    const auto with = [&](const char* key, const nlohmann::json& value) {
+      auto j = good;
+      j[key] = value;
+      write_bytes(dir / "state.json", j.dump());
+      return std::string(expect_error([&] { load_checkpoint(dir, model); }).what());
+    };
+    // 2^32 + 1 would become format_version 1 through a plain cast to int.
+    CHECK(contains(with("format_version", 4294967297ull), "format_version 4294967297"));
+    CHECK(contains(with("format_version", 1.5), "format_version 1.5"));
+    CHECK(contains(with("step", 1e300), "\"step\" is 1e+300, not a non-negative"));
+    CHECK(contains(with("step", -1), "\"step\" is -1, not a non-negative"));
+    CHECK(contains(with("step", 18446744073709551615ull), "\"step\" is 18446744073709551615"));
+    auto j = good;
+    j["files"]["model.safetensors"]["bytes"] = -5;
+    write_bytes(dir / "state.json", j.dump());
+    CHECK(contains(expect_error([&] { load_checkpoint(dir, model); }).what(),
+                   "the size of model.safetensors is -5, not a byte count"));
+    j["files"]["model.safetensors"]["bytes"] = 1e300;
+    write_bytes(dir / "state.json", j.dump());
+    CHECK(contains(expect_error([&] { load_checkpoint(dir, model); }).what(),
+                   "the size of model.safetensors is 1e+300, not a byte count"));
+  }
   SECTION("a sidecar that is not JSON") {
     write_bytes(dir / "state.json", "{\"format\": ");
     const checkpoint_error e = expect_error([&] { load_checkpoint(dir, model); });

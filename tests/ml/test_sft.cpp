@@ -259,6 +259,13 @@ TEST_CASE("sft options out of range are rejected by name", "[sft]") {
   o.dims = test_dims();
   o.dims->vocab = 100;
   CHECK_THROWS_WITH(validate(o), Catch::Contains("vocab"));
+  o = {};
+  o.steps = std::int64_t{1} << 40;
+  o.batch_size = std::int64_t{1} << 23; // 2^63: one past int64
+  CHECK_THROWS_WITH(validate(o), "sft_options.steps × batch_size = 1099511627776 × 8388608 "
+                                 "overflows a 64-bit count");
+  o.batch_size = (std::int64_t{1} << 23) - 1;
+  CHECK_NOTHROW(validate(o));
 }
 
 TEST_CASE("run_sft lowers the loss and writes a checkpoint that loads back bit-exactly", "[sft]") {

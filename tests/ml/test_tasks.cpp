@@ -2,11 +2,13 @@
 #include "runtime/ml/jsonl_task.hpp"
 #include "runtime/ml/tasks.hpp"
 #include "runtime/ml/tasks_arithmetic.hpp"
+#include "runtime/ml/tasks_random.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <set>
 #include <string>
@@ -357,6 +359,66 @@ TEST_CASE("demonstrations carry exactly the requested share of wrong answers", "
     CHECK(d.correct);
   CHECK_THROWS_AS(make_demonstrations(task, task_split::train, 0, 10, 1.5, 1),
                   std::invalid_argument);
+}
+
+TEST_CASE("a wrong integer answer near either end of int64 stays in range", "[tasks]") {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t min = std::numeric_limits<std::int64_t>::min();
+  int flipped = 0;
+  for (std::uint64_t seed = 0; seed < 64; ++seed) {
+    // The same draws, made by hand: an offset of 1..10, then its sign.
+    detail::split_mix draws(seed);
+    const std::int64_t offset = draws.between(1, 10);
+    const bool negative = draws.below(2) == 0;
+    detail::split_mix a(seed), b(seed), c(seed);
+    CHECK(detail::wrong_integer_near(0, a) == (negative ? -offset : offset));
+    // Moving up from the maximum (or down from the minimum) would overflow: it moves the
+    // other way instead.
+    CHECK(detail::wrong_integer_near(max, b) == max - offset);
+    CHECK(detail::wrong_integer_near(min, c) == min + offset);
+    flipped += negative ? 0 : 1;
+  }
+  CHECK(flipped > 0);
+  CHECK(flipped < 64);
+}
+
+TEST_CASE("wrong demonstrations for JSONL answers at the ends of int64 are in range",
+          "[tasks][jsonl]") {
+  const std::string max = "9223372036854775807", min = "-9223372036854775808";
+  std::string content;
+  for (int i = 0; i < 40; ++i)
+    content += "{\"prompt\": \"q" + std::to_string(i) + "\", \"answer\": "
+               + (i % 2 == 0 ? max : min) + "}\n";
+  jsonl_options opt;
+  opt.path = write_data_file("int64_ends.jsonl", content);
+  opt.eval_path = write_data_file("int64_ends_eval.jsonl", "{\"prompt\": \"e\", \"answer\": 1}\n");
+  opt.match = answer_match::integer;
+  const jsonl_task task(opt, 0.0);
+  const auto demos = make_demonstrations(task, task_split::train, 0, 40, 1.0, 17);
+  REQUIRE(demos.size() == 40);
+  for (std::size_t i = 0; i < demos.size(); ++i) {
+    CAPTURE(i, demos[i].completion);
+    CHECK_FALSE(demos[i].correct);
+    const task_prompt p = task.prompt(task_split::train, i);
+    const integer_answer got = parse_integer_answer(demos[i].completion);
+    REQUIRE(got.value);
+    if (p.reference == max) {
+      CHECK(*got.value >= std::numeric_limits<std::int64_t>::max() - 10);
+      CHECK(*got.value < std::numeric_limits<std::int64_t>::max());
+    } else {
+      CHECK(*got.value <= std::numeric_limits<std::int64_t>::min() + 10);
+      CHECK(*got.value > std::numeric_limits<std::int64_t>::min());
+    }
+    CHECK(task.score(p, demos[i].completion).reward == 0.0);
+  }
+}
+
+TEST_CASE("number-guess ranges whose width overflows int64 are refused", "[tasks][env]") {
+  constexpr std::int64_t limit = std::int64_t{1} << 62;
+  // hi − lo = 2^63 here: the check itself must not overflow.
+  CHECK_THROWS_WITH(number_guess_environment({-limit, limit, 10}), Catch::Contains("hi - lo"));
+  CHECK_THROWS_WITH(number_guess_environment({-limit, 0, 10}), Catch::Contains("hi - lo"));
+  CHECK_NOTHROW(number_guess_environment({-limit, -1, 10}));
 }
 
 TEST_CASE("make_task builds the named task and rejects unknown names", "[tasks]") {

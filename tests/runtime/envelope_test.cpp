@@ -1,12 +1,18 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <set>
 
 #include <caf/all.hpp>
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
+#include <caf/stream_deserializer.hpp>
+#include <caf/stream_serializer.hpp>
+#include <caf/streambuf.hpp>
 
 #include "actors/smoke/smoke_actors.hpp"
 #include "messages/smoke.capnp.h"
@@ -17,6 +23,54 @@
 using namespace sorl;
 using namespace std::chrono_literals;
 using sorl::test::test_system_config;
+
+// The largest single allocation made while `armed` is set (any thread): the tests of hostile
+// lengths assert that no allocation follows the claimed length. Replacing the global
+// operator new is the only hook that sees kj::heapArray's allocation.
+namespace {
+std::atomic<bool> armed{false};
+std::atomic<size_t> largest_allocation{0};
+
+void* counted_alloc(size_t n) {
+  if (armed.load(std::memory_order_relaxed)) {
+    size_t seen = largest_allocation.load(std::memory_order_relaxed);
+    while (n > seen && !largest_allocation.compare_exchange_weak(seen, n)) {
+    }
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n))
+    return p;
+  throw std::bad_alloc();
+}
+
+/// Runs `fn` and returns the largest allocation it made, bytes.
+template <class Fn>
+size_t largest_allocation_of(Fn&& fn) {
+  largest_allocation = 0;
+  armed = true;
+  fn();
+  armed = false;
+  return largest_allocation.load();
+}
+} // namespace
+
+void* operator new(size_t n) {
+  return counted_alloc(n);
+}
+void* operator new[](size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace {
 
@@ -93,22 +147,97 @@ TEST_CASE("an envelope serializes for the wire and back bit for bit") {
   CHECK(back.data() != e.data());
 }
 
-TEST_CASE("a hostile wire length is refused before allocation") {
+namespace {
+
+/// The wire form of an envelope header alone: schema id of Ping, then `claimed_len`, no bytes.
+std::vector<char> bare_wire_header(caf::actor_system& sys, uint64_t claimed_len) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  uint64_t id = capnp::typeId<msg::Ping>();
+  REQUIRE_FALSE(sink(id, claimed_len));
+  return buf;
+}
+
+caf::error decode_wire(caf::actor_system& sys, const std::vector<char>& buf) {
+  envelope back;
+  caf::binary_deserializer source{sys, buf};
+  return inspect(static_cast<caf::deserializer&>(source), back);
+}
+
+} // namespace
+
+TEST_CASE("the wire limit is the envelope's own size limit") {
+  CHECK(envelope_wire_limit == envelope_limits{}.max_bytes);
+  CHECK(envelope_wire_limit == size_t{1} << 30);
+}
+
+TEST_CASE("a 16-byte envelope claiming 2 GiB is refused without allocating it") {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
-  auto decode = [&](uint64_t claimed_len) {
-    std::vector<char> buf;
-    caf::binary_serializer sink{sys, buf};
+  const auto buf = bare_wire_header(sys, uint64_t{2} << 30);
+  REQUIRE(buf.size() == 16);
+  caf::error err;
+  const size_t largest = largest_allocation_of([&] { err = decode_wire(sys, buf); });
+  CHECK(largest < (size_t{1} << 20));
+  CHECK(code_of(err) == envelope_errc::oversized);
+}
+
+TEST_CASE("a claimed length within the limit but beyond the bytes sent is refused before "
+          "allocating") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  for (uint64_t claimed : {uint64_t{8}, uint64_t{1} << 20}) {
+    CAPTURE(claimed);
+    auto buf = bare_wire_header(sys, claimed);
+    buf.resize(buf.size() + claimed - 8, 0); // one word short
+    caf::error err;
+    const size_t largest = largest_allocation_of([&] { err = decode_wire(sys, buf); });
+    CHECK(largest < std::max<size_t>(4096, claimed / 2));
+    CHECK(code_of(err) == envelope_errc::truncated);
+  }
+  // The exact 16-byte header with the largest accepted length.
+  const auto bare = bare_wire_header(sys, envelope_wire_limit);
+  caf::error err;
+  const size_t largest = largest_allocation_of([&] { err = decode_wire(sys, bare); });
+  CHECK(largest < (size_t{1} << 20));
+  CHECK(code_of(err) == envelope_errc::truncated);
+  CHECK(code_of(decode_wire(sys, bare_wire_header(sys, uint64_t{1} << 60)))
+        == envelope_errc::oversized);
+  CHECK(code_of(decode_wire(sys, bare_wire_header(sys, 13))) == envelope_errc::misaligned);
+}
+
+TEST_CASE("a deserializer that cannot count its bytes reads a hostile length in bounded "
+          "chunks") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<char> buf;
+  {
+    caf::stream_serializer<caf::vectorbuf> sink{sys, buf};
     uint64_t id = capnp::typeId<msg::Ping>();
-    REQUIRE_FALSE(sink(id, claimed_len));
+    uint64_t claimed = envelope_wire_limit;
+    REQUIRE_FALSE(sink(id, claimed));
+  }
+  caf::error err;
+  const size_t largest = largest_allocation_of([&] {
     envelope back;
-    caf::binary_deserializer source{sys, buf};
-    return inspect(static_cast<caf::deserializer&>(source), back);
-  };
-  CHECK(code_of(decode(uint64_t{1} << 60)) == envelope_errc::oversized);
-  CHECK(code_of(decode(13)) == envelope_errc::misaligned);
-  // A plausible length with no bytes behind it fails in the deserializer, not in us.
-  CHECK(decode(64));
+    caf::stream_deserializer<caf::charbuf> source{sys, buf.data(), buf.size()};
+    err = inspect(static_cast<caf::deserializer&>(source), back);
+  });
+  CHECK(err); // the stream ends after the header
+  CHECK(largest <= (size_t{1} << 20) + 4096);
+
+  // And a real envelope still comes through a stream intact.
+  auto e = make_ping(8, 3000);
+  std::vector<char> wire;
+  {
+    caf::stream_serializer<caf::vectorbuf> sink{sys, wire};
+    REQUIRE_FALSE(inspect(static_cast<caf::serializer&>(sink), e));
+  }
+  envelope back;
+  caf::stream_deserializer<caf::charbuf> source{sys, wire.data(), wire.size()};
+  REQUIRE_FALSE(inspect(static_cast<caf::deserializer&>(source), back));
+  REQUIRE(back.size_bytes() == e.size_bytes());
+  CHECK(std::memcmp(back.data(), e.data(), e.size_bytes()) == 0);
 }
 
 TEST_CASE("malformed envelopes are rejected with the right reason") {

@@ -160,3 +160,24 @@ TEST_CASE("a worker whose weights drifted from the base is caught by the hash") 
   delta_receiver idle;
   CHECK_THROWS_AS(idle.apply(targets, &hash), std::logic_error);
 }
+
+TEST_CASE("a sparse version announcing more buckets than elements is refused before any "
+          "allocation") {
+  auto m = random_model(5); // 1000 + 37 + 5000 = 6037 elements
+  delta_receiver r;
+  auto e = r.begin(5, 4, 4, m.metas(), m.hash(), 6038, m.metas());
+  REQUIRE(e);
+  CHECK(*e == "sparse version 5 announces 6038 buckets for 6037 elements");
+  e = r.begin(5, 4, 4, m.metas(), m.hash(), 0xFFFFFFFFu, m.metas());
+  REQUIRE(e);
+  CHECK(*e == "sparse version 5 announces 4294967295 buckets for 6037 elements");
+  CHECK_FALSE(r.active());
+  CHECK_FALSE(r.begin(5, 4, 4, m.metas(), m.hash(), 6037, m.metas()));
+  CHECK(r.active());
+  // A bucket index beyond the announced count is refused too.
+  std::vector<uint8_t> junk(64, 0);
+  auto targets = m.targets();
+  e = r.add_bucket(5, 6037, junk.data(), junk.size(), targets);
+  REQUIRE(e);
+  CHECK(*e == "delta bucket index 6037 out of range [0, 6037)");
+}

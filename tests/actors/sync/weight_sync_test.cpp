@@ -146,3 +146,19 @@ TEST_CASE("a header that does not match the model or its own hashes is refused")
   REQUIRE_FALSE(w.add_bucket(2, 0, v, fixture::checksum(v)));
   CHECK_THAT(*w.verify(nullptr), Catch::StartsWith("model hash"));
 }
+
+TEST_CASE("a version announcing more buckets than it has elements is refused") {
+  fixture f; // 3 + 4 + 0 + 5 = 12 elements
+  weight_assembler w;
+  CHECK(*w.begin(1, f.metas, f.model(), 13, f.metas)
+        == "version 1 announces 13 buckets for 12 elements");
+  CHECK(*w.begin(1, f.metas, f.model(), 0xFFFFFFFFu, f.metas)
+        == "version 1 announces 4294967295 buckets for 12 elements");
+  CHECK_FALSE(w.active());
+  // The smallest buckets a publisher can plan (one fp32 element, or two bf16 ones, each) are
+  // accepted, and so is one bucket per element.
+  const auto smallest = plan_buckets(f.metas, 4);
+  REQUIRE(smallest.size() == 9); // a: 2 + b: 4 + c: 3
+  CHECK_FALSE(w.begin(1, f.metas, f.model(), static_cast<uint32_t>(smallest.size()), f.metas));
+  CHECK_FALSE(w.begin(1, f.metas, f.model(), 12, f.metas));
+}

@@ -1,0 +1,375 @@
+#include "tests/fuzz/fuzz_entry.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/execution_unit.hpp>
+#include <fmt/format.h>
+
+#include "actors/sync/delta_codec.hpp"
+#include "messages/rollout.capnp.h"
+#include "messages/smoke.capnp.h"
+#include "messages/sync.capnp.h"
+#include "messages/train.capnp.h"
+#include "runtime/config.hpp"
+#include "runtime/envelope.hpp"
+#include "runtime/ml/jsonl_task.hpp"
+#include "runtime/ml/safetensors.hpp"
+
+namespace sorl::fuzz {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+outcome accepted() {
+  return {true, {}};
+}
+outcome refused(std::string why) {
+  if (why.empty())
+    why = "(no message)";
+  return {false, std::move(why)};
+}
+[[noreturn]] void broken_promise(const std::string& what) {
+  throw std::logic_error("broken promise: " + what);
+}
+
+/// A scratch file of this process (the JSONL and safetensors code reads and writes paths).
+fs::path scratch_file(const char* name) {
+  return fs::temp_directory_path() / fmt::format("sorl-fuzz-{}-{}", ::getpid(), name);
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return std::move(buf).str();
+}
+
+void write_all(const fs::path& path, const uint8_t* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out)
+    throw std::runtime_error("cannot write " + path.string());
+}
+
+// -- envelope ------------------------------------------------------------------------------
+
+template <class... Schemas>
+struct schema_list {};
+
+using known_schemas =
+  schema_list<msg::Ping, msg::Pong, msg::GenerateRequest, msg::RolloutEvent, msg::Trajectory,
+              msg::AbortRollouts, msg::TensorMeta, msg::WeightVersion, msg::WeightBucket,
+              msg::WeightAck, msg::VersionReady, msg::GroupSizeQuery, msg::GroupSizeDecision,
+              msg::TrainBatch, msg::TrainResult, msg::LearnerReady>;
+
+/// Opens `e` as the schema its id names and walks every pointer (capnp's totalSize), under
+/// the default limits; an unknown id is opened as the last schema (wrong_schema).
+template <class S, class... Rest>
+caf::error open_and_walk(const envelope& e, schema_list<S, Rest...>) {
+  if constexpr (sizeof...(Rest) > 0)
+    if (e.schema_id() != capnp::typeId<S>())
+      return open_and_walk(e, schema_list<Rest...>{});
+  return with_envelope<S>(e, [](typename S::Reader r) { (void)r.totalSize(); });
+}
+
+std::string wire_bytes(const envelope& e) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{static_cast<caf::execution_unit*>(nullptr), buf};
+  if (auto err = inspect(static_cast<caf::serializer&>(sink), const_cast<envelope&>(e)))
+    throw std::runtime_error("cannot serialize a seed envelope: " + describe(err));
+  return {buf.begin(), buf.end()};
+}
+
+outcome run_envelope(const uint8_t* data, size_t size) {
+  envelope e;
+  caf::binary_deserializer source{static_cast<caf::execution_unit*>(nullptr),
+                                  reinterpret_cast<const char*>(data), size};
+  if (auto err = inspect(static_cast<caf::deserializer&>(source), e))
+    return refused(describe(err));
+  if (auto err = open_and_walk(e, known_schemas{}))
+    return refused(describe(err));
+  return accepted();
+}
+
+std::vector<std::string> envelope_seeds() {
+  std::vector<std::string> out;
+  out.push_back(wire_bytes(build_envelope<msg::Ping>([](msg::Ping::Builder b) {
+    b.setRound(7);
+    b.setSentNs(-3);
+    auto p = b.initPayload(24);
+    for (unsigned i = 0; i < p.size(); ++i)
+      p[i] = static_cast<uint8_t>(i);
+  })));
+  out.push_back(wire_bytes(build_envelope<msg::Trajectory>([](msg::Trajectory::Builder b) {
+    b.setRequestId(11);
+    b.setGroupId(3);
+    auto prompt = b.initPromptTokens(4);
+    for (unsigned i = 0; i < 4; ++i)
+      prompt.set(i, static_cast<int32_t>(100 + i));
+    auto response = b.initResponseTokens(3);
+    for (unsigned i = 0; i < 3; ++i)
+      response.set(i, static_cast<int32_t>(7 * i));
+    auto mask = b.initLossMask(3);
+    for (unsigned i = 0; i < 3; ++i)
+      mask[i] = 1;
+  })));
+  out.push_back(wire_bytes(build_envelope<msg::WeightVersion>([](msg::WeightVersion::Builder b) {
+    b.setVersion(5);
+    b.setBucketCount(2);
+    auto tensors = b.initTensors(2);
+    tensors[0].setName("w");
+    auto shape = tensors[0].initShape(2);
+    shape.set(0, 3);
+    shape.set(1, 4);
+    tensors[1].setName("b");
+    tensors[1].initShape(1).set(0, 4);
+  })));
+  out.push_back(wire_bytes(build_envelope<msg::WeightBucket>([](msg::WeightBucket::Builder b) {
+    b.setVersion(5);
+    b.setIndex(1);
+    auto chunks = b.initChunks(1);
+    chunks[0].setTensor(1);
+    chunks[0].setOffset(2);
+    auto d = chunks[0].initData(8);
+    for (unsigned i = 0; i < 8; ++i)
+      d[i] = static_cast<uint8_t>(0xA0 + i);
+  })));
+  return out;
+}
+
+// -- delta buckets ---------------------------------------------------------------------------
+
+constexpr uint64_t delta_base_version = 4, delta_version = 5;
+
+/// splitmix64, so that the fixed model is the same in every build.
+uint64_t mix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/// The receiving model every fuzzed bucket is checked against: three bf16 tensors.
+const std::vector<std::vector<uint16_t>>& delta_base() {
+  static const auto base = [] {
+    uint64_t s = 1;
+    std::vector<std::vector<uint16_t>> t;
+    for (size_t n : {1000u, 37u, 5000u}) {
+      std::vector<uint16_t> v(n);
+      for (auto& x : v)
+        x = static_cast<uint16_t>(mix(s));
+      t.push_back(std::move(v));
+    }
+    return t;
+  }();
+  return base;
+}
+
+std::vector<sync::delta_target> targets_of(std::vector<std::vector<uint16_t>>& bits) {
+  std::vector<sync::delta_target> out;
+  for (size_t i = 0; i < bits.size(); ++i)
+    out.push_back({static_cast<uint32_t>(i), bits[i].data(), bits[i].size()});
+  return out;
+}
+
+outcome run_delta(const uint8_t* data, size_t size) {
+  auto checked = delta_base();
+  auto checked_targets = targets_of(checked);
+  (void)sync::read_delta_bucket_info(data, size);
+  if (auto err = sync::check_delta_bucket(data, size, delta_base_version, delta_version,
+                                          checked_targets)) {
+    if (!sync::apply_delta_bucket(data, size, delta_base_version, delta_version,
+                                  checked_targets))
+      broken_promise("apply_delta_bucket accepted a bucket check_delta_bucket refused");
+    if (checked != delta_base())
+      broken_promise("a refused bucket changed the targets");
+    return refused(*err);
+  }
+  if (auto err = sync::apply_delta_bucket(data, size, delta_base_version, delta_version,
+                                          checked_targets))
+    broken_promise("a checked bucket failed to apply: " + *err);
+  auto fast = delta_base();
+  auto fast_targets = targets_of(fast);
+  if (auto err = sync::apply_checked_delta_bucket(data, size, delta_base_version, delta_version,
+                                                  fast_targets))
+    broken_promise("apply_checked_delta_bucket failed on a checked bucket: " + *err);
+  if (fast != checked)
+    broken_promise("apply_checked_delta_bucket and apply_delta_bucket disagree");
+  return accepted();
+}
+
+std::vector<std::string> delta_seeds() {
+  const auto& base = delta_base();
+  auto next = base;
+  uint64_t s = 2;
+  for (auto& t : next)
+    for (auto& x : t) {
+      const uint64_t r = mix(s) % 100;
+      if (r < 8)
+        x = static_cast<uint16_t>(x + (r % 2 ? 1 : -1)); // ±1 ULP: the common step
+      else if (r < 10)
+        x = static_cast<uint16_t>(mix(s)); // escapes
+    }
+  for (auto& x : next[1])
+    x = static_cast<uint16_t>(mix(s)); // every element changed: a dense entry
+  std::vector<sync::delta_source> sources;
+  for (size_t i = 0; i < base.size(); ++i)
+    sources.push_back({static_cast<uint32_t>(i), base[i].data(), next[i].data(), base[i].size()});
+  std::vector<std::string> out;
+  for (uint64_t bucket_bytes : {uint64_t{256}, uint64_t{1024}, uint64_t{1} << 20}) {
+    sync::delta_options o;
+    o.bucket_bytes = bucket_bytes;
+    for (auto& b : sync::encode_delta(delta_base_version, delta_version, sources, o))
+      out.emplace_back(b.begin(), b.end());
+  }
+  // A version without changes: one empty bucket.
+  std::vector<sync::delta_source> same;
+  for (size_t i = 0; i < base.size(); ++i)
+    same.push_back({static_cast<uint32_t>(i), base[i].data(), base[i].data(), base[i].size()});
+  for (auto& b : sync::encode_delta(delta_base_version, delta_version, same, {}))
+    out.emplace_back(b.begin(), b.end());
+  return out;
+}
+
+// -- TOML config -----------------------------------------------------------------------------
+
+const std::set<std::string>& fuzz_roles() {
+  static const std::set<std::string> roles{"ping",      "pong",           "trainer",
+                                           "learner",   "rollout_worker", "scheduler",
+                                           "sagc_controller", "sync_publisher"};
+  return roles;
+}
+
+outcome run_toml(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  try {
+    (void)parse_config(text, "fuzz.toml", fuzz_roles(), SORL_SOURCE_DIR "/configs");
+  } catch (const config_exception& e) {
+    if (e.errors().empty())
+      broken_promise("a config_exception without errors");
+    std::string all;
+    for (const auto& err : e.errors())
+      all += err.to_string() + "\n";
+    return refused(all);
+  }
+  return accepted();
+}
+
+std::vector<std::string> toml_seeds() {
+  std::vector<std::string> out;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(SORL_SOURCE_DIR "/configs"))
+    if (entry.path().extension() == ".toml")
+      files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files)
+    out.push_back(read_all(f));
+  out.push_back("[[node]]\nname = \"main\"\nactors = [\"ping\", \"pong\"]\n");
+  return out;
+}
+
+// -- safetensors ------------------------------------------------------------------------------
+
+outcome run_safetensors(const uint8_t* data, size_t size) {
+  try {
+    const auto r = ml::safetensors_reader::parse(
+      std::string(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
+    (void)r.tensors();
+  } catch (const ml::checkpoint_error& e) {
+    return refused(e.what());
+  }
+  return accepted();
+}
+
+std::vector<std::string> safetensors_seeds() {
+  std::vector<std::string> out;
+  const fs::path path = scratch_file("seed.safetensors");
+  const std::vector<ml::named_tensors> files{
+    {{"w", at::arange(12, at::kFloat).reshape({3, 4})},
+     {"b", at::full({4}, 0.5, at::kBFloat16)},
+     {"empty", at::zeros({0, 2}, at::kFloat)}},
+    {{"mask", at::tensor({1, 0, 1}, at::kByte).to(at::kBool)}, {"ids", at::arange(5, at::kLong)}},
+  };
+  for (const auto& tensors : files) {
+    ml::save_safetensors(path, tensors, {{"format", "pt"}});
+    out.push_back(read_all(path));
+  }
+  fs::remove(path);
+  return out;
+}
+
+// -- JSONL tasks -----------------------------------------------------------------------------
+
+outcome run_jsonl(const uint8_t* data, size_t size) {
+  const fs::path path = scratch_file("task.jsonl");
+  write_all(path, data, size);
+  outcome result = accepted();
+  for (auto match : {ml::answer_match::exact, ml::answer_match::integer}) {
+    ml::jsonl_options o;
+    o.path = path.string();
+    o.match = match;
+    std::unique_ptr<ml::jsonl_task> task;
+    try {
+      task = std::make_unique<ml::jsonl_task>(o, 0.5);
+    } catch (const ml::task_data_error& e) {
+      if (match == ml::answer_match::exact)
+        result = refused(e.what());
+      continue;
+    }
+    for (auto split : {ml::task_split::train, ml::task_split::eval}) {
+      const uint64_t n = task->size(split).value_or(0);
+      for (uint64_t i = 0; i < n; ++i) {
+        const ml::task_prompt p = task->prompt(split, i);
+        if (task->score(p, p.reference).reward != 1.0)
+          broken_promise("a reference does not score as correct: " + p.reference);
+        const std::string wrong = task->wrong_completion(p, i);
+        if (task->score(p, wrong).reward != 0.0)
+          broken_promise("a wrong demonstration scores: " + wrong);
+      }
+    }
+  }
+  fs::remove(path);
+  return result;
+}
+
+std::vector<std::string> jsonl_seeds() {
+  return {
+    "{\"prompt\": \"2+3=\", \"answer\": 5}\n{\"prompt\": \"7-9=\", \"answer\": \"-2\"}\n",
+    "{\"prompt\": \"capital of France?\", \"answer\": \"Paris\"}\r\n\r\n"
+    "{\"prompt\": \"capital of Italy?\", \"answer\": \" Rome \"}\n",
+    "{\"prompt\": \"big\", \"answer\": 123456789012}\n",
+  };
+}
+
+} // namespace
+
+const std::vector<target>& targets() {
+  static const std::vector<target> all{
+    {"envelope", run_envelope, envelope_seeds},
+    {"delta", run_delta, delta_seeds},
+    {"toml", run_toml, toml_seeds},
+    {"safetensors", run_safetensors, safetensors_seeds},
+    {"jsonl", run_jsonl, jsonl_seeds},
+  };
+  return all;
+}
+
+const target& find_target(std::string_view name) {
+  for (const auto& t : targets())
+    if (t.name == name)
+      return t;
+  throw std::invalid_argument(fmt::format("no fuzz target \"{}\"", name));
+}
+
+} // namespace sorl::fuzz
