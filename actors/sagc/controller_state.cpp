@@ -115,13 +115,14 @@ std::string restore_controller_state(std::string_view text, rollout_timing& timi
     rule.add(d);
   std::string warning;
   const std::string configured = policy.memory().policy;
-  if (m.policy == configured) {
-    try {
+  try {
+    check_policy_memory(m); // also when this run's policy does not use it: corrupt is corrupt
+    if (m.policy == configured)
       policy.restore(m, rule);
-    } catch (const std::invalid_argument& e) {
-      throw controller_state_error("sagc_controller state: " + std::string{e.what()});
-    }
-  } else {
+  } catch (const std::invalid_argument& e) {
+    throw controller_state_error("sagc_controller state: " + std::string{e.what()});
+  }
+  if (m.policy != configured) {
     warning = "the checkpoint's group-size policy is \"" + m.policy + "\", this run's is \"" +
               configured + "\": the straggler window is restored, the policy starts afresh";
   }

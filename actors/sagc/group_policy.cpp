@@ -100,8 +100,37 @@ step_check check_observed(const step_timing& t, std::optional<int64_t>& last_obs
   return out;
 }
 
-/// Raises std::invalid_argument when `m` holds values no run of a policy can reach.
-void check_memory(const policy_memory& m) {
+/// The memory both windowed policies keep: the last steps seen and the notes.
+policy_memory step_memory(const char* policy, const std::optional<int64_t>& last_observed,
+                          const std::optional<int64_t>& last_decided, const std::string& notes) {
+  policy_memory m;
+  m.policy = policy;
+  m.last_observed = last_observed;
+  m.last_decided = last_decided;
+  m.notes = notes;
+  return m;
+}
+
+/// Checks `m`, then restores the part step_memory saves and the window statistics.
+void restore_steps(const policy_memory& m, const straggler_rule& rule,
+                   std::optional<int64_t>& last_observed, std::optional<int64_t>& last_decided,
+                   std::string& notes, window_tail& tail) {
+  check_policy_memory(m);
+  last_observed = m.last_observed;
+  last_decided = m.last_decided;
+  notes = m.notes;
+  tail = window_tail_of(rule);
+}
+
+std::string join_notes(const std::string& reason, std::string notes) {
+  while (!notes.empty() && (notes.back() == ' ' || notes.back() == ';'))
+    notes.pop_back();
+  return notes.empty() ? reason : reason + " [" + notes + "]";
+}
+
+} // namespace
+
+void check_policy_memory(const policy_memory& m) {
   auto bad = [](const std::string& field, const std::string& what) {
     throw std::invalid_argument("policy memory: " + field + ": " + what);
   };
@@ -119,36 +148,6 @@ void check_memory(const policy_memory& m) {
   if (m.last_decided && *m.last_decided < 0)
     bad("last_decided", "must be >= 0, got " + std::to_string(*m.last_decided));
 }
-
-/// The memory both windowed policies keep: the last steps seen and the notes.
-policy_memory step_memory(const char* policy, const std::optional<int64_t>& last_observed,
-                          const std::optional<int64_t>& last_decided, const std::string& notes) {
-  policy_memory m;
-  m.policy = policy;
-  m.last_observed = last_observed;
-  m.last_decided = last_decided;
-  m.notes = notes;
-  return m;
-}
-
-/// Checks `m`, then restores the part step_memory saves and the window statistics.
-void restore_steps(const policy_memory& m, const straggler_rule& rule,
-                   std::optional<int64_t>& last_observed, std::optional<int64_t>& last_decided,
-                   std::string& notes, window_tail& tail) {
-  check_memory(m);
-  last_observed = m.last_observed;
-  last_decided = m.last_decided;
-  notes = m.notes;
-  tail = window_tail_of(rule);
-}
-
-std::string join_notes(const std::string& reason, std::string notes) {
-  while (!notes.empty() && (notes.back() == ' ' || notes.back() == ';'))
-    notes.pop_back();
-  return notes.empty() ? reason : reason + " [" + notes + "]";
-}
-
-} // namespace
 
 double group_utility(int64_t group_size) {
   return group_size < 1 ? 0.0 : 1.0 - 1.0 / static_cast<double>(group_size);

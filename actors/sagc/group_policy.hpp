@@ -149,6 +149,10 @@ struct policy_memory {
   std::string notes; ///< what the last observe found odd, for the next decision's reason
 };
 
+/// Raises std::invalid_argument naming the field when `memory` holds values no run of a
+/// policy can reach (the conditions listed at group_policy::restore).
+void check_policy_memory(const policy_memory& memory);
+
 /// Chooses the group size G_t for each synchronous step.
 ///
 /// Called on the controller actor's thread only.

@@ -589,8 +589,8 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
             if (st.now != phase::starting || st.restores_pending == 0)
               return;
             if (!r.getOk()) {
-              fail_job(self, fmt::format("cannot resume from {}: the {}'s saved state: {}",
-                                         st.resume_source, r.getRole().cStr(),
+              // The reason names the role and the key ("sagc_controller state: key ...").
+              fail_job(self, fmt::format("cannot resume from {}: {}", st.resume_source,
                                          r.getReason().cStr()));
               return;
             }

@@ -209,6 +209,35 @@ TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and gro
   CHECK(p.wait_for("sagc_controller#0@main: restored from", 1s));
 }
 
+TEST_CASE("a checkpoint whose controller state is corrupt is refused on --resume, naming the key") {
+  fs::remove_all(data_dir() / "runs" / "corrupt");
+  auto cfg = write("corrupt.toml", small_config("corrupt", 1, one_node));
+  {
+    child_process p{{SORL_BIN, "train", cfg}};
+    REQUIRE(p.wait_exit(300s) == 0);
+  }
+  // The trainer state is JSON text inside the sidecar's JSON: its quotes are escaped.
+  auto sidecar = data_dir() / "runs" / "corrupt" / "checkpoints" / latest("corrupt") / "state.json";
+  std::string text;
+  {
+    std::ifstream in{sidecar};
+    text.assign(std::istreambuf_iterator<char>{in}, {});
+  }
+  const std::string key = "virtual_queue\\\":";
+  auto at = text.find(key);
+  REQUIRE(at != std::string::npos);
+  text.insert(at + key.size(), "-3,\\\"was\\\":");
+  std::ofstream{sidecar} << text;
+  child_process p{{SORL_BIN, "train", cfg, "--resume"}};
+  auto rc = p.wait_exit(300s);
+  INFO(p.output());
+  CHECK(rc == 1);
+  CHECK(p.wait_for("job failed: cannot resume from", 1s));
+  CHECK(p.wait_for("sagc_controller state: policy memory: virtual_queue: must be finite and >= "
+                   "0, got -3",
+                   1s));
+}
+
 TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resume continues") {
   fs::remove_all(data_dir() / "runs" / "sigint");
   auto cfg = write("sigint.toml", small_config("sigint", 4, one_node)); // checkpoint at the end only

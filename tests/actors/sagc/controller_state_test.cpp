@@ -199,4 +199,11 @@ TEST_CASE("a corrupt controller state is refused by key and changes nothing") {
     }
     CHECK(save_controller_state(target.timing, *target.policy) == before);
   }
+  // Also when this run's policy would not use the corrupt part.
+  controller fixed("static");
+  CHECK_THROWS_AS(
+    restore_controller_state(with("\"virtual_queue\":", "\"virtual_queue\":-1,\"_\":"),
+                             fixed.timing, *fixed.policy),
+    controller_state_error);
+  CHECK(fixed.timing.rule().samples() == 0);
 }
