@@ -13,6 +13,10 @@
 //   receives (shutdown_atom, bool ok, std::string why)    the job ends: quit
 //   sends    (shutdown_atom, bool ok, std::string why)    to the directory, to end the job
 //
+// and the trainer also receives (interrupt_atom, int32_t signal, std::string node) when a
+// process of the job got SIGINT / SIGTERM (runtime/interrupt.hpp): it finishes its step,
+// writes a checkpoint and ends the job.
+//
 // Failure detection bound: a node whose process dies is seen as soon as its TCP connection
 // closes (the kernel sends FIN/RST: milliseconds; the multi-process test measures it). A
 // node that goes silent without closing its sockets (frozen, partitioned, powered off) is
