@@ -284,16 +284,18 @@ TEST_CASE("a signal to a worker node stops the job cleanly and a second one exit
   CHECK(job.a->wait_for("node rollout-a asked the hub to stop the job cleanly", 10s));
   job.a->signal(SIGINT);
   auto rc_a = job.a->wait_exit(10s);
-  hub.signal(SIGCONT);
   {
     INFO(job.a->output());
     CHECK(rc_a == 130);
     CHECK(job.a->wait_for("second signal: exiting at once", 1s));
   }
-  // Whether rollout-a's request left before it exited is up to timing; rollout-b's is sure
-  // to arrive. The trainer finishes its step on rollout-b, writes a checkpoint and ends the
-  // job; rollout-b, which got a signal, exits 130, the hub 1.
+  // Whether rollout-a's request left before it exited is up to timing; rollout-b's, sent
+  // while the job still cannot end, is sure to arrive. The trainer then finishes its step on
+  // rollout-b, writes a checkpoint and ends the job; rollout-b, which got a signal, exits
+  // 130, the hub 1.
   job.b->signal(SIGINT);
+  CHECK(job.b->wait_for("node rollout-b asked the hub to stop the job cleanly", 10s));
+  hub.signal(SIGCONT);
   auto rc = hub.wait_exit(600s);
   INFO(hub.output());
   CHECK(rc == 1);
