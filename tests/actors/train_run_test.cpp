@@ -240,11 +240,11 @@ TEST_CASE("a checkpoint whose controller state is corrupt is refused on --resume
 
 TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resume continues") {
   fs::remove_all(data_dir() / "runs" / "sigint");
-  auto cfg = write("sigint.toml", small_config("sigint", 4, one_node)); // checkpoint at the end only
+  auto cfg = write("sigint.toml", small_config("sigint", 8, one_node)); // checkpoint at the end only
   std::string stopped;
   {
     child_process p{{SORL_BIN, "train", cfg}};
-    REQUIRE(p.wait_for("step 1/4", 300s));
+    REQUIRE(p.wait_for("step 1/8", 300s));
     p.signal(SIGINT);
     auto rc = p.wait_exit(300s);
     INFO(p.output());
@@ -253,7 +253,7 @@ TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resum
     auto out = p.output();
     std::smatch m;
     REQUIRE(std::regex_search(out, m, std::regex{"sorl train: interrupted by SIGINT: stopped by "
-                                                 "SIGINT on node main after step (\\d+)/4; "
+                                                 "SIGINT on node main after step (\\d+)/8; "
                                                  "checkpoint (\\S+)"}));
     stopped = m[1];
     CHECK(fs::path{m[2].str()}.filename() == step_dir(stopped));
@@ -268,8 +268,8 @@ TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resum
   INFO(p.output());
   REQUIRE(rc == 0);
   CHECK(p.wait_for("resumed step " + stopped + ":", 1s));
-  CHECK(p.wait_for("job finished: 4 steps", 1s));
-  CHECK(jsonl("sigint").size() == 4);
+  CHECK(p.wait_for("job finished: 8 steps", 1s));
+  CHECK(jsonl("sigint").size() == 8);
 }
 
 TEST_CASE("a signal to a worker node stops the job cleanly and a second one exits that node at once") {
