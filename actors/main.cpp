@@ -16,6 +16,7 @@
 #include "runtime/config.hpp"
 #include "runtime/config_resolved.hpp"
 #include "runtime/ml/cpu_kernels.hpp"
+#include "runtime/interrupt.hpp"
 #include "runtime/log.hpp"
 #include "runtime/topology.hpp"
 
@@ -77,6 +78,17 @@ sorl::experiment_config load_or_exit(const std::string& path) {
               << (e.errors().size() == 1 ? " error" : " errors") << ", nothing started\n";
     std::exit(2);
   }
+}
+
+/// Says how an interrupted run ends and how to continue it; returns 128 + the signal.
+int report_interrupted(const char* what, const sorl::run_result& r, int signo,
+                       const sorl::experiment_config& cfg, const std::string& resume_hint) {
+  fmt::print(stderr, "sorl {}: interrupted by {}: {}\n", what, sorl::signal_name(signo), r.why);
+  std::error_code ec;
+  auto latest = fs::path{cfg.run.run_dir()} / "checkpoints" / "latest";
+  if (!resume_hint.empty() && fs::exists(latest, ec))
+    fmt::print(stderr, "sorl {}: continue the run with: {}\n", what, resume_hint);
+  return sorl::interrupted_exit_code(signo);
 }
 
 int report(const char* what, const sorl::run_result& r) {
@@ -245,7 +257,8 @@ int main(int argc, char** argv) {
              "  sorl node configs/smoke.toml --node main   start the hub of a multi-process run\n"
              "  sorl node configs/smoke.toml --node rollout-a\n"
              "                                             start another node; it finds the hub\n"
-             "Exit codes: 0 job finished, 1 job failed, 2 nothing started.");
+             "Exit codes: 0 job finished, 1 job failed, 2 nothing started, 130 / 143 stopped by\n"
+             "SIGINT / SIGTERM (after a checkpoint; a second signal exits at once).");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
     ->capture_default_str();
@@ -263,7 +276,8 @@ int main(int argc, char** argv) {
   auto* train_overwrite = train->get_option("--overwrite");
   train->add_flag("--resume", resume,
                   "continue from the latest checkpoint in the run directory (run.output_dir/"
-                  "run.name/checkpoints): model, optimizer, RNG and step")
+                  "run.name/checkpoints): model, optimizer, step, trainer counters, "
+                  "group-size controller and scheduler state")
     ->excludes(train_overwrite);
 
   std::string sft_config;
@@ -353,7 +367,12 @@ int main(int argc, char** argv) {
         return rc;
     spdlog::info("sorl train: {} ({} node{} in one process)", cfg.file, cfg.nodes.size(),
                  cfg.nodes.size() == 1 ? "" : "s");
-    return report("train", sorl::run_in_process(cfg, sorl::builtin_roles()));
+    sorl::interrupt_watch interrupts;
+    auto r = sorl::run_in_process(cfg, sorl::builtin_roles(), nullptr, &interrupts);
+    if (int sig = interrupts.received(); sig != 0 && r.exit_code != 0)
+      return report_interrupted("train", r, sig, cfg,
+                                fmt::format("{} train {} --resume", argv[0], train_config));
+    return report("train", r);
   }
   if (node->parsed()) {
     auto cfg = load_or_exit(node_config);
@@ -390,7 +409,16 @@ int main(int argc, char** argv) {
       }
       node_opts.connect = *ep;
     }
-    return report("node", sorl::run_node(cfg, sorl::builtin_roles(), node_opts));
+    sorl::interrupt_watch interrupts;
+    node_opts.interrupts = &interrupts;
+    auto r = sorl::run_node(cfg, sorl::builtin_roles(), node_opts);
+    if (int sig = interrupts.received(); sig != 0 && r.exit_code != 0)
+      return report_interrupted(
+        "node", r, sig, cfg,
+        has_trainer ? fmt::format("{} node {} --node NAME --resume, for every node of the file",
+                                  argv[0], node_config)
+                    : "");
+    return report("node", r);
   }
   return 0;
 }

@@ -106,3 +106,31 @@ struct LearnerReady {
   trainerState @2 :Text;     # JSON the trainer stored with that checkpoint ("" if none)
   source @3 :Text;           # where the weights came from, for the log
 }
+
+# Trainer → each role whose state changes later decisions (sagc_controller, scheduler), before
+# a checkpoint: your state after `step` steps, please. The trainer stores the replies with the
+# checkpoint (CheckpointRequest.trainerState).
+struct RoleStateQuery {
+  step @0 :UInt64;
+}
+
+struct RoleState {
+  step @0 :UInt64;
+  role @1 :Text;             # "sagc_controller" | "scheduler"
+  state @2 :Text;            # JSON in the role core's format (actors/sagc/controller_state.hpp,
+                             # actors/scheduler/placement.hpp)
+  ok @3 :Bool;
+  reason @4 :Text;           # why not, when not ok
+}
+
+# Trainer → the same roles on --resume, before the first step: restore this saved state.
+struct RoleStateRestore {
+  state @0 :Text;            # what the role sent in RoleState.state
+  source @1 :Text;           # the checkpoint it came from, for messages
+}
+
+struct RoleStateRestored {
+  role @0 :Text;
+  ok @1 :Bool;
+  reason @2 :Text;           # not ok: why the state cannot be restored; ok: a warning or ""
+}

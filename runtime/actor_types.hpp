@@ -36,6 +36,10 @@ using join_timeout_atom = caf::atom_constant<caf::atom("join_tmo")>;
 using stop_timeout_atom = caf::atom_constant<caf::atom("stop_tmo")>;
 /// actor → itself: periodic work (e.g. the next smoke round).
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+/// the process that got SIGINT / SIGTERM → directory → trainer:
+/// (interrupt_atom, int32_t signal number, std::string node): stop after the current step,
+/// with a checkpoint (runtime/interrupt.hpp).
+using interrupt_atom = caf::atom_constant<caf::atom("interrupt")>;
 /// trainer → itself: (deadline_atom, step) when deadline mode's rollout budget is spent.
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 /// trainer → itself: (watchdog_atom, step) to check that its rollout phase still progresses.

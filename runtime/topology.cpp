@@ -126,6 +126,7 @@ struct directory_state {
   std::vector<std::pair<std::string, caf::actor>> agents;
   bool roster_sent = false;
   bool stopping = false;
+  bool interrupted = false; ///< a stop request from a signal was handled
 };
 
 /// Why a member went down, in words, and whether that is a crash (as opposed to a clean
@@ -232,6 +233,22 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
       st.agents.emplace_back(std::move(node), std::move(agent));
     },
     [stop](shutdown_atom, bool ok, std::string& why) { stop(ok, std::move(why)); },
+    [self, stop](interrupt_atom, int32_t signo, std::string& node) {
+      auto& st = self->state;
+      if (st.stopping || st.interrupted)
+        return;
+      st.interrupted = true;
+      auto what = fmt::format("{} on node {}", signal_name(signo), node);
+      auto trainer = std::find_if(st.members.begin(), st.members.end(),
+                                  [](const peer_info& p) { return p.role == "trainer"; });
+      if (!st.roster_sent)
+        stop(false, fmt::format("stopped by {} before every node had joined; nothing to save",
+                                what));
+      else if (trainer == st.members.end())
+        stop(false, "stopped by " + what);
+      else // the trainer ends the job once its checkpoint is written
+        self->send(trainer->handle, interrupt_atom::value, signo, node);
+    },
     [self, stop](join_timeout_atom) {
       auto& st = self->state;
       if (st.roster_sent || st.stopping)
@@ -394,6 +411,38 @@ run_result collect(caf::actor_system& sys, std::vector<std::shared_ptr<node_resu
   return out;
 }
 
+/// While alive, the first signal `interrupts` sees goes to `directory` as a stop request;
+/// `ack` is printed on this process's stdout when it does.
+class interrupt_route {
+public:
+  interrupt_route(interrupt_watch* interrupts, caf::actor directory, std::string node,
+                  std::string ack)
+    : interrupts_(interrupts) {
+    if (!interrupts_)
+      return;
+    interrupts_->on_first([directory = std::move(directory), node = std::move(node),
+                           ack = std::move(ack)](int signo) {
+      caf::anon_send(directory, interrupt_atom::value, static_cast<int32_t>(signo), node);
+      fmt::print("\nsorl: {}: {}\n", signal_name(signo), ack);
+      std::fflush(stdout);
+    });
+  }
+  ~interrupt_route() {
+    if (interrupts_)
+      interrupts_->on_first(nullptr);
+  }
+  interrupt_route(const interrupt_route&) = delete;
+  interrupt_route& operator=(const interrupt_route&) = delete;
+
+private:
+  interrupt_watch* interrupts_;
+};
+
+/// What a node that hosts the hub (or the whole job) prints on the first signal.
+constexpr const char* hub_ack =
+  "stopping the job cleanly: the trainer finishes the step in progress and writes a "
+  "checkpoint (signal again to exit at once, losing that step)";
+
 bool write_port_file(const std::string& path, uint16_t port) {
   auto tmp = path + ".tmp";
   {
@@ -412,7 +461,7 @@ bool write_port_file(const std::string& path, uint16_t port) {
 // -- entry points --------------------------------------------------------------------------
 
 run_result run_in_process(const experiment_config& cfg, const role_table& table,
-                          std::shared_ptr<run_outcome> outcome) {
+                          std::shared_ptr<run_outcome> outcome, interrupt_watch* interrupts) {
   if (!outcome)
     outcome = std::make_shared<run_outcome>();
   caf::actor_system_config sys_cfg;
@@ -420,6 +469,8 @@ run_result run_in_process(const experiment_config& cfg, const role_table& table,
   caf::actor_system sys{sys_cfg};
   auto baseline = sys.registry().running();
   auto directory = sys.spawn(directory_actor, &cfg);
+  interrupt_route route{interrupts, directory, cfg.nodes.empty() ? "" : cfg.nodes.front().name,
+                        hub_ack};
   std::vector<std::shared_ptr<node_result>> results;
   for (const auto& node : cfg.nodes) {
     auto result = std::make_shared<node_result>();
@@ -486,6 +537,10 @@ run_result run_node(const experiment_config& cfg, const role_table& table,
                     + std::chrono::milliseconds{cfg.network.connect_timeout_ms};
     std::string last_error;
     for (;;) {
+      if (opts.interrupts && opts.interrupts->received() != 0)
+        return {1, fmt::format("node {}: stopped by {} while connecting to the hub", opts.node,
+                               signal_name(opts.interrupts->received())),
+                0};
       auto res = tls ? caf::openssl::remote_actor(sys, target->host, target->port)
                      : sys.middleman().remote_actor(target->host, target->port);
       if (res) {
@@ -502,6 +557,14 @@ run_result run_node(const experiment_config& cfg, const role_table& table,
     }
     spdlog::info("node {}: connected to the hub at {}", opts.node, target->to_string());
   }
+  interrupt_route route{opts.interrupts, directory, opts.node,
+                        self_node->listen
+                          ? std::string{hub_ack}
+                          : fmt::format("node {} asked the hub to stop the job cleanly: the "
+                                        "trainer finishes the step in progress and writes a "
+                                        "checkpoint, then every node exits (signal again to "
+                                        "exit this node at once)",
+                                        opts.node)};
   auto result = std::make_shared<node_result>();
   std::vector<std::shared_ptr<node_result>> results{result};
   sys.spawn(node_agent, agent_plan{&cfg, &table, opts.node, directory, outcome, result});

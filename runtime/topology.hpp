@@ -13,6 +13,10 @@
 //   receives (shutdown_atom, bool ok, std::string why)    the job ends: quit
 //   sends    (shutdown_atom, bool ok, std::string why)    to the directory, to end the job
 //
+// and the trainer also receives (interrupt_atom, int32_t signal, std::string node) when a
+// process of the job got SIGINT / SIGTERM (runtime/interrupt.hpp): it finishes its step,
+// writes a checkpoint and ends the job.
+//
 // Failure detection bound: a node whose process dies is seen as soon as its TCP connection
 // closes (the kernel sends FIN/RST: milliseconds; the multi-process test measures it). A
 // node that goes silent without closing its sockets (frozen, partitioned, powered off) is
@@ -35,6 +39,7 @@
 
 #include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
+#include "runtime/interrupt.hpp"
 
 namespace sorl {
 
@@ -88,14 +93,21 @@ struct run_result {
 };
 
 /// Runs every node of `cfg` in this process, without networking. Blocks until the job ends.
+/// With `interrupts`, the first SIGINT / SIGTERM asks the trainer to stop after its current
+/// step with a checkpoint (the job then ends with exit_code 1 and the trainer's reason).
 run_result run_in_process(const experiment_config& cfg, const role_table& table,
-                          std::shared_ptr<run_outcome> outcome = nullptr);
+                          std::shared_ptr<run_outcome> outcome = nullptr,
+                          interrupt_watch* interrupts = nullptr);
 
 /// Options of `sorl node`.
 struct node_options {
   std::string node;                ///< which [[node]] of the file to run
   std::optional<endpoint> connect; ///< overrides the hub's `listen` address (e.g. port 0)
   std::string port_file;           ///< hub only: write the bound port here once listening
+  /// When set, the first SIGINT / SIGTERM this process gets asks the trainer (through the
+  /// hub) to stop after its current step with a checkpoint; while still connecting to the
+  /// hub, the node gives up instead.
+  interrupt_watch* interrupts = nullptr;
 };
 
 /// Runs one node of `cfg`: the hub publishes the directory at its `listen` address (TLS when

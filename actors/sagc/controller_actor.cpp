@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
+#include "actors/sagc/controller_state.hpp"
 #include "actors/sagc/group_policy.hpp"
 #include "actors/sagc/timing.hpp"
 #include "messages/rollout.capnp.h"
@@ -132,6 +133,37 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
               b.setAborted(static_cast<uint32_t>(t.aborted));
               b.setRolloutsTimed(static_cast<uint32_t>(t.timed));
             });
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
+          }))
+        return;
+      if (handle_as<msg::RoleStateQuery>(e, st.me, [&](msg::RoleStateQuery::Reader q) {
+            auto reply = build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+              b.setStep(q.getStep());
+              b.setRole("sagc_controller");
+              b.setState(sagc::save_controller_state(*st.timing, *st.policy));
+              b.setOk(true);
+            });
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
+          }))
+        return;
+      if (handle_as<msg::RoleStateRestore>(e, st.me, [&](msg::RoleStateRestore::Reader r) {
+            std::string why;
+            bool ok = true;
+            try {
+              why = sagc::restore_controller_state(r.getState().cStr(), *st.timing, *st.policy);
+              spdlog::info("{}: restored from {}: virtual queue {}, window {} durations", st.me,
+                           r.getSource().cStr(), st.policy->memory().virtual_queue,
+                           st.timing->rule().samples());
+            } catch (const std::exception& ex) {
+              ok = false;
+              why = ex.what();
+            }
+            auto reply = build_envelope<msg::RoleStateRestored>(
+              [&](msg::RoleStateRestored::Builder b) {
+                b.setRole("sagc_controller");
+                b.setOk(ok);
+                b.setReason(why);
+              });
             self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
           }))
         return;

@@ -100,6 +100,28 @@ step_check check_observed(const step_timing& t, std::optional<int64_t>& last_obs
   return out;
 }
 
+/// The memory both windowed policies keep: the last steps seen and the notes.
+policy_memory step_memory(const char* policy, const std::optional<int64_t>& last_observed,
+                          const std::optional<int64_t>& last_decided, const std::string& notes) {
+  policy_memory m;
+  m.policy = policy;
+  m.last_observed = last_observed;
+  m.last_decided = last_decided;
+  m.notes = notes;
+  return m;
+}
+
+/// Checks `m`, then restores the part step_memory saves and the window statistics.
+void restore_steps(const policy_memory& m, const straggler_rule& rule,
+                   std::optional<int64_t>& last_observed, std::optional<int64_t>& last_decided,
+                   std::string& notes, window_tail& tail) {
+  check_policy_memory(m);
+  last_observed = m.last_observed;
+  last_decided = m.last_decided;
+  notes = m.notes;
+  tail = window_tail_of(rule);
+}
+
 std::string join_notes(const std::string& reason, std::string notes) {
   while (!notes.empty() && (notes.back() == ' ' || notes.back() == ';'))
     notes.pop_back();
@@ -107,6 +129,25 @@ std::string join_notes(const std::string& reason, std::string notes) {
 }
 
 } // namespace
+
+void check_policy_memory(const policy_memory& m) {
+  auto bad = [](const std::string& field, const std::string& what) {
+    throw std::invalid_argument("policy memory: " + field + ": " + what);
+  };
+  if (!std::isfinite(m.virtual_queue) || m.virtual_queue < 0)
+    bad("virtual_queue", "must be finite and >= 0, got " + num(m.virtual_queue));
+  if (!std::isfinite(m.truncated) || m.truncated < 0)
+    bad("truncated", "must be finite and >= 0, got " + num(m.truncated));
+  if (m.steps_counted < 0)
+    bad("steps_counted", "must be >= 0, got " + std::to_string(m.steps_counted));
+  if (m.events_counted < 0 || m.events_counted > m.steps_counted)
+    bad("events_counted", std::to_string(m.events_counted) + " is outside [0, steps_counted = "
+                            + std::to_string(m.steps_counted) + "]");
+  if (m.last_observed && *m.last_observed < 0)
+    bad("last_observed", "must be >= 0, got " + std::to_string(*m.last_observed));
+  if (m.last_decided && *m.last_decided < 0)
+    bad("last_decided", "must be >= 0, got " + std::to_string(*m.last_decided));
+}
 
 double group_utility(int64_t group_size) {
   return group_size < 1 ? 0.0 : 1.0 - 1.0 / static_cast<double>(group_size);
@@ -160,6 +201,12 @@ group_decision static_group_policy::decide(int64_t step) {
   d.reason = "fixed G = " + std::to_string(group_size_) + " from [sagc].group_size";
   d.utility = group_utility(group_size_);
   return d;
+}
+
+policy_memory static_group_policy::memory() const {
+  policy_memory m;
+  m.policy = "static";
+  return m;
 }
 
 // -- sagc ---------------------------------------------------------------------------------
@@ -236,6 +283,23 @@ void sagc_group_policy::observe(const step_timing& timing, const straggler_rule&
   events_counted_ += timing.straggler_event ? 1 : 0;
 }
 
+policy_memory sagc_group_policy::memory() const {
+  policy_memory m = step_memory("sagc", last_observed_, last_decided_, notes_);
+  m.virtual_queue = queue_;
+  m.truncated = truncated_;
+  m.steps_counted = steps_counted_;
+  m.events_counted = events_counted_;
+  return m;
+}
+
+void sagc_group_policy::restore(const policy_memory& m, const straggler_rule& rule) {
+  restore_steps(m, rule, last_observed_, last_decided_, notes_, tail_); // checks all of m
+  queue_ = m.virtual_queue;
+  truncated_ = m.truncated;
+  steps_counted_ = m.steps_counted;
+  events_counted_ = m.events_counted;
+}
+
 // -- deadline -----------------------------------------------------------------------------
 
 deadline_group_policy::deadline_group_policy(group_policy_options options)
@@ -278,6 +342,14 @@ group_decision deadline_group_policy::decide(int64_t step) {
 void deadline_group_policy::observe(const step_timing& timing, const straggler_rule& rule) {
   tail_ = window_tail_of(rule);
   notes_ = check_observed(timing, last_observed_).notes;
+}
+
+policy_memory deadline_group_policy::memory() const {
+  return step_memory("deadline", last_observed_, last_decided_, notes_);
+}
+
+void deadline_group_policy::restore(const policy_memory& m, const straggler_rule& rule) {
+  restore_steps(m, rule, last_observed_, last_decided_, notes_, tail_);
 }
 
 // -- factory ------------------------------------------------------------------------------

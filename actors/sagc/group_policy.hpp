@@ -135,6 +135,24 @@ window_tail window_tail_of(const straggler_rule& rule);
 /// Returns NaN when n + 2a = 0.
 double tail_estimate(const window_tail& tail, double prior);
 
+/// What a policy's later decisions depend on besides the straggler window. A checkpoint
+/// saves it with the window (actors/sagc/controller_state.hpp), so that a resumed run decides
+/// as the uninterrupted one would.
+struct policy_memory {
+  std::string policy;        ///< "static" | "sagc" | "deadline"; "" for a policy without one
+  double virtual_queue = 0;  ///< Q_t (sagc), finite, ≥ 0
+  double truncated = 0;      ///< what max(0, ·) cut off the queue so far (sagc), finite, ≥ 0
+  int64_t steps_counted = 0; ///< steps whose event entered the queue (sagc), ≥ 0
+  int64_t events_counted = 0; ///< of those, steps with a straggler event, in [0, steps_counted]
+  std::optional<int64_t> last_observed; ///< last step fed back through observe, ≥ 0
+  std::optional<int64_t> last_decided;  ///< largest step decided, ≥ 0
+  std::string notes; ///< what the last observe found odd, for the next decision's reason
+};
+
+/// Raises std::invalid_argument naming the field when `memory` holds values no run of a
+/// policy can reach (the conditions listed at group_policy::restore).
+void check_policy_memory(const policy_memory& memory);
+
 /// Chooses the group size G_t for each synchronous step.
 ///
 /// Called on the controller actor's thread only.
@@ -153,6 +171,19 @@ public:
   /// timing data.
   virtual void observe(const step_timing& /*timing*/, const straggler_rule& /*rule*/) {
   }
+
+  /// The policy's memory (only `policy` is set for a policy without state, e.g. static).
+  virtual policy_memory memory() const {
+    return {};
+  }
+
+  /// Replaces the memory with a saved one and recomputes the window statistics from `rule`,
+  /// the restored straggler window (they are a function of it). Raises
+  /// std::invalid_argument, changing nothing, for a memory no run can reach: a queue or
+  /// truncation that is negative or not finite, negative counts, more events than steps, a
+  /// negative step. A policy without state accepts anything.
+  virtual void restore(const policy_memory& /*memory*/, const straggler_rule& /*rule*/) {
+  }
 };
 
 /// A fixed G from `[sagc].group_size`: the baseline SAGC is compared against (issue 5).
@@ -163,6 +194,7 @@ public:
 
   /// Always the configured G. Raises std::invalid_argument for step < 0.
   group_decision decide(int64_t step) override;
+  policy_memory memory() const override;
 
   int64_t group_size() const {
     return group_size_;
@@ -197,6 +229,8 @@ public:
 
   group_decision decide(int64_t step) override;
   void observe(const step_timing& timing, const straggler_rule& rule) override;
+  policy_memory memory() const override;
+  void restore(const policy_memory& memory, const straggler_rule& rule) override;
 
   /// Q_t, the virtual queue the next decision uses.
   double virtual_queue() const {
@@ -245,6 +279,8 @@ public:
 
   group_decision decide(int64_t step) override;
   void observe(const step_timing& timing, const straggler_rule& rule) override;
+  policy_memory memory() const override;
+  void restore(const policy_memory& memory, const straggler_rule& rule) override;
 
   const group_policy_options& options() const {
     return options_;

@@ -290,6 +290,21 @@ step_timing rollout_timing::summary(int64_t step) const {
   return build(step, it == steps_.end() ? nullptr : &it->second, nullptr);
 }
 
+void rollout_timing::restore(const std::vector<double>& durations_ns,
+                             std::optional<int64_t> last_closed) {
+  if (last_closed && *last_closed < 0)
+    throw std::invalid_argument("rollout_timing::restore: last closed step "
+                                + std::to_string(*last_closed) + " < 0");
+  straggler_rule fresh(rule_.options());
+  for (size_t i = 0; i < durations_ns.size(); ++i)
+    if (!fresh.add(durations_ns[i]))
+      throw std::invalid_argument("rollout_timing::restore: duration " + std::to_string(i)
+                                  + " is negative or not finite");
+  rule_ = std::move(fresh);
+  last_closed_ = last_closed;
+  steps_.clear();
+}
+
 step_timing rollout_timing::close_step(int64_t step) {
   if (last_closed_ && step <= *last_closed_)
     throw std::invalid_argument("rollout_timing::close_step: step " + std::to_string(step)

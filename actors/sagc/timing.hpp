@@ -249,6 +249,14 @@ public:
     return last_closed_;
   }
 
+  /// Replaces the straggler window with `durations_ns` (oldest first; beyond the rule's
+  /// window only the most recent are kept) and the last closed step with `last_closed`, as a
+  /// checkpoint saved them (actors/sagc/controller_state.hpp). Events of open steps are
+  /// dropped. Issue counters are diagnostics that no decision reads; they are not part of it.
+  /// Raises std::invalid_argument, changing nothing, for a negative or non-finite duration
+  /// or a negative step.
+  void restore(const std::vector<double>& durations_ns, std::optional<int64_t> last_closed);
+
 private:
   struct stamp {
     std::string worker;

@@ -182,6 +182,17 @@ public:
     return stats_;
   }
 
+  /// The worker round robin chose last ("" before the first choice): besides the requests in
+  /// flight, the only state later placements depend on. Checkpointed between steps.
+  const std::string& round_robin_last() const {
+    return rr_last_;
+  }
+  /// Restores a saved round-robin position. Any name is accepted: a worker that is not live
+  /// is passed by, as one that left would be.
+  void restore_round_robin(std::string last) {
+    rr_last_ = std::move(last);
+  }
+
 private:
   struct worker_state {
     int64_t in_flight = 0;
@@ -218,5 +229,13 @@ private:
   std::string rr_last_; ///< name last chosen by round robin ("" before the first)
   placement_stats stats_;
 };
+
+/// The placement's checkpointed state as JSON text:
+/// {"format": "sorl.scheduler", "format_version": 1, "round_robin_last": "<worker>"}.
+std::string save_placement_state(const placement& p);
+
+/// Restores a state written by save_placement_state. Raises std::invalid_argument naming the
+/// key, changing nothing, for text that is not such a state.
+void restore_placement_state(std::string_view text, placement& p);
 
 } // namespace sorl::scheduler

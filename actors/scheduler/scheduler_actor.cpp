@@ -9,6 +9,7 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/scheduler/placement.hpp"
 #include "messages/rollout.capnp.h"
+#include "messages/train.capnp.h"
 
 namespace sorl {
 
@@ -106,6 +107,32 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             } catch (const std::exception& ex) {
               spdlog::warn("{}: completing request {}: {}", st.me, id, ex.what());
             }
+          }))
+        return;
+      if (handle_as<msg::RoleStateQuery>(e, st.me, [&](msg::RoleStateQuery::Reader q) {
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()),
+                       build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+                         b.setStep(q.getStep());
+                         b.setRole("scheduler");
+                         b.setState(scheduler::save_placement_state(*st.placement));
+                         b.setOk(true);
+                       }));
+          }))
+        return;
+      if (handle_as<msg::RoleStateRestore>(e, st.me, [&](msg::RoleStateRestore::Reader r) {
+            std::string why;
+            try {
+              scheduler::restore_placement_state(r.getState().cStr(), *st.placement);
+            } catch (const std::exception& ex) {
+              why = ex.what();
+            }
+            auto reply = build_envelope<msg::RoleStateRestored>(
+              [&](msg::RoleStateRestored::Builder b) {
+                b.setRole("scheduler");
+                b.setOk(why.empty());
+                b.setReason(why);
+              });
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
           }))
         return;
       log_unhandled(e, st.me);

@@ -9,23 +9,22 @@
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/sagc/timing.hpp"
 #include "actors/trainer/step_plan.hpp"
+#include "actors/trainer/trainer_checkpoint.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
+#include "runtime/interrupt.hpp"
 #include "runtime/metrics.hpp"
 
 namespace sorl {
 
 namespace {
-
-using json = nlohmann::json;
 
 enum class phase { starting, eval_before, rollout, learn, sync, checkpoint, eval_after, done };
 
@@ -68,6 +67,13 @@ struct trainer_state {
   int64_t run_start_ns = 0;
   /// A VersionReady that overtook the TrainResult of the same step (different senders).
   std::optional<envelope> early_ready;
+  /// Checkpoint in progress: the stateful roles' replies so far, by role.
+  std::map<std::string, std::string> role_states;
+  /// Resume: roles that have not yet confirmed their restored state; the run starts at 0.
+  size_t restores_pending = 0;
+  std::string resume_source;
+  /// A signal asked the job to stop ("SIGINT on node main"); "" while none did.
+  std::string stop_request;
 };
 
 using trainer_actor_t = caf::stateful_actor<trainer_state>;
@@ -114,12 +120,51 @@ void fail_job(trainer_actor_t* self, std::string why) {
   sorl::fail_job(self->state.directory, self->state.me, std::move(why));
 }
 
-json trainer_state_json(const trainer_state& st) {
-  return json{{"step", st.step},
-              {"next_group_id", st.counters.next_group_id},
-              {"next_request_id", st.counters.next_request_id},
-              {"task_cursor", st.counters.task_cursor},
-              {"reward_history", st.reward_history}};
+trainer::trainer_snapshot snapshot_of(const trainer_state& st) {
+  trainer::trainer_snapshot s;
+  s.step = st.step;
+  s.counters = st.counters;
+  s.reward_history = st.reward_history;
+  s.accuracy_before = st.acc_before;
+  s.roles = st.role_states;
+  return s;
+}
+
+/// A checkpoint is due: ask every stateful role for its state first (send_checkpoint follows
+/// once all have answered).
+void start_checkpoint(trainer_actor_t* self) {
+  auto& st = self->state;
+  st.now = phase::checkpoint;
+  st.role_states.clear();
+  for (const auto& role : trainer::stateful_roles())
+    self->send(role == "scheduler" ? st.scheduler : st.sagc,
+               build_envelope<msg::RoleStateQuery>([&](msg::RoleStateQuery::Builder b) {
+                 b.setStep(static_cast<uint64_t>(st.step));
+               }));
+}
+
+void send_checkpoint(trainer_actor_t* self) {
+  auto& st = self->state;
+  std::string state;
+  try {
+    state = trainer::to_json(snapshot_of(st));
+  } catch (const std::exception& ex) {
+    fail_job(self, fmt::format("checkpoint at step {}: {}", st.step, ex.what()));
+    return;
+  }
+  self->send(st.learner,
+             build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
+               b.setStep(static_cast<uint64_t>(st.step));
+               b.setDir(st.cfg->run.run_dir());
+               b.setTrainerState(state);
+             }));
+}
+
+/// Ends the job after a signal asked it to stop; `where` says what was saved.
+void stop_on_request(trainer_actor_t* self, const std::string& where) {
+  auto& st = self->state;
+  fail_job(self, fmt::format("stopped by {} after step {}/{}; {}", st.stop_request, st.step,
+                             st.cfg->run.steps, where));
 }
 
 void request_eval(trainer_actor_t* self, const char* tag) {
@@ -153,7 +198,8 @@ void finish_job(trainer_actor_t* self) {
 
 void maybe_start(trainer_actor_t* self) {
   auto& st = self->state;
-  if (st.now != phase::starting || !st.learner_ready || !st.weights_ready)
+  if (st.now != phase::starting || !st.learner_ready || !st.weights_ready
+      || st.restores_pending > 0)
     return;
   st.run_start_ns = steady_now_ns();
   if (st.cfg->task.eval_prompts > 0 && !st.resumed)
@@ -335,15 +381,8 @@ void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
   std::fflush(stdout);
   bool last = st.step >= st.cfg->run.steps;
   auto every = st.cfg->run.checkpoint_every;
-  if (last || (every > 0 && st.step % every == 0)) {
-    st.now = phase::checkpoint;
-    auto state = trainer_state_json(st).dump();
-    self->send(st.learner,
-               build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
-                 b.setStep(static_cast<uint64_t>(st.step));
-                 b.setDir(st.cfg->run.run_dir());
-                 b.setTrainerState(state);
-               }));
+  if (last || (every > 0 && st.step % every == 0) || !st.stop_request.empty()) {
+    start_checkpoint(self);
     return;
   }
   begin_step(self);
@@ -406,19 +445,36 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
             st.resumed = r.getResumed();
             std::optional<int64_t> resume_after;
             if (st.resumed) {
-              auto js = json::parse(std::string{r.getTrainerState().cStr()}, nullptr, false);
-              if (js.is_discarded() || !js.contains("step")) {
-                fail_job(self, "the checkpoint carries no trainer state");
+              st.resume_source = r.getSource();
+              trainer::trainer_snapshot saved;
+              try {
+                saved = trainer::parse_trainer_snapshot(r.getTrainerState().cStr());
+              } catch (const std::exception& ex) {
+                fail_job(self, fmt::format("cannot resume from {}: {}", st.resume_source,
+                                           ex.what()));
                 return;
               }
-              st.step = js["step"].get<int64_t>();
-              st.counters.next_group_id = js["next_group_id"].get<uint64_t>();
-              st.counters.next_request_id = js["next_request_id"].get<uint64_t>();
-              st.counters.task_cursor = js["task_cursor"].get<uint64_t>();
-              st.reward_history = js["reward_history"].get<std::vector<double>>();
+              st.step = saved.step;
+              st.counters = saved.counters;
+              st.reward_history = saved.reward_history;
+              st.acc_before = saved.accuracy_before;
               resume_after = st.step;
               spdlog::info("{}: resuming after step {} from {}", st.me, st.step,
-                           r.getSource().cStr());
+                           st.resume_source);
+              if (!saved.roles)
+                spdlog::warn("{}: {} was written before the group-size controller and the "
+                             "scheduler saved their state: they start afresh (the first "
+                             "steps' G may differ from an uninterrupted run)",
+                             st.me, st.resume_source);
+              for (const auto& [role, state] : saved.roles.value_or(decltype(st.role_states){})) {
+                ++st.restores_pending;
+                self->send(role == "scheduler" ? st.scheduler : st.sagc,
+                           build_envelope<msg::RoleStateRestore>(
+                             [&](msg::RoleStateRestore::Builder b) {
+                               b.setState(state);
+                               b.setSource(st.resume_source);
+                             }));
+              }
             }
             try {
               st.sink = std::make_unique<metrics_sink>(
@@ -586,7 +642,41 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
               return;
             }
             spdlog::info("{}: checkpoint {}", st.me, d.getPath().cStr());
+            if (!st.stop_request.empty()) {
+              stop_on_request(self, fmt::format("checkpoint {}", d.getPath().cStr()));
+              return;
+            }
             begin_step(self);
+          }))
+        return;
+      if (handle_as<msg::RoleState>(e, st.me, [&](msg::RoleState::Reader r) {
+            if (st.now != phase::checkpoint || r.getStep() != static_cast<uint64_t>(st.step))
+              return;
+            if (!r.getOk()) {
+              fail_job(self, fmt::format("checkpoint at step {}: the {} cannot save its state: "
+                                         "{}",
+                                         st.step, r.getRole().cStr(), r.getReason().cStr()));
+              return;
+            }
+            st.role_states[r.getRole()] = r.getState();
+            if (st.role_states.size() == trainer::stateful_roles().size())
+              send_checkpoint(self);
+          }))
+        return;
+      if (handle_as<msg::RoleStateRestored>(e, st.me, [&](msg::RoleStateRestored::Reader r) {
+            if (st.now != phase::starting || st.restores_pending == 0)
+              return;
+            if (!r.getOk()) {
+              // The reason names the role and the key ("sagc_controller state: key ...").
+              fail_job(self, fmt::format("cannot resume from {}: {}", st.resume_source,
+                                         r.getReason().cStr()));
+              return;
+            }
+            if (r.getReason().size() > 0)
+              spdlog::warn("{}: resuming the {}: {}", st.me, r.getRole().cStr(),
+                           r.getReason().cStr());
+            --st.restores_pending;
+            maybe_start(self);
           }))
         return;
       log_unhandled(e, st.me);
@@ -605,6 +695,25 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
                                  "{}); still waiting for {}",
                                  st.step + 1, static_cast<double>(idle.count()) / 1e9,
                                  st.cfg->rollout.watchdog_s, missing_rollouts(st)));
+    },
+    [self](interrupt_atom, int32_t signo, const std::string& node) {
+      auto& st = self->state;
+      if (st.now == phase::done || !st.stop_request.empty())
+        return;
+      st.stop_request = fmt::format("{} on node {}", signal_name(signo), node);
+      switch (st.now) {
+        case phase::starting:
+        case phase::eval_before:
+          stop_on_request(self, "no step of this run finished, nothing new to save");
+          return;
+        case phase::eval_after:
+          stop_on_request(self, "the last step's checkpoint is complete");
+          return;
+        default: // rollout, learn, sync, checkpoint: end_step / CheckpointDone stop the job
+          spdlog::warn("{}: {}: finishing step {}/{}, then writing a checkpoint and stopping",
+                       st.me, st.stop_request, st.step + (st.now == phase::checkpoint ? 0 : 1),
+                       st.cfg->run.steps);
+      }
     },
     [self](deadline_atom, int64_t step) {
       auto& st = self->state;

@@ -5,8 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 
 #include "actors/sagc/controller_actor.hpp"
 #include "messages/rollout.capnp.h"
@@ -133,4 +136,75 @@ TEST_CASE("the controller answers with the configured adaptive policy and its es
       CHECK(d.getMinFinished() == 2);
     });
   self->send_exit(ctl, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a controller restored from another's saved state answers the next step the same") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  experiment_config exp;
+  exp.sagc.policy = "sagc";
+  exp.sagc.group_size = 4;
+  exp.sagc.g_min = 2;
+  exp.sagc.g_max = 8;
+  auto kept = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
+  auto resumed = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
+
+  // Steps 0 and 1 on `kept`: eight 1 s rollouts, then seven 1 s and a 5 s straggler.
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (uint64_t r = 0; r < 8; ++r) {
+      uint64_t id = step * 8 + r;
+      self->send(kept, event(id, step, msg::EventKind::START, 0, 0));
+      int64_t took = (step == 1 && r == 7 ? 5 : 1) * s;
+      self->send(kept, event(id, step, msg::EventKind::FINISH, took, 10));
+    }
+    ask<msg::StepTimingQuery, msg::StepTiming>(
+      self, kept, [&](msg::StepTimingQuery::Builder b) { b.setStep(step); },
+      [&](msg::StepTiming::Reader t) { CHECK(t.getStragglerEvent() == (step == 1)); });
+  }
+  std::string saved;
+  ask<msg::RoleStateQuery, msg::RoleState>(
+    self, kept, [](msg::RoleStateQuery::Builder b) { b.setStep(2); },
+    [&](msg::RoleState::Reader r) {
+      CHECK(r.getOk());
+      CHECK(std::string{r.getRole().cStr()} == "sagc_controller");
+      saved = r.getState();
+    });
+  ask<msg::RoleStateRestore, msg::RoleStateRestored>(
+    self, resumed,
+    [&](msg::RoleStateRestore::Builder b) {
+      b.setState(saved);
+      b.setSource("test");
+    },
+    [](msg::RoleStateRestored::Reader r) {
+      CHECK(r.getOk());
+      CHECK(std::string{r.getReason().cStr()}.empty());
+    });
+
+  // Q = (0 − 0.1)⁺ + 1 − 0.1 = 0.9 on both; the decisions agree field by field.
+  std::vector<std::string> reasons;
+  for (const auto& ctl : {kept, resumed})
+    ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+      self, ctl, [](msg::GroupSizeQuery::Builder b) { b.setStep(2); },
+      [&](msg::GroupSizeDecision::Reader d) {
+        CHECK(d.getVirtualQueue() == Approx(0.9).epsilon(1e-12));
+        reasons.push_back(fmt::format("{} {} {} {}", d.getGroupSize(), d.getVirtualQueue(),
+                                      d.getPStraggler(), d.getReason().cStr()));
+      });
+  REQUIRE(reasons.size() == 2);
+  CHECK(reasons[0] == reasons[1]);
+
+  // A corrupt state is refused with a reason, not silently reset.
+  ask<msg::RoleStateRestore, msg::RoleStateRestored>(
+    self, resumed,
+    [&](msg::RoleStateRestore::Builder b) {
+      b.setState("{\"format\":\"sorl.sagc_controller\"}");
+      b.setSource("test");
+    },
+    [](msg::RoleStateRestored::Reader r) {
+      CHECK_FALSE(r.getOk());
+      CHECK_THAT(std::string{r.getReason().cStr()}, Catch::Contains("format_version"));
+    });
+  self->send_exit(kept, caf::exit_reason::user_shutdown);
+  self->send_exit(resumed, caf::exit_reason::user_shutdown);
 }

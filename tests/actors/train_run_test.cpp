@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -22,9 +23,10 @@ fs::path data_dir() {
   return fs::path{SORL_TEST_DATA_DIR};
 }
 
-/// A small GRPO run: B = 4 prompts, G = 4, tiny model, no warm start, `steps` steps.
+/// A small GRPO run: B = 4 prompts, G = 4, tiny model, no warm start, `steps` steps;
+/// `sagc` adds keys to [sagc].
 std::string small_config(const std::string& name, int steps, const std::string& nodes,
-                         int checkpoint_every = 0) {
+                         int checkpoint_every = 0, const std::string& sagc = "") {
   std::ostringstream s;
   s << "[run]\nname = \"" << name << "\"\nseed = 5\nsteps = " << steps << "\noutput_dir = \""
     << (data_dir() / "runs").string() << "\"\ncheckpoint_every = " << checkpoint_every << R"(
@@ -39,6 +41,7 @@ prompts_per_step = 4
 lr = 1e-4
 [sagc]
 group_size = 4
+)" << sagc << R"(
 [sync]
 bucket_bytes = 65536
 [rollout]
@@ -90,6 +93,48 @@ std::string field(const std::string& line, const std::string& key) {
   return m[1];
 }
 
+double number(const std::string& line, const std::string& key) {
+  return std::stod(field(line, key));
+}
+
+/// A fresh run `name` of `steps` steps on the `three_nodes` topology as three processes:
+/// the hub, then the two rollout nodes.
+struct three_process_job {
+  std::string cfg;
+  child_process hub;
+  std::optional<child_process> a;
+  std::optional<child_process> b;
+
+  three_process_job(const std::string& name, int steps)
+    : cfg{fresh_run(name, steps)}, hub{{SORL_BIN, "node", cfg, "--node", "main"}} {
+    REQUIRE(hub.wait_for("listening on 127.0.0.1:", 30s));
+    std::string port = sorl::test::listening_port(hub.output());
+    REQUIRE_FALSE(port.empty());
+    a.emplace(std::vector<std::string>{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect",
+                                       "127.0.0.1:" + port});
+    b.emplace(std::vector<std::string>{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect",
+                                       "127.0.0.1:" + port});
+  }
+
+  static std::string fresh_run(const std::string& name, int steps) {
+    fs::remove_all(data_dir() / "runs" / name);
+    return write(name + ".toml", small_config(name, steps, three_nodes));
+  }
+};
+
+/// A checkpoint's step directory name: "step-" and the step in ten digits.
+std::string step_dir(const std::string& step) {
+  return "step-" + std::string(10 - step.size(), '0') + step;
+}
+
+/// The step directory `latest` names in a run's checkpoints ("" when none).
+std::string latest(const std::string& run) {
+  std::ifstream in{data_dir() / "runs" / run / "checkpoints" / "latest"};
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
 } // namespace
 
 TEST_CASE("a few synchronous steps in one process keep every invariant") {
@@ -113,9 +158,12 @@ TEST_CASE("a few synchronous steps in one process keep every invariant") {
   CHECK(p.wait_for("job finished: 3 steps", 1s));
 }
 
-TEST_CASE("a run killed after a checkpoint resumes with model and optimizer bit for bit") {
+TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and group-size "
+          "controller bit for bit") {
   fs::remove_all(data_dir() / "runs" / "resume");
-  auto cfg = write("resume.toml", small_config("resume", 5, one_node, 2));
+  // SAGC: its virtual queue and duration window must survive the restart.
+  auto cfg = write("resume.toml", small_config("resume", 5, one_node, 2,
+                                               "policy = \"sagc\"\ng_min = 2\ng_max = 6\n"));
   std::string saved;
   {
     child_process p{{SORL_BIN, "train", cfg}};
@@ -146,23 +194,129 @@ TEST_CASE("a run killed after a checkpoint resumes with model and optimizer bit 
   REQUIRE(lines.size() == 5); // records after the checkpoint were dropped and redone
   for (size_t i = 0; i < lines.size(); ++i)
     CHECK(field(lines[i], "step") == std::to_string(i + 1));
+  // Step 3, the first after the resume, is decided from the controller state the checkpoint
+  // saved after step 2. Step 1 has no threshold (empty window) and takes the initial G = 4;
+  // step 2 is judged against step 1's 16 durations, and G_2 = 6 (Q = 0: the largest G). So
+  // the window holds 16 + 4·6 = 40 durations, and Q_3 = max(0, Q_2 + s_2 − ε), ε = 0.1.
+  // A controller that forgot would decide step 3 from an empty window with Q = 0.
+  CHECK(number(lines[0], "G") == 4);
+  CHECK(number(lines[1], "G") == 6);
+  CHECK(number(lines[2], "straggler_threshold_s") > 0);
+  CHECK_THAT(field(lines[2], "group_reason"), Catch::Contains("/40 > thr="));
+  double expected_q = std::max(0.0, number(lines[1], "virtual_queue")
+                                      + number(lines[1], "straggler_event") - 0.1);
+  CHECK(number(lines[2], "virtual_queue") == Approx(expected_q).margin(1e-9));
+  CHECK(p.wait_for("sagc_controller#0@main: restored from", 1s));
+}
+
+TEST_CASE("a checkpoint whose controller state is corrupt is refused on --resume, naming the key") {
+  fs::remove_all(data_dir() / "runs" / "corrupt");
+  auto cfg = write("corrupt.toml", small_config("corrupt", 1, one_node));
+  {
+    child_process p{{SORL_BIN, "train", cfg}};
+    REQUIRE(p.wait_exit(300s) == 0);
+  }
+  // The trainer state is JSON text inside the sidecar's JSON: its quotes are escaped.
+  auto sidecar = data_dir() / "runs" / "corrupt" / "checkpoints" / latest("corrupt") / "state.json";
+  std::string text;
+  {
+    std::ifstream in{sidecar};
+    text.assign(std::istreambuf_iterator<char>{in}, {});
+  }
+  const std::string key = "virtual_queue\\\":";
+  auto at = text.find(key);
+  REQUIRE(at != std::string::npos);
+  text.insert(at + key.size(), "-3,\\\"was\\\":");
+  std::ofstream{sidecar} << text;
+  child_process p{{SORL_BIN, "train", cfg, "--resume"}};
+  auto rc = p.wait_exit(300s);
+  INFO(p.output());
+  CHECK(rc == 1);
+  CHECK(p.wait_for("job failed: cannot resume from", 1s));
+  CHECK(p.wait_for("sagc_controller state: policy memory: virtual_queue: must be finite and >= "
+                   "0, got -3",
+                   1s));
+}
+
+TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resume continues") {
+  fs::remove_all(data_dir() / "runs" / "sigint");
+  auto cfg = write("sigint.toml", small_config("sigint", 8, one_node)); // checkpoint at the end only
+  std::string stopped;
+  {
+    child_process p{{SORL_BIN, "train", cfg}};
+    REQUIRE(p.wait_for("step 1/8", 300s));
+    p.signal(SIGINT);
+    auto rc = p.wait_exit(300s);
+    INFO(p.output());
+    REQUIRE(rc == 130);
+    CHECK(p.wait_for("SIGINT: stopping the job cleanly", 1s));
+    auto out = p.output();
+    std::smatch m;
+    REQUIRE(std::regex_search(out, m, std::regex{"sorl train: interrupted by SIGINT: stopped by "
+                                                 "SIGINT on node main after step (\\d+)/8; "
+                                                 "checkpoint (\\S+)"}));
+    stopped = m[1];
+    CHECK(fs::path{m[2].str()}.filename() == step_dir(stopped));
+    CHECK(latest("sigint") == step_dir(stopped)); // the checkpoint of that step
+    CHECK(jsonl("sigint").size() == std::stoul(stopped));  // ... and no step after it
+    CHECK(p.wait_for("continue the run with: " + std::string{SORL_BIN} + " train " + cfg
+                       + " --resume",
+                     1s));
+  }
+  child_process p{{SORL_BIN, "train", cfg, "--resume"}};
+  auto rc = p.wait_exit(600s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  CHECK(p.wait_for("resumed step " + stopped + ":", 1s));
+  CHECK(p.wait_for("job finished: 8 steps", 1s));
+  CHECK(jsonl("sigint").size() == 8);
+}
+
+TEST_CASE("a signal to a worker node stops the job cleanly and a second one exits that node at once") {
+  // Enough steps that the job is still running when the signals come.
+  three_process_job job{"sigint3", 40};
+  auto& hub = job.hub;
+  REQUIRE(hub.wait_for("step 1/40", 600s));
+  // With the hub frozen the job cannot end between rollout-a's two signals: the second one,
+  // not the end of the job, is what ends rollout-a.
+  hub.signal(SIGSTOP);
+  job.a->signal(SIGINT);
+  CHECK(job.a->wait_for("node rollout-a asked the hub to stop the job cleanly", 10s));
+  job.a->signal(SIGINT);
+  auto rc_a = job.a->wait_exit(10s);
+  {
+    INFO(job.a->output());
+    CHECK(rc_a == 130);
+    CHECK(job.a->wait_for("second signal: exiting at once", 1s));
+  }
+  // Whether rollout-a's request left before it exited is up to timing; rollout-b's, sent
+  // while the job still cannot end, is sure to arrive. The trainer then finishes its step on
+  // rollout-b, writes a checkpoint and ends the job; rollout-b, which got a signal, exits
+  // 130, the hub 1.
+  job.b->signal(SIGINT);
+  CHECK(job.b->wait_for("node rollout-b asked the hub to stop the job cleanly", 10s));
+  hub.signal(SIGCONT);
+  auto rc = hub.wait_exit(600s);
+  INFO(hub.output());
+  CHECK(rc == 1);
+  std::smatch m;
+  auto out = hub.output();
+  REQUIRE(std::regex_search(out, m, std::regex{"job failed: stopped by SIGINT on node "
+                                               "rollout-[ab] after step (\\d+)/40; checkpoint"}));
+  CHECK(latest("sigint3") == step_dir(m[1].str()));
+  CHECK(jsonl("sigint3").size() == std::stoul(m[1].str()));
+  CHECK(job.b->wait_exit(30s) == 130);
 }
 
 TEST_CASE("three processes train with the same step semantics, also when a worker dies") {
-  fs::remove_all(data_dir() / "runs" / "threeproc");
-  auto cfg = write("threeproc.toml", small_config("threeproc", 4, three_nodes));
-  child_process hub{{SORL_BIN, "node", cfg, "--node", "main"}};
-  REQUIRE(hub.wait_for("listening on 127.0.0.1:", 30s));
-  std::string port = sorl::test::listening_port(hub.output());
-  REQUIRE_FALSE(port.empty());
-  child_process a{{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect", "127.0.0.1:" + port}};
-  child_process b{{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect", "127.0.0.1:" + port}};
+  three_process_job job{"threeproc", 4};
+  auto& hub = job.hub;
   REQUIRE(hub.wait_for("step 2/4", 600s));
-  b.signal(SIGKILL); // mid-run: its in-flight requests are re-placed on rollout-a
+  job.b->signal(SIGKILL); // mid-run: its in-flight requests are re-placed on rollout-a
   auto rc = hub.wait_exit(600s);
   INFO(hub.output());
   REQUIRE(rc == 0);
-  CHECK(a.wait_exit(30s) == 0);
+  CHECK(job.a->wait_exit(30s) == 0);
   CHECK(hub.wait_for("peer down: rollout_worker#1@rollout-b", 1s));
   auto lines = jsonl("threeproc");
   REQUIRE(lines.size() == 4);

@@ -226,3 +226,24 @@ TEST_CASE("placement is deterministic for the same calls", "[placement]") {
   };
   CHECK(run() == run());
 }
+
+TEST_CASE("a restored placement continues round robin where the saved one stopped",
+          "[placement]") {
+  auto kept = make(placement_policy::round_robin, {"a", "b", "c"});
+  CHECK(place_ok(kept, 1) == "a");
+  CHECK(place_ok(kept, 2) == "b");
+  auto restored = make(placement_policy::round_robin, {"a", "b", "c"});
+  restore_placement_state(save_placement_state(kept), restored);
+  CHECK(place_ok(kept, 3) == "c");
+  CHECK(place_ok(restored, 3) == "c"); // a fresh placement would start at "a"
+  CHECK(place_ok(restored, 4) == "a");
+
+  for (const std::string bad : {"", "{\"format\":\"sorl.scheduler\",\"format_version\":1}",
+                                "{\"format\":\"x\",\"format_version\":1,\"round_robin_last\":\"a\"}",
+                                "{\"format\":\"sorl.scheduler\",\"format_version\":1,"
+                                "\"round_robin_last\":7}"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(restore_placement_state(bad, restored), std::invalid_argument);
+  }
+  CHECK(restored.round_robin_last() == "a"); // unchanged by the refused states
+}
