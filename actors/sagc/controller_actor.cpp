@@ -23,8 +23,8 @@ struct controller_state {
   std::string me;
   std::unique_ptr<sagc::rollout_timing> timing;
   std::unique_ptr<sagc::group_policy> policy;
-  /// Rollouts flagged as stragglers from their chunk messages while still running, by step
-  /// (issue 5: flag before they finish). Cleared when the step closes.
+  /// Rollouts flagged as stragglers from their chunk messages while still running, by step.
+  /// Cleared when the step closes.
   std::map<int64_t, std::set<uint64_t>> flagged;
 };
 

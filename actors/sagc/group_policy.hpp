@@ -1,7 +1,8 @@
 #pragma once
 
-// Group-size policies of the sagc_controller (DESIGN.md §6 SAGC; issue 4 "static policy",
-// issue 5 "keep static ... selectable by config, so all three run on the same code path").
+// Group-size policies of the sagc_controller (DESIGN.md §6 SAGC): the static baseline, the
+// deadline baseline and the adaptive policy, selectable by config so that all three run on
+// the same code path.
 //
 // The trainer asks for G_t once per step (DESIGN.md §3 step 1); the controller's shell calls
 // `decide(step)` on the configured policy, logs the returned decision, and feeds each closed
@@ -186,7 +187,7 @@ public:
   }
 };
 
-/// A fixed G from `[sagc].group_size`: the baseline SAGC is compared against (issue 5).
+/// A fixed G from `[sagc].group_size`: the baseline SAGC is compared against.
 class static_group_policy final : public group_policy {
 public:
   /// Raises std::invalid_argument when group_size < 1.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 namespace sorl::sagc {
@@ -291,6 +292,34 @@ sim_summary summarize(const std::vector<sim_step>& steps, std::string label) {
   if (finished > 0 && sampled_tokens > 0)
     m.length_ratio = (trained_tokens / finished) / (sampled_tokens / rollouts);
   return m;
+}
+
+bool meets_straggler_target(double rate, double target_rate, int64_t steps) {
+  const double slack = std::sqrt(target_rate * (1 - target_rate)
+                                 / static_cast<double>(std::max<int64_t>(1, steps)));
+  return rate <= target_rate + slack;
+}
+
+best_static_choice best_static(const std::vector<sim_summary>& statics, double target_rate,
+                               int64_t steps) {
+  if (statics.empty())
+    throw std::invalid_argument("best_static: no static runs");
+  std::optional<size_t> best;
+  for (size_t i = 0; i < statics.size(); ++i)
+    if (meets_straggler_target(statics[i].straggler_rate, target_rate, steps)
+        && (!best || statics[i].mean_g > statics[*best].mean_g))
+      best = i;
+  if (best)
+    return {*best, true};
+  size_t lowest = 0;
+  for (size_t i = 1; i < statics.size(); ++i) {
+    const auto& a = statics[i];
+    const auto& b = statics[lowest];
+    if (a.straggler_rate < b.straggler_rate
+        || (a.straggler_rate == b.straggler_rate && a.mean_g > b.mean_g))
+      lowest = i;
+  }
+  return {lowest, false};
 }
 
 std::vector<double> read_duration_trace(const std::string& path) {

@@ -137,6 +137,25 @@ sim_result simulate(group_policy& policy, const sim_options& options, std::strin
 /// Summarises steps (used by simulate; exposed for tests).
 sim_summary summarize(const std::vector<sim_step>& steps, std::string label);
 
+/// The best static policy among `statics` (runs of static G, any order) for the constraint
+/// "straggler-event rate ≤ ε": the one with the largest mean G (so the largest U) whose rate
+/// meets ε (meets_straggler_target: one binomial standard error over a run of `steps` steps
+/// of slack, so that a G whose measured rate is ε up to sampling noise is not ruled out by
+/// the noise); `meets` is then true. When none meets ε, the one with the lowest rate (ties: the
+/// larger G) and `meets` false. Pass a run of every G the adaptive policy may pick
+/// ([g_min, g_max]): a coarser grid flatters it. Raises std::invalid_argument when `statics`
+/// is empty.
+/// Whether a run of `steps` steps with straggler-event rate `rate` meets ε = `target_rate`
+/// up to sampling noise: rate ≤ ε + sqrt(ε(1 − ε)/steps) (best_static).
+bool meets_straggler_target(double rate, double target_rate, int64_t steps);
+
+struct best_static_choice {
+  size_t index = 0;   ///< into `statics`
+  bool meets = false; ///< its rate meets ε (within the slack above)
+};
+best_static_choice best_static(const std::vector<sim_summary>& statics, double target_rate,
+                               int64_t steps);
+
 /// q(t), the probability that a rollout of step t is a long one (the tail schedule, else
 /// tail_fraction).
 double sim_tail_fraction(const sim_durations& durations, int64_t step);

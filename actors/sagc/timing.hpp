@@ -1,7 +1,7 @@
 #pragma once
 
-// Rollout timing statistics for the sagc_controller (DESIGN.md §4 "Timing", §6 SAGC, §7;
-// issue 4 "sagc_controller", issue 5 "detect stragglers ... while rollouts are still running").
+// Rollout timing statistics for the sagc_controller (DESIGN.md §4 "Timing", §6 SAGC, §7):
+// durations per step, the straggler rule, and stragglers detected while they still run.
 //
 // Pure logic, free of CAF: the controller's actor shell decodes each rollout timing message
 // into a `timing_event` and calls `rollout_timing::observe`; at the end of a synchronous step
@@ -120,7 +120,7 @@ public:
   bool is_straggler(double duration_ns) const;
 
   /// The window, oldest first (the empirical duration distribution the adaptive controller
-  /// of issue 5 samples from).
+  /// estimates its tail from, actors/sagc/group_policy.hpp).
   const std::deque<double>& durations() const {
     return window_;
   }
@@ -219,7 +219,7 @@ public:
   step_timing close_step(int64_t step);
 
   /// Rollouts of `step` still running whose elapsed time already passes the threshold,
-  /// ordered by request id (issue 5: flag stragglers before they finish). For each one,
+  /// ordered by request id (stragglers are flagged before they finish). For each one,
   /// elapsed = max(latest chunk timestamp, now_ns[worker] when given) − start, all on that
   /// worker's clock: `now_ns` maps a worker name to its current steady-clock time in ns
   /// (injected by the caller, e.g. its last timestamp plus the local time since, so tests

@@ -1,5 +1,6 @@
 // Group-size policies on a simulated synchronous RL cluster (DESIGN.md §6 SAGC):
-// static G ∈ {4, 8, 16, 32}, the deadline baseline, and the adaptive sagc controller, each
+// static G for every G in [g_min, g_max] (the range sagc picks from), the deadline baseline,
+// and the adaptive sagc controller, each
 // driving the same simulator (actors/sagc/simulator.hpp, which documents the model) with
 // the same random rollouts, through the same group_policy objects and rollout_timing the
 // sagc_controller actor uses. Prints one table per scenario:
@@ -16,6 +17,11 @@
 //      G is chosen as in the other scenarios, on its rate over the whole run; per-phase
 //      mean G, straggler-event rate and utility-weighted rollouts/s are printed for sagc and
 //      that static G.
+//
+// The best static G is searched over every G in [g_min, g_max] (best_static in
+// actors/sagc/simulator.hpp: the largest G whose straggler-event rate meets ε). After each
+// scenario's table, a second one compares sagc with every static G on the objective,
+// utility-weighted rollouts/s, and on rollouts/s.
 //
 // Column "U-roll/s": utility-weighted rollouts per second, Σ_t Σ_j n_tj·U(n_tj) / total
 // time, n_tj = finished rollouts of prompt j at step t, U(n) = 1 − 1/n (without a cut,
@@ -137,7 +143,7 @@ void run_scenario(const std::string& title, const sim_options& sim,
               "step mean", "step p99", "rollouts/s", "mean U", "cut %", "len rat", "U-roll/s");
   std::vector<sim_summary> statics;
   std::vector<std::vector<sim_step>> static_steps;
-  for (int64_t g : {4, 8, 16, 32}) {
+  for (int64_t g = base.g_min; g <= base.g_max; ++g) {
     static_group_policy p(g);
     sim_result r = simulate(p, sim, "static " + std::to_string(g));
     statics.push_back(r.summary);
@@ -156,40 +162,33 @@ void run_scenario(const std::string& title, const sim_options& sim,
   const sim_summary& m = sagc_run.summary;
   print_row(m);
 
-  // The best static G: the largest one (highest U) whose straggler-event rate meets ε, the
-  // constrained optimum over the static grid; the least-straggling one if none does. "Meets"
-  // allows one binomial standard error, sqrt(ε(1 − ε)/steps), so a static G whose measured
-  // rate is ε up to sampling noise is not ruled out by the noise (sagc itself ends ε + Q_T/T).
-  const double slack = std::sqrt(base.target_rate * (1 - base.target_rate)
-                                 / static_cast<double>(std::max<int64_t>(1, sim.steps)));
-  const sim_summary* best = nullptr;
-  for (const auto& st : statics)
-    if (st.straggler_rate <= base.target_rate + slack && (!best || st.mean_g > best->mean_g))
-      best = &st;
-  const char* why = "the largest static G with straggler rate <= epsilon + 1 s.e.";
-  if (best == nullptr) {
-    why = "no static G meets epsilon: the one with the lowest rate";
-    best = &statics.front();
-    for (const auto& st : statics)
-      if (st.straggler_rate < best->straggler_rate)
-        best = &st;
-  }
+  // The best static G over every G sagc may pick (best_static, actors/sagc/simulator.hpp).
+  const best_static_choice choice = best_static(statics, base.target_rate, sim.steps);
+  const sim_summary* best = &statics[choice.index];
+  const char* why = choice.meets
+                      ? "the largest static G in [g_min, g_max] with straggler rate <= epsilon "
+                        "+ 1 s.e."
+                      : "no static G meets epsilon: the one with the lowest rate";
   std::printf("sagc vs best static (%s, %s): rollouts/s x%.3f, mean step time x%.3f, "
-              "mean U x%.3f\n",
+              "mean U x%.3f, U-roll/s x%.3f\n",
               best->label.c_str(), why, m.rollouts_per_s / best->rollouts_per_s,
-              m.mean_step_s / best->mean_step_s, m.mean_utility / best->mean_utility);
-  std::printf("sagc vs each static G (rollouts/s, mean step time, mean U):");
+              m.mean_step_s / best->mean_step_s, m.mean_utility / best->mean_utility,
+              m.weighted_rollouts_per_s / best->weighted_rollouts_per_s);
+  std::printf("sagc vs every static G (objective: U-roll/s; ratio > 1: sagc ahead):\n");
+  std::printf("  %4s %8s %6s %8s %10s %12s %13s\n", "G", "strag/st", "meets", "U-roll/s",
+              "rollouts/s", "sagc/G U-r/s", "sagc/G roll/s");
   for (const auto& st : statics)
-    std::printf("  G=%.0f x%.2f x%.2f x%.3f", st.mean_g, m.rollouts_per_s / st.rollouts_per_s,
-                m.mean_step_s / st.mean_step_s, m.mean_utility / st.mean_utility);
-  std::printf("\n");
+    std::printf("  %4.0f %8.3f %6s %8.3f %10.3f %12.3f %13.3f\n", st.mean_g, st.straggler_rate,
+                meets_straggler_target(st.straggler_rate, base.target_rate, sim.steps) ? "yes"
+                                                                                      : "no",
+                st.weighted_rollouts_per_s, st.rollouts_per_s,
+                m.weighted_rollouts_per_s / st.weighted_rollouts_per_s,
+                m.rollouts_per_s / st.rollouts_per_s);
   std::printf("sagc: final Q = %.2f, straggler rate %.4f vs epsilon %.3f\n",
               sagc.virtual_queue(), m.straggler_rate, base.target_rate);
   if (phases.empty())
     return;
-  const auto& best_steps = static_steps[static_cast<size_t>(best - statics.data())];
-  std::printf("sagc vs best static (%s): utility-weighted rollouts/s x%.3f\n",
-              best->label.c_str(), m.weighted_rollouts_per_s / best->weighted_rollouts_per_s);
+  const auto& best_steps = static_steps[choice.index];
   std::printf("per phase (mean G, strag/st, U-roll/s):\n");
   for (const auto& ph : phases) {
     const sim_summary a = summarize_phase(sagc_run.steps, ph);

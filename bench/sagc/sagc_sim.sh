@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Group-size policies (static G = 4/8/16/32, deadline, sagc) on a simulated cluster, in one
-# command:
+# Group-size policies (static G for every G in [g_min, g_max], deadline, sagc) on a simulated
+# cluster, in one command:
 #   bench/sagc/sagc_sim.sh [--trace FILE] [--steps N] [--seed S] [other sagc_sim options]
 # Builds sagc_sim in $BUILD_DIR (default: build/, configured without tests and CUDA if it does
 # not exist yet), runs it, and prints one table per scenario: a long-tailed one (or the trace
 # given, durations in seconds one per line), a light-tailed one, and a drifting-tail one (the
 # long-rollout probability grows from 0 to --drift-tail, default 0.5%, over the run; per-phase
-# rates for sagc and the best static G). The model and the U-roll/s column (utility-weighted
-# rollouts per second) are documented in actors/sagc/simulator.hpp.
+# rates for sagc and the best static G), each followed by sagc against every static G. The
+# model and the U-roll/s column (utility-weighted rollouts per second) are documented in
+# actors/sagc/simulator.hpp. README.md quotes the figures of a run with the defaults.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 me=bench/sagc/sagc_sim.sh

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -105,7 +106,7 @@ TEST_CASE("the controller flags a straggler from its chunk messages before it fi
   self->send_exit(ctl, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("the controller answers with the configured adaptive policy and its estimates") {
+TEST_CASE("the controller answers with the configured deadline policy and its budget") {
   test_system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
@@ -207,4 +208,70 @@ TEST_CASE("a controller restored from another's saved state answers the next ste
     });
   self->send_exit(kept, caf::exit_reason::user_shutdown);
   self->send_exit(resumed, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the controller runs the configured sagc policy from the queue and the window") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  experiment_config exp;
+  exp.sagc.policy = "sagc";
+  exp.sagc.g_min = 2;
+  exp.sagc.g_max = 4;
+  exp.sagc.group_size = 3;
+  exp.sagc.kappa = 2.0;
+  exp.sagc.window = 8;
+  exp.sagc.target_rate = 0.5;
+  exp.sagc.v = 0.5;
+  exp.algorithm.prompts_per_step = 2; // B = 2: a step of size G has 2G rollouts
+  auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
+  auto decide = [&](uint64_t step, auto read) {
+    ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+      self, ctl, [&](msg::GroupSizeQuery::Builder b) { b.setStep(step); }, read);
+  };
+  // Eight rollouts of one step: seven of 1 s and one of `slow` seconds.
+  auto run_step = [&](uint64_t step, int64_t slow, bool expect_event) {
+    for (uint64_t r = 0; r < 8; ++r) {
+      const uint64_t id = 8 * step + r;
+      self->send(ctl, event(id, step, msg::EventKind::START, 0, 0));
+      self->send(ctl, event(id, step, msg::EventKind::FINISH, (r == 7 ? slow : 1) * s, 10));
+    }
+    ask<msg::StepTimingQuery, msg::StepTiming>(
+      self, ctl, [&](msg::StepTimingQuery::Builder b) { b.setStep(step); },
+      [&](msg::StepTiming::Reader t) {
+        CHECK(t.getRollouts() == 8);
+        CHECK(t.getStragglerEvent() == expect_event);
+      });
+  };
+  // No window yet: the initial G, no estimate.
+  decide(0, [](msg::GroupSizeDecision::Reader d) {
+    CHECK(std::string{d.getPolicy().cStr()} == "sagc");
+    CHECK(d.getGroupSize() == 3);
+    CHECK(d.getVirtualQueue() == 0.0);
+    CHECK(std::isnan(d.getPStraggler()));
+    CHECK(d.getDeadlineNs() == 0);
+  });
+  // Step 0 has no threshold to judge it (s = 0, Q = max(0, 0 - 0.5) = 0). Its durations fill
+  // the window {1 x 7, 10} s: median 1 s, threshold 2 s, k = 1 of n = 8 above it, so with the
+  // prior a = 1/2 p = (1 + 1/2) / (8 + 1) = 1/6 and P(G) = 1 - (5/6)^(2G).
+  run_step(0, 10, false);
+  // Q = 0: only the utility counts, G = g_max = 4; P(4) = 1 - (5/6)^8.
+  decide(1, [](msg::GroupSizeDecision::Reader d) {
+    CHECK(d.getGroupSize() == 4);
+    CHECK(d.getVirtualQueue() == 0.0);
+    CHECK(d.getPStraggler() == Approx(1 - 390625.0 / 1679616).epsilon(1e-12));
+    CHECK(d.getUtility() == 0.75);
+  });
+  // Step 1: the 5 s rollout is past the 2 s threshold: an event, Q = 0 + 1 - 0.5 = 0.5. The
+  // window becomes {1 x 7, 5} s: the same median, threshold and k, so p = 1/6 again.
+  run_step(1, 5, true);
+  // Q = 0.5, V = 0.5: score(G) = 0.5 (1 - 1/G) - 0.5 P(G) with P = .517747, .665102, .767432
+  // for G = 2, 3, 4: scores -.008873, .000782, -.008716 → G = 3.
+  decide(2, [](msg::GroupSizeDecision::Reader d) {
+    CHECK(d.getVirtualQueue() == 0.5);
+    CHECK(d.getGroupSize() == 3);
+    CHECK(d.getPStraggler() == Approx(1 - 15625.0 / 46656).epsilon(1e-12));
+    CHECK(std::string{d.getReason().cStr()}.rfind("sagc: Q=0.5 window k=1/8 > thr=2s", 0) == 0);
+  });
+  self->send_exit(ctl, caf::exit_reason::user_shutdown);
 }

@@ -1,11 +1,12 @@
 // The CUDA kernels of the sparse weight-sync codec (gpu/sparse_sync.hpp) against the CPU codec
 // (actors/sync/delta_codec.hpp): the same buckets byte for byte, the same applied tensors.
-// Label "gpu"; without a CUDA device every case warns and passes.
+// Label "gpu"; without a CUDA device every case is reported skipped (tests/gpu/gpu_skip.hpp).
 
 #include "actors/sync/delta_codec.hpp"
 #include "gpu/check.hpp"
 #include "gpu/sparse_sync.hpp"
 #include "tests/gpu/delta_test_data.hpp"
+#include "tests/gpu/gpu_skip.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -19,11 +20,6 @@ using sorl::gpu::test::step_mix;
 using sorl::gpu::test::tensor_pair;
 
 namespace {
-
-bool has_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 /// A device copy of a host array, freed on destruction. `shift` elements of slack come first,
 /// so that data() can be deliberately misaligned for the kernels' scalar path.
@@ -94,10 +90,7 @@ void check_gpu(const std::vector<tensor_pair>& ts, const std::vector<uint32_t>& 
 } // namespace
 
 TEST_CASE("GPU buckets equal the CPU codec's across sizes and change fractions", "[gpu]") {
-  if (!has_device()) {
-    WARN("no CUDA device: GPU codec test skipped");
-    return;
-  }
+  sorl::gpu::test::skip_unless_cuda_devices(1, "the GPU codec test");
   gpu::delta_gpu_workspace ws;
   const uint64_t seg = sync::delta_segment_elements;
   uint64_t seed = 100;
@@ -110,10 +103,7 @@ TEST_CASE("GPU buckets equal the CPU codec's across sizes and change fractions",
 }
 
 TEST_CASE("GPU buckets handle minus-first, dense and misaligned tensors", "[gpu]") {
-  if (!has_device()) {
-    WARN("no CUDA device: GPU codec test skipped");
-    return;
-  }
+  sorl::gpu::test::skip_unless_cuda_devices(1, "the GPU codec test");
   gpu::delta_gpu_workspace ws;
   const uint64_t n = sync::delta_segment_elements + 4099;
   check_gpu({make_delta(n, 0.02, step_mix::minus, 1)}, {0}, 64ull << 20, 0, ws);
@@ -122,10 +112,7 @@ TEST_CASE("GPU buckets handle minus-first, dense and misaligned tensors", "[gpu]
 }
 
 TEST_CASE("GPU buckets cut entries at small bucket sizes as the CPU codec does", "[gpu]") {
-  if (!has_device()) {
-    WARN("no CUDA device: GPU codec test skipped");
-    return;
-  }
+  sorl::gpu::test::skip_unless_cuda_devices(1, "the GPU codec test");
   gpu::delta_gpu_workspace ws;
   std::vector<tensor_pair> ts;
   ts.push_back(make_delta(5000, 0.01, step_mix::ulp, 21));
@@ -142,10 +129,7 @@ TEST_CASE("GPU buckets cut entries at small bucket sizes as the CPU codec does",
 }
 
 TEST_CASE("GPU apply rejects a bucket for another version and writes nothing", "[gpu]") {
-  if (!has_device()) {
-    WARN("no CUDA device: GPU codec test skipped");
-    return;
-  }
+  sorl::gpu::test::skip_unless_cuda_devices(1, "the GPU codec test");
   const auto t = make_delta(3000, 0.1, step_mix::ulp, 31);
   const std::vector<sync::delta_source> src = {{0, t.base.data(), t.next.data(), 3000}};
   const auto buckets = sync::encode_delta(1, 2, src, sync::delta_options{});

@@ -335,13 +335,6 @@ TEST_CASE("a missing file is an error naming it") {
   }
 }
 
-TEST_CASE("the shipped configs are valid") {
-  for (auto name : {"smoke.toml"}) {
-    auto path = std::string{SORL_SOURCE_DIR} + "/configs/" + name;
-    CHECK_NOTHROW(sorl::load_config(path, roles));
-  }
-}
-
 TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
   auto cfg = parse_config("[algorithm]\nname = \"dapo\"\noverlong = \"filter\"\n" + std::string{minimal},
                           "test.toml", roles);

@@ -1,5 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/config.hpp"
 #include "runtime/topology.hpp"
@@ -74,4 +80,33 @@ TEST_CASE("run_node refuses a node the file does not define") {
   auto result = run_node(cfg, builtin_roles(), opts);
   CHECK(result.exit_code == 2);
   CHECK(result.why == "smoke-test.toml has no node \"nope\" (nodes: main)");
+}
+
+TEST_CASE("every shipped config in configs/ loads with the real role table") {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator{fs::path{SORL_SOURCE_DIR} / "configs"})
+    if (e.path().extension() == ".toml")
+      files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> loaded;
+  for (const auto& path : files) {
+    INFO(path.string());
+    try {
+      const auto cfg = load_config(path.string(), role_names(builtin_roles()));
+      CHECK_FALSE(cfg.nodes.empty());
+      // A training config also builds its task, as `sorl check` and `sorl train` do first.
+      if (cfg.count_role("trainer") > 0)
+        CHECK_NOTHROW(make_task_from(cfg));
+      loaded.push_back(path.filename().string());
+    } catch (const config_exception& e) {
+      for (const auto& err : e.errors())
+        UNSCOPED_INFO(err.to_string());
+      FAIL("the config does not load");
+    }
+  }
+  // The directory was found and holds the configs the README runs.
+  CHECK(std::count(loaded.begin(), loaded.end(), "default.toml") == 1);
+  CHECK(std::count(loaded.begin(), loaded.end(), "smoke.toml") == 1);
+  CHECK(loaded.size() == files.size());
 }

@@ -150,6 +150,36 @@ TEST_CASE("a tiny window gives a hand-computed tail estimate, P(G) and argmax",
   CHECK(d.reason == "Q=1.5 window k=1/4 > thr=2e-09s p=0.25 -> G=2: V*U=0.5 - Q*P=0.6562");
 }
 
+TEST_CASE("with two prompts per step P(G) counts B times G rollouts, by hand",
+          "[group_policy]") {
+  // The window of the case above: p = k/n = 0.25 (a = 0). B = 2, V = 1, ε = 0.5, G ∈ [1, 4]:
+  // a step of size G has B·G = 2G rollouts, P̂(G) = 1 − 0.75^(2G) = .4375, .68359375,
+  // .822021484375, .8998870849609375; score(G) = (1 − 1/G) − Q·P̂(G).
+  const straggler_rule rule = rule_with({1, 1, 1, 10}, 2.0, 4, 4);
+  sagc_group_policy p(sagc_options(1, 4, 2, 2, 1.0, 0.5, 0.0));
+  p.observe(step_of(0, true), rule); // Q: 0 → 0.5
+  // Q = 0.5: scores −.21875, .158203125, .255656, .300056 → G = 4.
+  auto d = p.decide(1);
+  CHECK(d.virtual_queue == 0.5);
+  CHECK(d.group_size == 4);
+  CHECK(d.p_straggler == Approx(0.8998870849609375).epsilon(1e-12));
+  CHECK(p.score(1) == Approx(-0.21875).epsilon(1e-12));
+  CHECK(p.score(2) == Approx(0.158203125).epsilon(1e-12));
+  p.observe(step_of(1, true), rule); // Q = 1.0
+  // Q = 1: scores −.4375, −.18359375, −.155355, −.149887 → G = 4 (with P̂ over G rollouts
+  // instead of B·G, as for B = 1 above, it would be G = 3).
+  d = p.decide(2);
+  CHECK(d.group_size == 4);
+  CHECK(p.score(3) == Approx(2.0 / 3 - 0.822021484375).epsilon(1e-12));
+  CHECK(p.score(4) == Approx(0.75 - 0.8998870849609375).epsilon(1e-12));
+  p.observe(step_of(2, true), rule); // Q = 1.5
+  // Q = 1.5: scores −.65625, −.525390625, −.566366, −.599831 → G = 2.
+  d = p.decide(3);
+  CHECK(d.group_size == 2);
+  CHECK(d.p_straggler == Approx(0.68359375).epsilon(1e-12));
+  CHECK(d.reason == "Q=1.5 window k=1/4 > thr=2e-09s p=0.25 -> G=2: V*U=0.5 - Q*P=1.025");
+}
+
 TEST_CASE("the virtual queue follows Q(t+1) = max(0, Q(t) + s(t) - eps) by hand",
           "[group_policy]") {
   sagc_group_policy p(sagc_options(2, 16, 8, 4, 10, 0.3, 0.5));

@@ -215,6 +215,35 @@ TEST_CASE("in a drifting-tail scenario sagc uses larger groups while the tail is
   CHECK(r.summary.weighted_rollouts_per_s > 0);
 }
 
+TEST_CASE("the best static G is the largest one whose rate meets epsilon, over every G",
+          "[simulator]") {
+  // ε = 0.1 over 100 steps: slack sqrt(0.1 × 0.9 / 100) = 0.03, so a rate ≤ 0.13 meets it.
+  CHECK(meets_straggler_target(0.13, 0.1, 100));
+  CHECK_FALSE(meets_straggler_target(0.1301, 0.1, 100));
+  auto run = [](double g, double rate) {
+    sim_summary m;
+    m.label = "static " + std::to_string(static_cast<int>(g));
+    m.mean_g = g;
+    m.straggler_rate = rate;
+    return m;
+  };
+  // Rates grow with G, not strictly: G = 6 is the largest that meets ε, and G = 3 sits in
+  // between (a noisy run). On the grid {4, 8} alone the choice would be G = 4.
+  const std::vector<sim_summary> every{run(2, 0.01), run(3, 0.2),  run(4, 0.05), run(5, 0.08),
+                                       run(6, 0.125), run(7, 0.16), run(8, 0.3)};
+  const auto b = best_static(every, 0.1, 100);
+  CHECK(b.meets);
+  CHECK(every[b.index].mean_g == 6);
+  const std::vector<sim_summary> grid{run(4, 0.05), run(8, 0.3)};
+  CHECK(grid[best_static(grid, 0.1, 100).index].mean_g == 4);
+  // None meets ε: the lowest rate, ties to the larger G.
+  const std::vector<sim_summary> none{run(2, 0.5), run(3, 0.4), run(4, 0.4), run(5, 0.6)};
+  const auto n = best_static(none, 0.1, 100);
+  CHECK_FALSE(n.meets);
+  CHECK(none[n.index].mean_g == 4);
+  CHECK_THROWS_AS(best_static({}, 0.1, 100), std::invalid_argument);
+}
+
 TEST_CASE("simulator options out of range are rejected by name", "[simulator]") {
   static_group_policy p(4);
   sim_options o;

@@ -1,0 +1,93 @@
+// `sorl train` with `[sagc] policy = "sagc"`: the trainer asks the controller for G every step
+// and runs each step at the G it gets, end to end in one process (real process, bounded wait).
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.hpp"
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The value of `key` in one metrics.jsonl record, as written (numbers unquoted).
+std::string value_of(const std::string& record, const std::string& key) {
+  std::smatch m;
+  REQUIRE(std::regex_search(record, m, std::regex{"\"" + key + "\":(\"[^\"]*\"|[-0-9.e+]+|NaN)"}));
+  return m[1];
+}
+
+} // namespace
+
+TEST_CASE("a run with the sagc policy trains every step at the G the controller chose") {
+  const fs::path dir{SORL_TEST_DATA_DIR};
+  const fs::path run = dir / "runs" / "sagc-policy";
+  fs::remove_all(run);
+  // B = 4, G in [2, 4], first G = 3. A window of 8 durations is full after the first step
+  // (12 rollouts), so every later step is decided from the straggler estimate and the queue.
+  const std::string text = "[run]\nname = \"sagc-policy\"\nseed = 3\nsteps = 3\noutput_dir = \""
+                           + (dir / "runs").string() + R"("
+[model]
+preset = "tiny"
+[task]
+name = "arithmetic"
+max_new_tokens = 4
+eval_prompts = 4
+[algorithm]
+prompts_per_step = 4
+[sagc]
+policy = "sagc"
+g_min = 2
+g_max = 4
+group_size = 3
+window = 8
+[rollout]
+max_batch = 16
+[[node]]
+name = "main"
+actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler",
+          { role = "rollout_worker", count = 2 }]
+)";
+  const auto cfg = sorl::test::write_test_file(dir.string(), "sagc-policy.toml", text);
+  sorl::test::child_process p{{SORL_BIN, "train", cfg}};
+  const auto rc = p.wait_exit(600s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  std::ifstream in{run / "metrics.jsonl"};
+  std::vector<std::string> records;
+  for (std::string line; std::getline(in, line);)
+    records.push_back(line);
+  REQUIRE(records.size() == 3);
+  for (size_t i = 0; i < records.size(); ++i) {
+    INFO(records[i]);
+    CHECK(value_of(records[i], "group_policy") == "\"sagc\"");
+    const double g = std::stod(value_of(records[i], "G"));
+    CHECK(g >= 2);
+    CHECK(g <= 4);
+    if (i == 0)
+      CHECK(g == 3); // no durations yet: the initial G
+    // The first step had no threshold to be judged against, so Q = 0 after it and the second
+    // step takes the G of the largest utility, g_max.
+    if (i == 1)
+      CHECK(g == 4);
+    // Every group complete at the chosen G: B × G rollouts trained.
+    CHECK(std::stod(value_of(records[i], "rollouts")) == 4 * g);
+    CHECK(std::stod(value_of(records[i], "utility")) == Approx(1 - 1 / g));
+    CHECK(std::stod(value_of(records[i], "virtual_queue")) >= 0);
+  }
+  // From the second step on the controller has a window, so P(straggler event | G) is
+  // estimated and written.
+  for (size_t i = 1; i < records.size(); ++i) {
+    INFO(records[i]);
+    const double p_event = std::stod(value_of(records[i], "p_straggler"));
+    CHECK(p_event > 0);
+    CHECK(p_event < 1);
+  }
+  CHECK(p.wait_for("job finished: 3 steps", 1s));
+}
