@@ -98,13 +98,13 @@ void worker_core::enqueue(const rollout_request& r) {
   rollouts_.emplace(r.request_id, std::move(st));
 }
 
-ml::sampling_params worker_core::params_for(const rollout_state& st) const {
+ml::sampling_params worker_core::sampling_for(const rollout_request& r, uint32_t turn) const {
   ml::sampling_params p;
-  p.temperature = st.req.temperature;
-  p.top_p = st.req.top_p;
-  p.top_k = st.req.top_k;
-  p.max_new_tokens = st.req.max_new_tokens;
-  p.seed = turn_seed(st.req.seed, st.turns);
+  p.temperature = r.temperature;
+  p.top_p = r.top_p;
+  p.top_k = r.top_k;
+  p.max_new_tokens = r.max_new_tokens;
+  p.seed = turn_seed(r.seed, turn);
   p.eos_token_ids = {tok_.special_id(ml::special_token::eos)};
   if (task_.multi_turn)
     p.eos_token_ids.push_back(tok_.special_id(ml::special_token::end_turn));
@@ -112,7 +112,7 @@ ml::sampling_params worker_core::params_for(const rollout_state& st) const {
 }
 
 void worker_core::submit_turn(rollout_state& st) {
-  auto id = gen_->submit(st.context, params_for(st),
+  auto id = gen_->submit(st.context, sampling_for(st.req, st.turns),
                          std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
   by_gen_[{id, st.req.sample_index}] = st.req.request_id;
   st.live = true;
@@ -137,7 +137,7 @@ void worker_core::flush_pending() {
       std::vector<int64_t> streams;
       for (size_t i = from; i < to; ++i)
         streams.push_back(members[i]->req.sample_index);
-      auto id = gen_->submit(members[from]->context, params_for(*members[from]), streams);
+      auto id = gen_->submit(members[from]->context, sampling_for(members[from]->req, members[from]->turns), streams);
       for (size_t i = from; i < to; ++i) {
         by_gen_[{id, members[i]->req.sample_index}] = members[i]->req.request_id;
         members[i]->live = true;
