@@ -516,15 +516,15 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   idle_steps_ = m.updates > 0 ? 0 : idle_steps_ + 1;
   if (m.updates == 0 && m.nonfinite_updates > 0)
     throw training_stalled(fmt::format(
-      "learner step {}: every update ({} of them) had a non-finite loss or gradient norm and "
-      "was dropped, so the weights no longer change; the likely causes are a learning rate "
-      "that made the weights diverge, or non-finite weights in the loaded checkpoint",
-      step_, m.nonfinite_updates));
+      "every update of the step ({} of them) had a non-finite loss or gradient norm and was "
+      "dropped, so the weights no longer change; the likely causes are a learning rate that "
+      "made the weights diverge, or non-finite weights in the loaded checkpoint",
+      m.nonfinite_updates));
   if (options_.max_idle_steps > 0 && idle_steps_ >= options_.max_idle_steps)
     throw training_stalled(fmt::format(
-      "learner step {}: {} consecutive steps had no trained token and applied no update: every "
-      "response was masked out of the loss",
-      step_, idle_steps_));
+      "{} consecutive steps had no trained token and applied no update: every response was "
+      "masked out of the loss",
+      idle_steps_));
   return m;
 }
 
