@@ -30,9 +30,14 @@ struct GenerateRequest {
   seed @7 :UInt64;           # sampler seed of this rollout
   weightVersion @8 :UInt64;  # the version the worker must hold
   maxNewTokens @9 :UInt32;   # per turn, tokens
-  temperature @10 :Float32;  # 0 = greedy
-  topP @11 :Float32;
+  temperature @10 :Float32;  # 0 = greedy; fp32 copy of temperature64 for older readers
+  topP @11 :Float32;         # fp32 copy of topP64 for older readers
   topK @12 :UInt32;          # 0 = off
+  # The sampling parameters as the user wrote them: top_p = 0.8 must reach the sampler as
+  # 0.8, not as its fp32 neighbour 0.800000011920929. NaN (the default) = not set by the
+  # sender; readers then fall back to the Float32 fields.
+  temperature64 @13 :Float64 = nan;
+  topP64 @14 :Float64 = nan;
 }
 
 enum EventKind {

@@ -1,5 +1,7 @@
 #include "runtime/config.hpp"
 
+#include "runtime/ml/sampler.hpp"
+
 #include <arpa/inet.h>
 #include <unistd.h>
 
@@ -577,13 +579,24 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
   r.integer("minibatches", c.minibatches, 1, 1 << 16);
   r.number("lr", c.lr, 0.0, 1.0, true);
   r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0);
+  if (c.clip_eps_low >= 1.0) // the ratio floor 1 − ε_low must stay above 0
+    r.conflict("clip_eps_low", fmt::format("{} is out of range [0, 1)", c.clip_eps_low));
   r.number("clip_eps_high", c.clip_eps_high, 0.0, 10.0);
   r.number("kl_coef", c.kl_coef, 0.0, 1e6);
   r.choice("loss_norm", c.loss_norm, {"token", "sequence"});
   r.boolean("scale_advantages", c.scale_advantages);
   r.number("max_grad_norm", c.max_grad_norm, 0.0, inf);
   r.number("weight_decay", c.weight_decay, 0.0, 1.0);
+  if (c.lr * c.weight_decay >= 1.0) // decoupled decay multiplies weights by 1 − lr·λ
+    r.conflict("weight_decay", fmt::format("lr × weight_decay = {} must be < 1 (it would zero "
+                                           "the weights every update)",
+                                           c.lr * c.weight_decay));
   r.number("temperature", c.temperature, 0.0, 100.0);
+  // Below the floor the learner's fp32 log-probs of logits / T overflow (runtime/ml/sampler.hpp).
+  if (c.temperature > 0.0 && c.temperature < ml::min_temperature)
+    r.conflict("temperature", fmt::format("{} is out of range: 0 (greedy) or [{}, 100]; smaller "
+                                          "temperatures overflow the learner's fp32 log-probs",
+                                          c.temperature, ml::min_temperature));
   r.number("top_p", c.top_p, 0.0, 1.0);
   r.integer("top_k", c.top_k, 0, 1 << 30);
   // "dapo" means DAPO's defaults (Yu et al. 2025): clip-higher, dynamic sampling, soft

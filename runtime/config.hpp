@@ -132,15 +132,17 @@ struct algorithm_config {
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
   double lr = 1e-4;
-  double clip_eps_low = 0.2;
+  double clip_eps_low = 0.2;      ///< in [0, 1)
   double clip_eps_high = 0.2;     ///< DAPO clip-higher uses e.g. 0.28
   double kl_coef = 0.0;           ///< 0 disables the reference model
   std::string loss_norm = "token"; ///< "token" | "sequence"
   bool scale_advantages = true;   ///< divide by the group's std (false = Dr. GRPO)
   double max_grad_norm = 1.0;
-  double weight_decay = 0.0;
+  double weight_decay = 0.0;      ///< in [0, 1], with lr × weight_decay < 1
+  /// 0 = greedy, else in [0.01, 100] (ml::min_temperature: smaller ones overflow fp32).
+  /// Sampling parameters travel as doubles to the sampler, so 0.8 is compared as 0.8.
   double temperature = 1.0;
-  double top_p = 1.0;
+  double top_p = 1.0;             ///< nucleus mass in [0, 1]; 1 = off
   int64_t top_k = 0;              ///< 0 = off
   /// Not a key: the keys `name`'s preset set because the file does not (runtime/
   /// config_resolved.hpp, preset_summary, reports them at start).

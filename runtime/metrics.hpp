@@ -32,7 +32,9 @@
 // wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
 //
 // `extra` keys the trainer writes for weight sync (DESIGN.md §6 SparseRL-Sync) and group
-// control (§6 SAGC), in addition to the loss terms of the learner:
+// control (§6 SAGC), in addition to the loss terms of the learner (among them
+// skipped_updates, minibatches without an update, and nonfinite_updates, those of them dropped
+// for a non-finite loss or gradient norm; actors/learner/learner_core.hpp):
 //
 // | key                   | unit / meaning                                                  |
 // |-----------------------|-----------------------------------------------------------------|

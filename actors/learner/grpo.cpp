@@ -129,7 +129,8 @@ loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
   const at::Tensor zeros = at::zeros_like(new_logp);
   // Untrained positions are zeroed before exp: padding may hold garbage, and exp(garbage)
   // could be inf, whose backward (inf · 0) would be NaN even though the loss masks it out.
-  const at::Tensor log_ratio = at::where(trained, new_logp - old_logp.detach(), zeros);
+  const at::Tensor log_ratio =
+    at::where(trained, new_logp - old_logp.detach(), zeros).clamp_max(max_log_ratio);
   const at::Tensor ratio = log_ratio.exp();
   const at::Tensor adv = advantages.detach().unsqueeze(1); // [N, 1]
 
@@ -164,7 +165,8 @@ loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
   if (ref_logp.defined()) {
     // k3 = exp(d) − d − 1 with d = ref − new: unbiased for KL(π_new ‖ π_ref) under samples from
     // π_new and never negative (exp(d) ≥ 1 + d).
-    const at::Tensor d = at::where(trained, ref_logp.detach() - new_logp, zeros);
+    const at::Tensor d =
+      at::where(trained, ref_logp.detach() - new_logp, zeros).clamp_max(max_log_ratio);
     kl = aggregate(d.exp() - d - 1.0);
   }
   out.loss = (ref_logp.defined() && opt.kl_coef > 0.0) ? pg + opt.kl_coef * kl : pg;

@@ -60,6 +60,16 @@ enum class loss_norm {
   sequence,
 };
 
+/// Cap on the log-ratios that policy_loss exponentiates, nats: new − old for the importance
+/// ratio and ref − new for k3. exp(89) already overflows fp32, so one token whose log-probs
+/// drifted that far would make the loss and every gradient inf or NaN and lose the whole
+/// update; exp(20) ≈ 4.85e8 keeps them finite with room to spare (advantages are O(sqrt(G)),
+/// kl_coef ≤ 1e6). 20 is the bound common GRPO implementations use (verl clamps both
+/// log-ratios to [−20, 20]). Only the upper side is capped: below, exp(x) → 0 cannot
+/// overflow, and the terms stay exact with bounded gradients (|∂k3/∂new| ≤ 1, ρ·|A| ≤ |A|).
+/// Above the cap the term is constant: it has no gradient there, as PPO's clip has none.
+inline constexpr double max_log_ratio = 20.0;
+
 /// Hyper-parameters of policy_loss.
 struct loss_options {
   double clip_eps_low = 0.2; ///< ε_low: ratio floor 1 − ε_low for A < 0; in [0, 1)
@@ -87,13 +97,13 @@ struct loss_terms {
 /// Clipped policy-gradient loss with clip-higher, token- or sequence-level normalisation and an
 /// optional k3 KL penalty.
 ///
-/// Per trained token (mask ≠ 0), with ratio ρ = exp(new_logp − old_logp) and A the sample's
-/// advantage (PPO eq. 7 with DAPO's separate bounds, §3.1):
+/// Per trained token (mask ≠ 0), with ratio ρ = exp(min(new_logp − old_logp, max_log_ratio))
+/// and A the sample's advantage (PPO eq. 7 with DAPO's separate bounds, §3.1):
 ///   ℓ = −min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A)
 /// which equals the constant −(1 + ε_high)·A where A > 0 and ρ > 1 + ε_high, the constant
 /// −(1 − ε_low)·A where A < 0 and ρ < 1 − ε_low (no gradient in either case), and −ρ·A elsewhere.
 /// KL per token (k3, Schulman 2020; unbiased for KL(π_new ‖ π_ref), always ≥ 0):
-///   k3 = exp(ref − new) − (ref − new) − 1
+///   k3 = exp(d) − d − 1,  d = min(ref − new, max_log_ratio)
 /// Both are aggregated per `opt.norm`, and loss = pg + kl_coef · kl.
 ///
 /// new_logp: [N, T] fp32, log-probs of the sampled tokens under the policy being trained
@@ -102,7 +112,7 @@ struct loss_terms {
 /// numeric or bool dtype, nonzero = trained token; ref_logp: [N, T] fp32, or an undefined tensor
 /// when there is no reference. Values at untrained positions are ignored and may be any finite
 /// or non-finite number: they are replaced before exp, so they never reach the loss or its
-/// gradient. With no trained token at all the loss is an exact 0 that still backpropagates
+/// gradient. With finite inputs the loss and its gradient are finite (max_log_ratio). With no trained token at all the loss is an exact 0 that still backpropagates
 /// (to zero gradients).
 ///
 /// Throws std::invalid_argument for mismatched shapes or dtypes, invalid options, or

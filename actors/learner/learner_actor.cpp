@@ -250,6 +250,7 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
               {"overlong_shaped", static_cast<double>(m.overlong_shaped)},
               {"updates", static_cast<double>(m.updates)},
               {"skipped_updates", static_cast<double>(m.skipped_updates)},
+              {"nonfinite_updates", static_cast<double>(m.nonfinite_updates)},
             };
             auto result = build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
               b.setStep(batch.getStep());

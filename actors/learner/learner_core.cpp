@@ -1,5 +1,7 @@
 #include "actors/learner/learner_core.hpp"
 
+#include "runtime/ml/sampler.hpp"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -205,8 +207,10 @@ at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
   const std::int64_t n = rows.size(0), T = rows.size(1), V = logits.size(2);
   // Keep only the response rows before the softmax: prompt positions cost nothing more.
   at::Tensor picked = logits.gather(1, rows.unsqueeze(-1).expand({n, T, V})); // [n, T, V]
+  // In double, so that T counts as the user wrote it (torch would round a scalar divisor to
+  // the tensor's fp32), then rounded once to fp32.
   if (temperature != 1.0)
-    picked = picked / temperature;
+    picked = (picked.to(at::kDouble) / temperature).to(at::kFloat);
   const at::Tensor lsm = at::log_softmax(picked, -1);
   if (entropy != nullptr) {
     at::NoGradGuard no_grad; // a metric only
@@ -291,12 +295,14 @@ void learner_options::validate() const {
       "learner_options: overlong shaping needs overlong_max_len > 0 and 0 <= overlong_cache_len "
       "<= overlong_max_len, got {} and {}",
       overlong_max_len, overlong_cache_len));
-  if (!(std::isfinite(temperature) && temperature > 0.0))
-    fail("temperature", temperature, "> 0 and finite");
+  if (!(std::isfinite(temperature) && temperature >= ml::min_temperature))
+    fail("temperature", temperature, "finite and >= ml::min_temperature (0.01)");
   if (epochs < 1)
     fail("epochs", epochs, ">= 1");
   if (minibatches < 1)
     fail("minibatches", minibatches, ">= 1");
+  if (max_idle_steps < 0)
+    fail("max_idle_steps", max_idle_steps, ">= 0");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,9 +318,9 @@ std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
                                                   const std::vector<rollout_sample>& batch,
                                                   double temperature) {
   validate_batch(batch, model.dims());
-  if (!(std::isfinite(temperature) && temperature > 0.0))
-    throw std::invalid_argument(
-      fmt::format("response_logprobs: temperature must be > 0, got {}", temperature));
+  if (!(std::isfinite(temperature) && temperature >= ml::min_temperature))
+    throw std::invalid_argument(fmt::format(
+      "response_logprobs: temperature must be >= {}, got {}", ml::min_temperature, temperature));
   const packed_batch p = pack(batch, model.device(), [](std::size_t) { return true; });
   at::NoGradGuard no_grad;
   const at::Tensor logp = token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature)
@@ -459,6 +465,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         new_logp, rows_of(old_logp, T), single_pass ? advantages : advantages.index_select(0, idx),
         mask_mb, ref_logp.defined() ? rows_of(ref_logp, T) : at::Tensor(), options_.loss);
 
+      const double loss_value = terms.loss.item<double>();
+      if (!std::isfinite(loss_value)) {
+        ++m.skipped_updates;
+        ++m.nonfinite_updates;
+        continue;
+      }
       for (const auto& np : params)
         np.second.mutable_grad() = at::Tensor();
       terms.loss.backward();
@@ -476,6 +488,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           for (const auto& np : params)
             np.second.mutable_grad() = at::Tensor();
           ++m.skipped_updates;
+          ++m.nonfinite_updates;
           continue;
         }
         if (options_.max_grad_norm > 0.0) {
@@ -491,7 +504,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         np.second.mutable_grad() = at::Tensor(); // free the gradients between steps
 
       ++m.updates;
-      loss_sum += terms.loss.item<double>();
+      loss_sum += loss_value;
       pg_sum += terms.pg_loss;
       kl_sum += terms.kl;
       clip_lo_sum += terms.clip_frac_low;
@@ -514,6 +527,18 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   }
   ++step_;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  idle_steps_ = m.updates > 0 ? 0 : idle_steps_ + 1;
+  if (m.updates == 0 && m.nonfinite_updates > 0)
+    throw training_stalled(fmt::format(
+      "every update of the step ({} of them) had a non-finite loss or gradient norm and was "
+      "dropped, so the weights no longer change; the likely causes are a learning rate that "
+      "made the weights diverge, or non-finite weights in the loaded checkpoint",
+      m.nonfinite_updates));
+  if (options_.max_idle_steps > 0 && idle_steps_ >= options_.max_idle_steps)
+    throw training_stalled(fmt::format(
+      "{} consecutive steps had no trained token and applied no update: every response was "
+      "masked out of the loss",
+      idle_steps_));
   return m;
 }
 

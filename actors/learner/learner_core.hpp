@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -56,12 +57,18 @@ struct learner_options {
   std::int64_t overlong_max_len = 0;   ///< L_max of eq. 13, tokens (> 0 for mode shape)
   std::int64_t overlong_cache_len = 0; ///< L_cache of eq. 13, tokens, in [0, L_max]
   /// Logits are divided by this before log-softmax, to score tokens under the distribution the
-  /// rollout sampled from (it must match the rollout's temperature; > 0).
+  /// rollout sampled from (it must match the rollout's temperature; >= ml::min_temperature,
+  /// below which fp32 log-probs overflow). The division is done in double, so the value
+  /// counts at full precision, and rounded once to fp32.
   double temperature = 1.0;
   int epochs = 1; ///< passes over the batch per train_step (≥ 1)
   /// Optimizer updates per epoch (≥ 1); the batch is shuffled and split into this many
   /// near-equal minibatches (fewer when the batch has fewer samples).
   int minibatches = 1;
+  /// train_step throws training_stalled once this many consecutive steps applied no update
+  /// for lack of trained tokens (every response masked out); 0 = never. Steps that drop
+  /// updates for non-finite values fail at once instead (see training_stalled).
+  int max_idle_steps = 3;
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
@@ -95,10 +102,23 @@ struct step_metrics {
   std::int64_t tokens_trained = 0;    ///< trained tokens in the batch (counted once, not per epoch)
   std::int64_t overlong_filtered = 0; ///< samples masked out by overlong filtering
   std::int64_t updates = 0;           ///< optimizer updates applied
-  /// Minibatches without an update: no trained token, or a non-finite gradient norm (then the
-  /// gradient is dropped so that one bad batch can't poison the weights and Adam's moments).
+  /// Minibatches without an update: no trained token, or a non-finite loss or gradient norm
+  /// (then the gradient is dropped so that one bad batch can't poison the weights and Adam's
+  /// moments).
   std::int64_t skipped_updates = 0;
+  /// Of skipped_updates, those dropped for a non-finite loss or gradient norm.
+  std::int64_t nonfinite_updates = 0;
   double seconds = 0.0; ///< wall time of train_step
+};
+
+/// Thrown by learner_core::train_step when training has stopped happening, so that the job
+/// fails with the reason instead of finishing with unchanged weights: a step in which every
+/// update attempt had a non-finite loss or gradient (it names the step and the likely causes),
+/// or learner_options::max_idle_steps consecutive steps with nothing to train. The step is
+/// counted and no weight or optimizer state was changed by the dropped updates.
+class training_stalled : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
 };
 
 /// Optimizer state for a checkpoint's optimizer file (runtime/ml/checkpoint.hpp).
@@ -160,7 +180,8 @@ public:
   /// Cost: epochs × (forward + backward) over the batch, plus one no-grad forward for the old
   /// log-probs unless epochs = minibatches = 1 (then the update's own forward provides them,
   /// bit-identically), plus one no-grad forward of the reference when kl_coef > 0.
-  /// An exception from libtorch midway may leave a partial update.
+  /// An exception from libtorch midway may leave a partial update. Throws training_stalled
+  /// (after the step) when training has stopped happening (see there).
   step_metrics train_step(const std::vector<rollout_sample>& batch);
 
   /// Copies of the optimizer state (see optimizer_state).
@@ -203,6 +224,7 @@ private:
   std::vector<at::Tensor> exp_avg_sq_; ///< per parameter, in parameters() order
   std::int64_t step_ = 0;
   std::int64_t adam_step_ = 0;
+  std::int64_t idle_steps_ = 0; ///< consecutive steps that applied no update
 };
 
 } // namespace sorl::learner

@@ -8,6 +8,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
+#include "actors/rollout/request_sampling.hpp"
 #include "actors/rollout/worker_core.hpp"
 #include "actors/sync/delta_receiver.hpp"
 #include "actors/sync/weight_sync.hpp"
@@ -271,9 +272,10 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             req.seed = r.getSeed();
             req.weight_version = r.getWeightVersion();
             req.max_new_tokens = r.getMaxNewTokens();
-            req.temperature = r.getTemperature();
-            req.top_p = r.getTopP();
-            req.top_k = r.getTopK();
+            const auto sampling = rollout::read_sampling(r);
+            req.temperature = sampling.temperature;
+            req.top_p = sampling.top_p;
+            req.top_k = sampling.top_k;
             // A request is never dropped: what cannot be served goes back to the trainer as a
             // failed rollout, so that the step completes without it.
             try {

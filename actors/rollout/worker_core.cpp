@@ -132,13 +132,13 @@ void worker_core::fail(rollout_state& st, const std::string& why) {
   ready_.push_back(finalize(st, ml::finish_reason::abort));
 }
 
-ml::sampling_params worker_core::params_for(const rollout_state& st) const {
+ml::sampling_params worker_core::sampling_for(const rollout_request& r, uint32_t turn) const {
   ml::sampling_params p;
-  p.temperature = st.req.temperature;
-  p.top_p = st.req.top_p;
-  p.top_k = st.req.top_k;
-  p.max_new_tokens = st.req.max_new_tokens;
-  p.seed = turn_seed(st.req.seed, st.turns);
+  p.temperature = r.temperature;
+  p.top_p = r.top_p;
+  p.top_k = r.top_k;
+  p.max_new_tokens = r.max_new_tokens;
+  p.seed = turn_seed(r.seed, turn);
   p.eos_token_ids = {tok_.special_id(ml::special_token::eos)};
   if (task_.multi_turn)
     p.eos_token_ids.push_back(tok_.special_id(ml::special_token::end_turn));
@@ -148,7 +148,7 @@ ml::sampling_params worker_core::params_for(const rollout_state& st) const {
 void worker_core::submit_turn(rollout_state& st) {
   uint64_t id = 0;
   try {
-    id = gen_->submit(st.context, params_for(st),
+    id = gen_->submit(st.context, sampling_for(st.req, st.turns),
                       std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
   } catch (const std::invalid_argument& e) {
     fail(st, fmt::format("turn {} refused by the generator: {}", st.turns + 1, e.what()));
@@ -179,7 +179,7 @@ void worker_core::flush_pending() {
         streams.push_back(members[i]->req.sample_index);
       uint64_t id = 0;
       try {
-        id = gen_->submit(members[from]->context, params_for(*members[from]), streams);
+        id = gen_->submit(members[from]->context, sampling_for(members[from]->req, members[from]->turns), streams);
       } catch (const std::invalid_argument& e) {
         for (size_t i = from; i < to; ++i)
           fail(*members[i], std::string{"refused by the generator: "} + e.what());

@@ -38,8 +38,8 @@ struct rollout_request {
   uint64_t seed = 0;          ///< the group's seed
   uint64_t weight_version = 0;
   uint32_t max_new_tokens = 16; ///< per turn
-  float temperature = 1.0f;
-  float top_p = 1.0f;
+  double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/sampler.hpp)
+  double top_p = 1.0;
   uint32_t top_k = 0;
 };
 
@@ -142,6 +142,11 @@ public:
   std::vector<rollout_event> take_events();
 
   bool idle() const;
+  /// The sampling parameters turn `turn` (0-based) of request `r` is generated with: the
+  /// request's temperature, top-p and top-k unchanged, its per-turn budget, a per-turn seed and
+  /// the task's stop tokens.
+  ml::sampling_params sampling_for(const rollout_request& r, uint32_t turn) const;
+
   /// Rollouts held (queued, live, or between turns).
   size_t in_flight() const {
     return rollouts_.size();
@@ -156,7 +161,6 @@ private:
   /// Takes a new rollout into rollouts_ and emits its start event.
   rollout_state& hold(std::unique_ptr<rollout_state> st);
   rollout_result finalize(rollout_state& st, ml::finish_reason reason);
-  ml::sampling_params params_for(const rollout_state& st) const;
 
   ml::any_task task_;
   ml::byte_tokenizer tok_;

@@ -13,6 +13,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
+#include "actors/rollout/request_sampling.hpp"
 #include "actors/sagc/timing.hpp"
 #include "actors/trainer/step_plan.hpp"
 #include "actors/trainer/trainer_checkpoint.hpp"
@@ -223,9 +224,7 @@ void send_requests(trainer_actor_t* self) {
       b.setSeed(r.seed);
       b.setWeightVersion(st.version);
       b.setMaxNewTokens(static_cast<uint32_t>(st.cfg->task.max_new_tokens));
-      b.setTemperature(static_cast<float>(a.temperature));
-      b.setTopP(static_cast<float>(a.top_p));
-      b.setTopK(static_cast<uint32_t>(a.top_k));
+      rollout::write_sampling(b, {a.temperature, a.top_p, static_cast<uint32_t>(a.top_k)});
     });
     self->send(st.scheduler, env);
   }

@@ -40,9 +40,10 @@ void check(const eval_options& o) {
         fmt::format("eval_options.max_new_tokens must be >= 1, got {}", o.max_new_tokens));
   if (o.batch < 1)
     throw std::invalid_argument(fmt::format("eval_options.batch must be >= 1, got {}", o.batch));
-  if (!o.greedy && !(o.temperature > 0.0f && std::isfinite(o.temperature)))
-    throw std::invalid_argument(fmt::format(
-        "eval_options.temperature must be finite and > 0 when sampling, got {}", o.temperature));
+  if (!o.greedy && !(o.temperature >= min_temperature && std::isfinite(o.temperature)))
+    throw std::invalid_argument(
+        fmt::format("eval_options.temperature must be finite and >= {} when sampling, got {}",
+                    min_temperature, o.temperature));
   if (o.keep_samples < 0)
     throw std::invalid_argument(
         fmt::format("eval_options.keep_samples must be >= 0, got {}", o.keep_samples));
@@ -50,7 +51,7 @@ void check(const eval_options& o) {
 
 sampling_params base_params(const eval_options& o, std::vector<std::int32_t> stop_ids) {
   sampling_params p;
-  p.temperature = o.greedy ? 0.0f : o.temperature;
+  p.temperature = o.greedy ? 0.0 : o.temperature;
   p.max_new_tokens = o.max_new_tokens;
   p.eos_token_ids = std::move(stop_ids);
   return p;

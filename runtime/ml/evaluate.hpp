@@ -40,8 +40,8 @@ struct eval_options {
   /// Greedy decoding (temperature 0) when true; otherwise plain sampling at `temperature`
   /// (no top-k / top-p), the distribution RL rollouts draw from.
   bool greedy = true;
-  /// Sampling temperature when !greedy, > 0.
-  float temperature = 1.0f;
+  /// Sampling temperature when !greedy, in [min_temperature, inf) (runtime/ml/sampler.hpp).
+  double temperature = 1.0;
   /// Seed of the sampling streams when !greedy; each prompt (and each turn of an episode) gets
   /// its own stream derived from (seed, index, turn), so results do not depend on `batch`.
   std::uint64_t seed = 0;
@@ -89,8 +89,8 @@ std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std:
 /// completion per prompt, decoded with the tokenizer (special tokens skipped) and scored by
 /// task.score. Malformed outputs score 0 (the task's rule). Runs under no-grad; the model's
 /// weights must not change during the call. Throws std::invalid_argument for bad options
-/// (count < 0, max_new_tokens < 1, batch < 1, temperature <= 0 when sampling) or a prompt that
-/// does not fit the model's context (max_seq), and what task.prompt throws.
+/// (count < 0, max_new_tokens < 1, batch < 1, temperature < min_temperature when sampling) or
+/// a prompt that does not fit the model's context (max_seq), and what task.prompt throws.
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
                      const eval_options& opts = {});
 

@@ -21,9 +21,11 @@ const char* to_string(finish_reason r) noexcept {
 }
 
 void validate(const sampling_params& p) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0.0f)
-    throw std::invalid_argument(
-        fmt::format("sampling_params.temperature must be finite and >= 0, got {}", p.temperature));
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0 ||
+      (p.temperature > 0.0 && p.temperature < min_temperature))
+    throw std::invalid_argument(fmt::format(
+        "sampling_params.temperature must be 0 (greedy) or in [{}, inf), got {}", min_temperature,
+        p.temperature));
   if (p.top_k < 0)
     throw std::invalid_argument(fmt::format("sampling_params.top_k must be >= 0, got {}", p.top_k));
   if (std::isnan(p.top_p)) throw std::invalid_argument("sampling_params.top_p is NaN");
@@ -82,7 +84,10 @@ namespace {
 std::int32_t argmax(const float* logits, std::int64_t vocab) {
   std::int64_t best = -1;
   for (std::int64_t i = 0; i < vocab; ++i) {
-    if (std::isnan(logits[i])) throw std::invalid_argument(fmt::format("logits[{}] is NaN", i));
+    // NaN, or +inf (an overflowed model: inf - inf would make every weight NaN).
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity())
+      throw std::invalid_argument(
+          fmt::format("logits[{}] is {}", i, std::isnan(logits[i]) ? "NaN" : "+inf"));
     if (best < 0 || logits[i] > logits[best]) best = i;
   }
   if (logits[best] == -std::numeric_limits<float>::infinity())
@@ -97,9 +102,9 @@ std::vector<token_prob> sampling_distribution(const float* logits, std::int64_t 
   validate(p);
   if (vocab < 1) throw std::invalid_argument(fmt::format("vocab must be >= 1, got {}", vocab));
   const std::int32_t best = argmax(logits, vocab);  // also rejects NaN / all -inf
-  if (p.temperature == 0.0f || p.top_k == 1 || p.top_p <= 0.0f) return {{best, 1.0}};
+  if (p.temperature == 0.0 || p.top_k == 1 || p.top_p <= 0.0) return {{best, 1.0}};
 
-  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  const double inv_t = 1.0 / p.temperature;
   const double zmax = static_cast<double>(logits[best]) * inv_t;
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
@@ -112,35 +117,37 @@ std::vector<token_prob> sampling_distribution(const float* logits, std::int64_t 
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   order.resize(static_cast<std::size_t>(k));
 
+  // Weights and their prefix sums W_j in kept order (see the file comment for the rule).
   std::vector<token_prob> out;
   out.reserve(order.size());
+  std::vector<double> prefix;
+  prefix.reserve(order.size());
   double sum = 0.0;
   for (const std::int32_t t : order) {
     const double w = std::exp(static_cast<double>(logits[t]) * inv_t - zmax);
+    if (w == 0.0) break;  // -inf logits, or underflow: every later weight is 0 too
     out.push_back({t, w});
     sum += w;
+    prefix.push_back(sum);
   }
-  for (auto& tp : out) tp.prob /= sum;
-
-  if (p.top_p < 1.0f) {
-    // Keep token i while the mass before it is still short of top_p: the smallest prefix
-    // whose mass reaches top_p (Holtzman et al. 2020, eq. 2).
-    const double target = static_cast<double>(p.top_p);
-    double mass = 0.0;
-    std::size_t keep = 0;
-    while (keep < out.size() && mass < target) mass += out[keep++].prob;
-    out.resize(keep);
-    for (auto& tp : out) tp.prob /= mass;
+  std::size_t keep = out.size();
+  if (p.top_p < 1.0) {
+    // Smallest prefix whose mass W_j / S reaches top_p (Holtzman et al. 2020, eq. 2). The last
+    // prefix is S itself, mass exactly 1, so some j always qualifies.
+    keep = 1;
+    while (prefix[keep - 1] / sum < p.top_p) ++keep;
   }
-  while (out.size() > 1 && out.back().prob == 0.0) out.pop_back();  // -inf logits
+  out.resize(keep);
+  const double kept_mass = prefix[keep - 1];
+  for (auto& tp : out) tp.prob /= kept_mass;
   return out;
 }
 
-double training_logprob(const float* logits, std::int64_t vocab, float temperature,
+double training_logprob(const float* logits, std::int64_t vocab, double temperature,
                         std::int32_t token) {
   if (token < 0 || token >= vocab)
     throw std::invalid_argument(fmt::format("token {} outside [0, {})", token, vocab));
-  const double inv_t = temperature > 0.0f ? 1.0 / static_cast<double>(temperature) : 1.0;
+  const double inv_t = temperature > 0.0 ? 1.0 / temperature : 1.0;
   double zmax = -std::numeric_limits<double>::infinity();
   for (std::int64_t i = 0; i < vocab; ++i) zmax = std::max(zmax, static_cast<double>(logits[i]) * inv_t);
   double sum = 0.0;

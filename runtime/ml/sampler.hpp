@@ -22,6 +22,25 @@
 // last bits when the batch composition changes (different matmul blocking), which flips a
 // token only when a uniform lands within ~1e-6 of a boundary of the cumulative distribution.
 
+// Precision and the top-p boundary. Temperature and top-p are doubles from the configuration to
+// this file: a value the user writes (0.8) is compared as that double, never as its fp32
+// neighbour (0.800000011920929, which would keep a token whose boundary is exactly 0.8). The
+// top-p rule, exactly: sort the candidates (the top-k set, or the whole vocabulary) by
+// descending logit, ties to the lower id; weigh them w_i = exp((l_i - l_max) / T) in double;
+// with prefix sums W_j = w_1 + ... + w_j (added in that order, so W_n = S is the total) the
+// mass of the first j tokens is W_j / S, one correctly rounded division, and the kept set is
+// the smallest prefix with W_j / S >= top_p. Because the mass is not accumulated from
+// separately rounded probabilities (where 0.1 + ... + 0.1, eight times, is 0.7999999999999999),
+// a boundary that is exact in real numbers is met exactly whenever the weights sum exactly
+// (equal logits, as in tests): 8 of 10 equal logits have mass fl(8 / 10) = 0.8 = top_p. Every
+// step is a fixed sequence of IEEE double operations, so the kept set is the same on every
+// run and platform. The kept tokens are renormalised as q_i = w_i / W_j.
+//
+// Temperature range. A temperature is 0 (greedy) or at least min_temperature. Smaller positive
+// values cannot be computed in fp32 on the learner's side: it divides fp32 logits by T, and as
+// T falls the quotients and the gradient (proportional to 1 / T) overflow (T = 1e-40 rounds to
+// an fp32 denormal and gives NaN log-probs). The floor is the one vLLM applies.
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -41,15 +60,20 @@ enum class finish_reason : std::uint8_t {
 /// "eos", "length", "stop" or "abort".
 const char* to_string(finish_reason r) noexcept;
 
+/// Smallest positive temperature (see the file comment): 0 < T < min_temperature is refused.
+inline constexpr double min_temperature = 0.01;
+
 /// How one request samples and when it stops.
 struct sampling_params {
-  /// Softmax temperature, >= 0; 0 = greedy (argmax, lowest id on ties).
-  float temperature = 1.0f;
+  /// Softmax temperature: 0 = greedy (argmax, lowest id on ties), else in
+  /// [min_temperature, inf). Double, so the value arrives as the user wrote it.
+  double temperature = 1.0;
   /// Keep the k most probable tokens; 0 or >= vocab = off, 1 = greedy. Must be >= 0.
   std::int64_t top_k = 0;
-  /// Keep the smallest most-probable set whose probability reaches top_p (after top-k);
-  /// >= 1 = off; <= 0 keeps only the most probable token (greedy). Must not be NaN.
-  float top_p = 1.0f;
+  /// Keep the smallest most-probable set whose probability reaches top_p (after top-k; the
+  /// exact rule is in the file comment); >= 1 = off; <= 0 keeps only the most probable token
+  /// (greedy). Must not be NaN. Double, so 0.8 is compared as 0.8.
+  double top_p = 1.0;
   /// Completion budget in tokens, >= 1.
   std::int64_t max_new_tokens = 256;
   /// Tokens that end the completion with finish_reason::eos (EOS, end-of-turn markers).
@@ -61,8 +85,8 @@ struct sampling_params {
   std::uint64_t seed = 0;
 };
 
-/// Throws std::invalid_argument naming the field: temperature < 0 or not finite, top_k < 0,
-/// top_p NaN, max_new_tokens < 1, an empty stop string.
+/// Throws std::invalid_argument naming the field: temperature not finite, negative, or in
+/// (0, min_temperature); top_k < 0, top_p NaN, max_new_tokens < 1, an empty stop string.
 void validate(const sampling_params& p);
 
 /// Per-sample pseudo-random stream: xoshiro256** (Blackman & Vigna 2018) seeded through
@@ -85,18 +109,19 @@ struct token_prob {
   double prob;
 };
 
-/// The processed sampling distribution q of one logits row (see the file comment): the kept
-/// tokens in descending probability (ties: lower id first), probabilities summing to 1.
+/// The processed sampling distribution q of one logits row (see the file comment for the exact
+/// top-p rule): the kept tokens in descending probability (ties: lower id first),
+/// probabilities summing to 1 (up to double rounding), none of them 0.
 /// Greedy cases (temperature 0, top_k 1, top_p <= 0) give the single argmax token. Speculative
 /// verification must accept drafts against exactly this distribution.
 /// logits: `vocab` fp32 values, -inf allowed (masked tokens). Throws std::invalid_argument for
-/// vocab < 1, a NaN logit, or every logit -inf; and what validate() throws.
+/// vocab < 1, a NaN or +inf logit, or every logit -inf; and what validate() throws.
 std::vector<token_prob> sampling_distribution(const float* logits, std::int64_t vocab,
                                               const sampling_params& p);
 
 /// log_softmax(logits / temperature)[token] over the full vocabulary, computed in double;
 /// temperature 0 is read as 1. Throws std::invalid_argument for a token outside [0, vocab).
-double training_logprob(const float* logits, std::int64_t vocab, float temperature,
+double training_logprob(const float* logits, std::int64_t vocab, double temperature,
                         std::int32_t token);
 
 /// A sampled token and its training_logprob.

@@ -347,6 +347,13 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
     const at::Tensor loss = (nll * b.loss_mask).sum() / std::max<std::int64_t>(1, b.loss_tokens);
     loss.backward();
     const double norm = opt.grad_norm();
+    // A non-finite norm fails the comparison below and would step every weight to NaN, and
+    // the warm start would then save a useless checkpoint as if it had worked.
+    if (!std::isfinite(norm) || !std::isfinite(loss.item<double>()))
+      throw std::runtime_error(fmt::format(
+          "sft step {}: the loss ({}) or the gradient norm ({}) is not finite; lower [sft] lr "
+          "(now {}) or check the starting weights",
+          step + 1, loss.item<double>(), norm, o.lr));
     const double scale = (o.grad_clip > 0.0 && norm > o.grad_clip) ? o.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(o, step);
     opt.step(lr, scale);

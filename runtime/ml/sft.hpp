@@ -178,7 +178,9 @@ struct sft_report {
 /// the data-order RNG state ("sft.data", std::mt19937_64 text) and metadata
 /// "sorl.sft.{preset,task,wrong_fraction,seed,steps,eval_accuracy,eval_count,...}" and
 /// "sorl.model.{vocab,d_model,...}". Throws std::invalid_argument for bad options (validate),
-/// what make_task throws, and checkpoint_error if the checkpoint cannot be written.
+/// what make_task throws, checkpoint_error if the checkpoint cannot be written, and
+/// std::runtime_error naming the step when a loss or gradient norm is not finite (nothing is
+/// written then).
 sft_report run_sft(const sft_options& o, const sft_progress_fn& progress = {});
 
 /// As above, on a task built by the caller (tests, custom tasks); `o.task` and

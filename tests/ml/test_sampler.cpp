@@ -45,7 +45,7 @@ constexpr double chi2_999_df1 = 10.83;
 constexpr double chi2_999_df2 = 13.82;
 constexpr double chi2_999_df3 = 16.27;
 
-sampling_params params(float temperature, std::int64_t top_k = 0, float top_p = 1.0f) {
+sampling_params params(double temperature, std::int64_t top_k = 0, double top_p = 1.0) {
   sampling_params p;
   p.temperature = temperature;
   p.top_k = top_k;
@@ -105,6 +105,88 @@ TEST_CASE("top-p 0.8 keeps the smallest set whose mass reaches 0.8 (chi-square)"
   CHECK(sampling_distribution(known.data(), 4, params(1.0f, 3, 0.5f)).size() == 2);
 }
 
+TEST_CASE("top-p 0.8 of probabilities (0.3, 0.1, 0.1, 0.5) keeps tokens 3 and 0 and never draws token 1",
+          "[sampler]") {
+  const std::vector<double> want = {0.3, 0.1, 0.1, 0.5};
+  std::vector<float> logits;
+  for (const double q : want) logits.push_back(static_cast<float>(std::log(q)));
+  // The exact processed distribution of these fp32 logits, in long double: what the sampler
+  // must reproduce to double rounding (1e-12). It differs from the ideal (0.625, 0.375) only by
+  // the fp32 rounding of the logits (relative 2^-24 per logit).
+  long double w[4], total = 0.0L;
+  for (int i = 0; i < 4; ++i) total += w[i] = std::exp(static_cast<long double>(logits[i]) - logits[3]);
+  const long double kept = w[3] + w[0];
+  REQUIRE(kept / total >= 0.8L);  // the prefix {3, 0} does reach 0.8 for these logits
+
+  const auto dist = sampling_distribution(logits.data(), 4, params(1.0, 0, 0.8));
+  REQUIRE(dist.size() == 2);
+  CHECK(dist[0].token == 3);
+  CHECK(dist[1].token == 0);
+  CHECK(dist[0].prob == Approx(0.625).margin(1e-7));
+  CHECK(dist[1].prob == Approx(0.375).margin(1e-7));
+  CHECK(std::fabs(dist[0].prob - static_cast<double>(w[3] / kept)) < 1e-12);
+  CHECK(std::fabs(dist[1].prob - static_cast<double>(w[0] / kept)) < 1e-12);
+
+  // 100000 draws: token 1 (and 2) never; token 3 at 0.625 with standard error
+  // sqrt(0.625 · 0.375 / 1e5) = 0.00153, so ±0.008 is more than 5 standard errors.
+  constexpr int n = 100000;
+  int counts[4] = {0, 0, 0, 0};
+  sampler_rng rng(2024);
+  for (int i = 0; i < n; ++i) ++counts[sample_token(logits.data(), 4, params(1.0, 0, 0.8), rng).token];
+  CHECK(counts[1] == 0);
+  CHECK(counts[2] == 0);
+  CHECK(std::fabs(counts[3] / double(n) - 0.625) < 0.008);
+  CHECK(std::fabs(counts[0] / double(n) - 0.375) < 0.008);
+
+  // The test has power: 0.8 rounded to fp32 (0.800000011920929) lies above the mass of {3, 0}
+  // and keeps a third token, token 1 (the lower id of the tied pair).
+  const auto rounded = sampling_distribution(logits.data(), 4, params(1.0, 0, static_cast<double>(0.8f)));
+  REQUIRE(rounded.size() == 3);
+  CHECK(rounded[2].token == 1);
+}
+
+TEST_CASE("a top-p boundary that is exact in real numbers is met exactly", "[sampler]") {
+  // Ten equal logits: each token has mass 1/10. Summing 0.1 eight times in double gives
+  // 0.7999999999999999 < 0.8, which would keep a ninth token; the mass W_8 / S = 8 / 10 is
+  // the double 0.8 itself.
+  const std::vector<float> equal(10, 0.25f);
+  CHECK(sampling_distribution(equal.data(), 10, params(1.0, 0, 0.8)).size() == 8);
+  CHECK(sampling_distribution(equal.data(), 10, params(1.0, 0, 0.3)).size() == 3);
+  CHECK(sampling_distribution(equal.data(), 10, params(1.0, 0, 0.7)).size() == 7);
+  // Just above a boundary needs the next token; the kept tokens are the lowest ids.
+  const auto nine = sampling_distribution(equal.data(), 10, params(1.0, 0, 0.8000000000000002));
+  REQUIRE(nine.size() == 9);
+  for (std::size_t i = 0; i < nine.size(); ++i) {
+    CHECK(nine[i].token == static_cast<std::int32_t>(i));
+    CHECK(nine[i].prob == 1.0 / 9);
+  }
+  // Four equal logits and top-p 0.5: exactly two, each renormalised to exactly 0.5.
+  const std::vector<float> four(4, -3.0f);
+  const auto half = sampling_distribution(four.data(), 4, params(0.7, 0, 0.5));
+  REQUIRE(half.size() == 2);
+  CHECK(half[0].prob == 0.5);
+  CHECK(half[1].prob == 0.5);
+}
+
+TEST_CASE("temperatures between 0 and min_temperature are refused, and the floor itself samples finitely",
+          "[sampler]") {
+  CHECK_THROWS_WITH(validate(params(1e-40)), Catch::Contains("temperature"));
+  CHECK_THROWS_WITH(validate(params(0.0099)), Catch::Contains("[0.01, inf)"));
+  CHECK_NOTHROW(validate(params(0.0)));
+  CHECK_NOTHROW(validate(params(min_temperature)));
+  // At the floor, logits 0..3 are 100 nats apart per unit: the argmax has probability
+  // 1 / (1 + e^-100 + ...) = 1 in double and the log-probs are finite: 0 for token 3 and
+  // exactly -100 for token 2.
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 3.0f};
+  const auto dist = sampling_distribution(logits.data(), 4, params(min_temperature));
+  REQUIRE(dist.size() == 4);  // e^-300 is still a double
+  CHECK(dist[0].token == 3);
+  CHECK(dist[0].prob == 1.0);
+  CHECK(training_logprob(logits.data(), 4, min_temperature, 3) == Approx(0.0).margin(1e-12));
+  CHECK(training_logprob(logits.data(), 4, min_temperature, 2) == Approx(-100.0).epsilon(1e-12));
+  CHECK(std::isfinite(training_logprob(logits.data(), 4, min_temperature, 0)));
+}
+
 TEST_CASE("greedy edge cases pick the argmax: temperature 0, top-k 1, top-p <= 0", "[sampler]") {
   const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f};
   for (const sampling_params& p : {params(0.0f), params(1.0f, 1), params(1.0f, 0, 0.0f), params(1.0f, 0, -0.5f),
@@ -162,6 +244,9 @@ TEST_CASE("masked tokens are never sampled and NaN logits are rejected", "[sampl
   }
   const std::vector<float> nan = {0.0f, std::nanf(""), 1.0f, 2.0f};
   CHECK_THROWS_WITH(sampling_distribution(nan.data(), 4, params(1.0f)), Catch::Contains("logits[1] is NaN"));
+  const std::vector<float> overflowed = {0.0f, inf, 1.0f, 2.0f};
+  CHECK_THROWS_WITH(sampling_distribution(overflowed.data(), 4, params(1.0)),
+                    Catch::Contains("logits[1] is +inf"));
   const std::vector<float> none = {-inf, -inf};
   CHECK_THROWS_WITH(sampling_distribution(none.data(), 2, params(1.0f)), Catch::Contains("-inf"));
 }

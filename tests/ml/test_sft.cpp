@@ -360,3 +360,17 @@ TEST_CASE("run_sft trains on multi-turn episodes and evaluates whole episodes", 
   CHECK(r.after->mean_turns <= 4.0);
   CHECK(r.losses.back() < r.losses.front());
 }
+
+TEST_CASE("a non-finite loss or gradient stops the warm start at its step and writes nothing",
+          "[sft]") {
+  const any_task task = memorise_task("nonfinite");
+  sft_options o = small_options();
+  o.steps = 3;
+  o.eval_count = 0;
+  // Weights of 1e20 square to inf in fp32 inside the RMS norms: the first step's gradient is
+  // NaN, which would otherwise step every weight to NaN.
+  o.init_std = 1e20;
+  o.output_dir = (scratch("nonfinite_out") / "ckpt").string();
+  CHECK_THROWS_WITH(run_sft(o, task), Catch::Contains("sft step 1") && Catch::Contains("not finite"));
+  CHECK_FALSE(fs::exists(o.output_dir));
+}

@@ -98,6 +98,34 @@ TEST_CASE("an unknown key is reported with its line and dotted path") {
   CHECK_THAT(e.to_string(), Catch::StartsWith("test.toml:3:1: key 'sagc.gmin': unknown key"));
 }
 
+TEST_CASE("a temperature too small for fp32 is refused with its location and the allowed range") {
+  auto e = only_error("[algorithm]\n\ntemperature = 1e-40\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.column == 15); // the value, as for every out-of-range value
+  CHECK(e.key == "algorithm.temperature");
+  CHECK_THAT(e.to_string(),
+             Catch::StartsWith("test.toml:3:15: key 'algorithm.temperature': 1e-40 is out of "
+                               "range: 0 (greedy) or [0.01, 100]"));
+  // The floor and greedy are accepted, at full precision.
+  CHECK(parse_config("[algorithm]\ntemperature = 0.01\n" + std::string{minimal}, "t.toml", roles)
+          .algorithm.temperature == 0.01);
+  CHECK(parse_config("[algorithm]\ntemperature = 0\n" + std::string{minimal}, "t.toml", roles)
+          .algorithm.temperature == 0.0);
+  CHECK(parse_config("[algorithm]\ntop_p = 0.8\n" + std::string{minimal}, "t.toml", roles)
+          .algorithm.top_p == 0.8);
+}
+
+TEST_CASE("settings the learner cannot run are refused at load: clip_eps_low 1, lr × weight_decay 1") {
+  auto e = only_error("[algorithm]\nclip_eps_low = 1.0\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "algorithm.clip_eps_low");
+  CHECK_THAT(e.message, Catch::Contains("[0, 1)"));
+  auto e2 = only_error("[algorithm]\nlr = 1.0\nweight_decay = 1.0\n" + std::string{minimal});
+  CHECK(e2.line == 3);
+  CHECK(e2.key == "algorithm.weight_decay");
+  CHECK_THAT(e2.message, Catch::Contains("must be < 1"));
+}
+
 TEST_CASE("an unknown section is reported") {
   auto e = only_error("[sagcc]\ng_max = 8\n" + std::string{minimal});
   CHECK(e.line == 1);

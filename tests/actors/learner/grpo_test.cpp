@@ -215,6 +215,69 @@ TEST_CASE("the k3 KL estimator gives its hand-computed value and gradient") {
                   std::invalid_argument);
 }
 
+TEST_CASE("k3 KL with ref − new = 89 stays finite: the value at the bound, no gradient beyond it") {
+  // Uncapped, e^89 overflows fp32 and the loss and its gradient are inf. Capped at
+  // max_log_ratio = 20: k3 = e^20 − 20 − 1 = 485165174.41, loss = 0.1 · k3 (A = 0, one token),
+  // and the capped term is constant, so its gradient is exactly 0.
+  REQUIRE(max_log_ratio == 20.0);
+  const double k3_at_bound = std::exp(20.0) - 21.0;
+  loss_options o = opts();
+  o.kl_coef = 0.1;
+  const at::Tensor new_logp = mat({-90.0f}, 1, 1).requires_grad_(true);
+  const at::Tensor ref_logp = mat({-1.0f}, 1, 1);
+  const loss_terms t =
+    policy_loss(new_logp, new_logp.detach(), vec({0.0f}), at::ones({1, 1}), ref_logp, o);
+  CHECK(std::isfinite(t.kl));
+  CHECK(t.kl == Approx(k3_at_bound).epsilon(1e-6));
+  CHECK(t.loss.item<double>() == Approx(0.1 * k3_at_bound).epsilon(1e-6));
+  t.loss.backward();
+  CHECK(new_logp.grad()[0][0].item<float>() == 0.0f);
+
+  // Just inside the bound (d = 19) the term and its gradient are exact: d k3 / d new
+  // = 1 − e^19, times kl_coef.
+  const at::Tensor inside = mat({-20.0f}, 1, 1).requires_grad_(true);
+  const loss_terms u =
+    policy_loss(inside, inside.detach(), vec({0.0f}), at::ones({1, 1}), ref_logp, o);
+  CHECK(u.kl == Approx(std::exp(19.0) - 20.0).epsilon(1e-6));
+  u.loss.backward();
+  CHECK(inside.grad()[0][0].item<double>() == Approx(0.1 * (1.0 - std::exp(19.0))).epsilon(1e-6));
+
+  // The lower side is not capped: d = −89 gives k3 = e^-89 + 89 − 1 = 88 and gradient
+  // kl_coef · (1 − e^-89) = 0.1.
+  const at::Tensor above = mat({-1.0f}, 1, 1).requires_grad_(true);
+  const loss_terms v = policy_loss(above, above.detach(), vec({0.0f}), at::ones({1, 1}),
+                                   mat({-90.0f}, 1, 1), o);
+  CHECK(v.kl == Approx(88.0).epsilon(1e-6));
+  v.loss.backward();
+  CHECK(above.grad()[0][0].item<double>() == Approx(0.1).epsilon(1e-6));
+}
+
+TEST_CASE("an importance ratio of e^89 is capped at e^20: finite loss and gradient for either advantage") {
+  const double cap = std::exp(20.0);
+  const at::Tensor old_logp = mat({-90.0f, -90.0f}, 2, 1);
+  const at::Tensor new_logp = mat({-1.0f, -1.0f}, 2, 1).requires_grad_(true);
+  // Sequence 0, A = −1: the unclipped branch −ρA = ρ = e^20 (uncapped: inf). Sequence 1,
+  // A = +1: clipped at 1 + ε_high, constant −1.28 (uncapped its gradient was inf · 0 = NaN).
+  // Sequence-level mean: (e^20 − 1.28) / 2.
+  const loss_terms t = policy_loss(new_logp, old_logp, vec({-1.0f, 1.0f}), at::ones({2, 1}),
+                                   at::Tensor(), opts(loss_norm::sequence));
+  CHECK(t.loss.item<double>() == Approx((cap - 1.28) / 2).epsilon(1e-6));
+  CHECK(t.ratio_max == Approx(cap).epsilon(1e-6));
+  t.loss.backward();
+  const at::Tensor g = new_logp.grad();
+  CHECK(g[0][0].item<float>() == 0.0f); // beyond the cap the term is constant
+  CHECK(g[1][0].item<float>() == 0.0f); // clipped
+  CHECK(at::isfinite(g).all().item<bool>());
+
+  // At log-ratio 19 (inside the cap), A = −1: loss ρ = e^19 and gradient ρ = e^19.
+  const at::Tensor at19 = mat({-71.0f}, 1, 1).requires_grad_(true);
+  const loss_terms u = policy_loss(at19, mat({-90.0f}, 1, 1), vec({-1.0f}), at::ones({1, 1}),
+                                   at::Tensor(), opts());
+  CHECK(u.loss.item<double>() == Approx(std::exp(19.0)).epsilon(1e-6));
+  u.loss.backward();
+  CHECK(at19.grad()[0][0].item<double>() == Approx(std::exp(19.0)).epsilon(1e-6));
+}
+
 TEST_CASE("with no trained token the loss is an exact zero that still backpropagates") {
   const at::Tensor new_logp = mat({-1.0f, -2.0f}, 1, 2).requires_grad_(true);
   const loss_terms t = policy_loss(new_logp, new_logp.detach() - 1.0, vec({1.0f}),

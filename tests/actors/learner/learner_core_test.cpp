@@ -8,7 +8,9 @@
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -439,6 +441,86 @@ TEST_CASE("a malformed sample is rejected before anything changes") {
   CHECK_THROWS_AS(learner_core(model, bad, 1), std::invalid_argument);
   ml::policy_model bf16 = model.clone(at::kBFloat16);
   CHECK_THROWS_AS(learner_core(bf16, test_options(), 1), std::invalid_argument);
+}
+
+TEST_CASE("a temperature too small for fp32 is refused, and at the floor the update is finite") {
+  at::set_num_threads(1);
+  ml::policy_model model(small_dims(), 61);
+  learner_options o = test_options();
+  o.temperature = 1e-40;
+  CHECK_THROWS_WITH(learner_core(model, o, 1), Catch::Contains("temperature"));
+  auto batch = synthetic_batch(1, 4, small_dims().vocab);
+  CHECK_THROWS_AS(response_logprobs(model, batch, 1e-40), std::invalid_argument);
+
+  o.temperature = 0.01;
+  learner_core learner(model, o, 1);
+  const step_metrics m = learner.train_step(batch);
+  CHECK(m.updates == 1);
+  CHECK(m.nonfinite_updates == 0);
+  CHECK(std::isfinite(m.loss));
+  CHECK(std::isfinite(m.grad_norm));
+  for (const auto& lp : response_logprobs(model, batch, 0.01))
+    for (const float x : lp)
+      CHECK(std::isfinite(x));
+}
+
+TEST_CASE("the learner's log-probs at temperature 0.7 are log_softmax(logits / 0.7)") {
+  at::set_num_threads(1);
+  ml::policy_model model(small_dims(), 67);
+  auto batch = synthetic_batch(1, 2, small_dims().vocab);
+  // Against the same logits divided and normalised in double: equal up to the fp32 rounding
+  // of the log-softmax (the quotient itself is rounded once, from a double division).
+  const auto at_07 = response_logprobs(model, batch, 0.7);
+  const auto& s0 = batch[0];
+  std::vector<std::int64_t> ids(s0.prompt.begin(), s0.prompt.end());
+  ids.insert(ids.end(), s0.response.begin(), s0.response.end());
+  const at::Tensor logits =
+    model.forward(at::tensor(ids, at::kLong).unsqueeze(0), at::ones({1, static_cast<std::int64_t>(ids.size())}, at::kLong))
+      .detach()
+      .to(at::kDouble);
+  const at::Tensor lsm = at::log_softmax(logits / 0.7, -1);
+  for (std::size_t k = 0; k < s0.response.size(); ++k) {
+    const double want =
+      lsm[0][static_cast<std::int64_t>(s0.prompt.size() + k) - 1][s0.response[k]].item<double>();
+    CHECK(at_07[0][k] == Approx(want).margin(1e-5));
+  }
+}
+
+TEST_CASE("a step whose every update has a non-finite loss fails with the reason") {
+  at::set_num_threads(1);
+  ml::policy_model model(small_dims(), 71);
+  {
+    at::NoGradGuard no_grad;
+    model.parameters()[0].second.fill_(std::nanf("")); // as from a corrupt checkpoint
+  }
+  learner_core learner(model, test_options(), 1);
+  const auto batch = synthetic_batch(1, 4, small_dims().vocab);
+  CHECK_THROWS_AS(learner.train_step(batch), training_stalled);
+  CHECK_THROWS_WITH(learner.train_step(batch), Catch::Contains("non-finite loss or gradient"));
+  CHECK(learner.optimizer_updates() == 0); // the dropped updates changed no optimizer state
+}
+
+TEST_CASE("max_idle_steps consecutive steps with nothing to train fail, and a trained step resets the count") {
+  at::set_num_threads(1);
+  ml::policy_model model(small_dims(), 73);
+  learner_options o = test_options();
+  o.max_idle_steps = 3;
+  learner_core learner(model, o, 1);
+  auto idle = synthetic_batch(1, 4, small_dims().vocab);
+  for (auto& s : idle)
+    std::fill(s.loss_mask.begin(), s.loss_mask.end(), 0);
+  const auto busy = synthetic_batch(1, 4, small_dims().vocab);
+  for (int i = 0; i < 2; ++i) {
+    const step_metrics m = learner.train_step(idle);
+    CHECK(m.updates == 0);
+    CHECK(m.skipped_updates == 1);
+    CHECK(m.nonfinite_updates == 0);
+  }
+  CHECK(learner.train_step(busy).updates == 1); // resets the count
+  learner.train_step(idle);
+  learner.train_step(idle);
+  CHECK_THROWS_WITH(learner.train_step(idle), Catch::Contains("3 consecutive steps"));
+  CHECK(learner.step() == 6);
 }
 
 // Not run by ctest (hidden): `learner_core_test "[.bench]" -s` prints the cost of one step.

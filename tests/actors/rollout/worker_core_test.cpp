@@ -7,9 +7,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <vector>
 
+#include "actors/rollout/request_sampling.hpp"
 #include "actors/rollout/worker_core.hpp"
+#include "runtime/config.hpp"
+#include "runtime/envelope.hpp"
+#include "runtime/ml/sampler.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
 using namespace sorl;
@@ -71,6 +77,22 @@ std::vector<rollout_result> run(worker_core& w) {
       all.push_back(std::move(r));
   REQUIRE(w.idle());
   return all;
+}
+
+/// The GenerateRequest as a worker receives it: built, flattened to bytes, parsed back.
+rollout_request over_the_wire(const std::function<void(msg::GenerateRequest::Builder)>& fill) {
+  const envelope sent = build_envelope<msg::GenerateRequest>(fill);
+  auto received = envelope::from_bytes(sent.schema_id(), sent.data(), sent.size_bytes());
+  REQUIRE(received);
+  auto opened = open_envelope<msg::GenerateRequest>(*received);
+  REQUIRE(opened);
+  const request_sampling s = read_sampling(opened->root());
+  rollout_request r;
+  r.max_new_tokens = 8;
+  r.temperature = s.temperature;
+  r.top_p = s.top_p;
+  r.top_k = s.top_k;
+  return r;
 }
 
 } // namespace
@@ -424,4 +446,55 @@ TEST_CASE("long rollouts report chunk events every chunk_tokens while they decod
   for (uint32_t k = 8; k < len; k += 8)
     expected.push_back(k);
   CHECK(chunk_tokens == expected);
+}
+
+// Sampling parameters from the configuration to the sampler: config → the trainer's
+// GenerateRequest (write_sampling) → bytes → the worker (read_sampling) →
+// worker_core::sampling_for → sampler.
+
+TEST_CASE("top_p = 0.8 in the config reaches the sampler as exactly 0.8") {
+  const auto cfg = parse_config(R"(
+[algorithm]
+temperature = 0.7
+top_p = 0.8
+top_k = 272
+
+[[node]]
+name = "main"
+actors = ["trainer", "rollout_worker"]
+)",
+                                "test.toml", {"trainer", "rollout_worker"});
+  const auto& a = cfg.algorithm;
+  // What the trainer's send_requests writes.
+  const rollout_request req = over_the_wire([&](msg::GenerateRequest::Builder b) {
+    write_sampling(b, {a.temperature, a.top_p, static_cast<uint32_t>(a.top_k)});
+  });
+  worker_core w(small_dims(), arithmetic());
+  for (const uint32_t turn : {0u, 3u}) {
+    const ml::sampling_params p = w.sampling_for(req, turn);
+    CHECK(p.top_p == 0.8);              // the double 0.8, bit for bit
+    CHECK(p.top_p != static_cast<double>(0.8f));
+    CHECK(p.temperature == 0.7);
+    CHECK(p.top_k == 272);
+  }
+  // And the sampler keeps exactly {3, 0} of (0.3, 0.1, 0.1, 0.5) with those parameters at T 1.
+  ml::sampling_params p = w.sampling_for(req, 0);
+  p.temperature = 1.0;
+  std::vector<float> logits;
+  for (const double q : {0.3, 0.1, 0.1, 0.5}) logits.push_back(static_cast<float>(std::log(q)));
+  const auto dist = ml::sampling_distribution(logits.data(), 4, p);
+  REQUIRE(dist.size() == 2);
+  CHECK(dist[0].token == 3);
+  CHECK(dist[1].token == 0);
+}
+
+TEST_CASE("a request from a sender without the Float64 fields is read from the Float32 ones") {
+  const rollout_request req = over_the_wire([](msg::GenerateRequest::Builder b) {
+    b.setTemperature(0.5f);
+    b.setTopP(0.75f);
+    b.setTopK(7);
+  });
+  CHECK(req.temperature == 0.5);
+  CHECK(req.top_p == 0.75);
+  CHECK(req.top_k == 7);
 }
