@@ -276,6 +276,16 @@ std::string key_hint(const std::string& kind, std::string_view key) {
     if (!near.empty())
       return fmt::format("; did you mean {}?", or_list(near));
   }
+  std::string lower{key};
+  for (auto& c : lower)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto& peers = peer_config_names();
+  if (auto it = peers.find(lower); it != peers.end()) {
+    const auto& [table, name] = it->second;
+    return table == kind ? fmt::format("; did you mean `{}` (sorl's name for {})?", name, key)
+                         : fmt::format("; did you mean `{}` in [{}] (sorl's name for {})?", name,
+                                       table, key);
+  }
   std::vector<std::string> names;
   for (const auto& [other, keys] : known)
     if (other != kind && !other.empty())
@@ -913,6 +923,29 @@ const std::map<std::string, std::set<std::string>>& known_config_keys() {
     return known;
   }();
   return keys;
+}
+
+const std::map<std::string, std::pair<std::string, std::string>>& peer_config_names() {
+  static const std::map<std::string, std::pair<std::string, std::string>> names = {
+    {"learning_rate", {"algorithm", "lr"}},
+    {"num_generations", {"sagc", "group_size"}},
+    {"n_samples_per_prompt", {"sagc", "group_size"}},
+    {"rollout_n", {"sagc", "group_size"}},
+    {"max_completion_length", {"task", "max_new_tokens"}},
+    {"max_response_length", {"task", "max_new_tokens"}},
+    {"generate_max_len", {"task", "max_new_tokens"}},
+    {"beta", {"algorithm", "kl_coef"}},
+    {"init_kl_coef", {"algorithm", "kl_coef"}},
+    {"epsilon", {"algorithm", "clip_eps_low"}},
+    {"clip_ratio_low", {"algorithm", "clip_eps_low"}},
+    {"epsilon_high", {"algorithm", "clip_eps_high"}},
+    {"clip_ratio_high", {"algorithm", "clip_eps_high"}},
+    {"rollout_batch_size", {"algorithm", "prompts_per_step"}},
+    {"num_iterations", {"algorithm", "epochs"}},
+    {"ppo_epochs", {"algorithm", "epochs"}},
+    {"max_steps", {"run", "steps"}},
+  };
+  return names;
 }
 
 experiment_config parse_config(std::string_view text, const std::string& file,

@@ -274,6 +274,11 @@ experiment_config parse_config(std::string_view text, const std::string& file,
 /// is reported with the nearest of these ("did you mean `temperature` in [algorithm]?").
 const std::map<std::string, std::set<std::string>>& known_config_keys();
 
+/// Names other RL trainers (TRL, OpenRLHF, veRL) use for a setting sorl calls otherwise,
+/// lower case → (table, sorl key), e.g. "learning_rate" → ("algorithm", "lr"). An unknown key
+/// with such a name gets that key as its hint: these are not typos, edit distance misses them.
+const std::map<std::string, std::pair<std::string, std::string>>& peer_config_names();
+
 /// Reads and parses a file; a missing or unreadable file is a config_exception too.
 /// Every file-system problem of a configured path (missing, too long a name, no permission,
 /// a symlink loop, a file where a directory belongs) is a config_error at its key.

@@ -417,13 +417,34 @@ TEST_CASE("a key written in the wrong table is answered with the tables that hav
         == "unknown section or key; did you mean [[node]]?");
 }
 
-TEST_CASE("an unknown key with no known key near it gets no hint") {
-  // learning_rate is 6 edits from its nearest key (target_rate); the limit for 13 characters
-  // is 4 (one per three characters).
+TEST_CASE("a name other RL trainers use gets sorl's key as its hint") {
+  // learning_rate is 6 edits from its nearest key (target_rate), over the typo limit of 4 for
+  // 13 characters: only the table of peers' names can point at lr.
   auto e = only_error("learning_rate = 1e-3\n" + std::string{minimal});
   CHECK(e.key == "learning_rate");
-  CHECK(e.message == "unknown section or key");
+  CHECK(e.message
+        == "unknown section or key; did you mean `lr` in [algorithm] (sorl's name for "
+           "learning_rate)?");
   CHECK(only_error("[algorithm]\nlearning_rate = 1e-3\n" + std::string{minimal}).message
+        == "unknown key; did you mean `lr` (sorl's name for learning_rate)?");
+  CHECK(only_error("[algorithm]\nnum_generations = 8\n" + std::string{minimal}).message
+        == "unknown key; did you mean `group_size` in [sagc] (sorl's name for "
+           "num_generations)?");
+  // Every such hint names a key the parser knows.
+  const auto& known = sorl::known_config_keys();
+  for (const auto& [peer, target] : sorl::peer_config_names()) {
+    INFO(peer << " -> " << target.first << "." << target.second);
+    REQUIRE(known.count(target.first) == 1);
+    CHECK(known.at(target.first).count(target.second) == 1);
+    CHECK(known.at(target.first).count(peer) == 0);
+  }
+}
+
+TEST_CASE("an unknown key with no known key near it gets no hint") {
+  auto e = only_error("frobnicate_widgets = 1\n" + std::string{minimal});
+  CHECK(e.key == "frobnicate_widgets");
+  CHECK(e.message == "unknown section or key");
+  CHECK(only_error("[algorithm]\nfrobnicate_widgets = 1\n" + std::string{minimal}).message
         == "unknown key");
 }
 

@@ -154,6 +154,18 @@ TEST_CASE("a rollout no worker can serve is counted as failed and the step compl
              }));
   self->send(trainer, build_envelope<msg::VersionReady>(
                         [](msg::VersionReady::Builder b) { b.setVersion(1); }));
+  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
+  for (auto role : {"sagc_controller", "scheduler"}) {
+    expect<msg::RoleStateQuery>(self, [](msg::RoleStateQuery::Reader q) {
+      CHECK(q.getStep() == 1);
+    });
+    self->send(trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+                 b.setStep(1);
+                 b.setRole(role);
+                 b.setState("{}");
+                 b.setOk(true);
+               }));
+  }
   expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
     CHECK(r.getStep() == 1);
   });
