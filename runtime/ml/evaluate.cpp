@@ -98,13 +98,6 @@ std::int64_t block_size(std::optional<std::uint64_t> size, std::uint64_t first, 
 
 }  // namespace
 
-std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std::string& prompt_text) {
-  std::vector<token_id> ids{tok.special_id(special_token::bos)};
-  const std::vector<token_id> body = tok.encode(prompt_text);
-  ids.insert(ids.end(), body.begin(), body.end());
-  return ids;
-}
-
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
                      const eval_options& opts) {
   check(opts);

@@ -81,10 +81,6 @@ struct eval_report {
   std::vector<eval_sample> samples;  ///< the first eval_options::keep_samples, in index order
 };
 
-/// The token ids a single-turn prompt is decoded from: <|bos|> then encode(prompt_text).
-/// Throws std::out_of_range if the tokenizer has no BOS.
-std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std::string& prompt_text);
-
 /// Evaluates `model` on `count` prompts of `task` starting at `first_index` of `split`: one
 /// completion per prompt, decoded with the tokenizer (special tokens skipped) and scored by
 /// task.score. Malformed outputs score 0 (the task's rule). Runs under no-grad; the model's

@@ -1,6 +1,6 @@
 #include "runtime/ml/jsonl_task.hpp"
 
-#include "runtime/ml/evaluate.hpp"
+#include "runtime/ml/tokenizer.hpp"
 #include "runtime/ml/tasks_random.hpp"
 
 #include <nlohmann/json.hpp>

@@ -29,8 +29,8 @@ struct jsonl_record {
 /// - other fields are ignored; blank (whitespace-only) lines are skipped but counted.
 /// Throws task_data_error naming the file and 1-based line for an unreadable file, a
 /// line that isn't a JSON object, a missing field, a field of the wrong type, a prompt of
-/// `context_tokens` tokens or more (encode_single_turn_prompt with the byte tokenizer; only
-/// when context_tokens > 0), and a file without records (line 0).
+/// `context_tokens` tokens or more (counted by encode_single_turn_prompt with the byte
+/// tokenizer; only when context_tokens > 0), and a file without records (line 0).
 std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match,
                                      std::int64_t context_tokens = 0);
 

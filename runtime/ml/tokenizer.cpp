@@ -197,4 +197,11 @@ std::string sanitize_utf8(std::string_view text) {
   return out;
 }
 
+std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std::string& prompt_text) {
+  std::vector<token_id> ids{tok.special_id(special_token::bos)};
+  const std::vector<token_id> body = tok.encode(prompt_text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
 } // namespace sorl::ml

@@ -145,4 +145,9 @@ std::vector<token_id> encode_chat(const tokenizer& tok, const std::vector<chat_m
 /// by U+FFFD, one replacement per maximal ill-formed subpart. Valid text is unchanged.
 std::string sanitize_utf8(std::string_view text);
 
+/// The token ids a single-turn prompt is decoded from: <|bos|> then encode(prompt_text). The
+/// worker, the evaluator and the JSONL loader's context check all count a prompt this way.
+/// Throws std::out_of_range if the tokenizer has no BOS.
+std::vector<token_id> encode_single_turn_prompt(const tokenizer& tok, const std::string& prompt_text);
+
 } // namespace sorl::ml
