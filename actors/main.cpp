@@ -1,5 +1,6 @@
 // The sorl command line: `sorl train`, `sorl node`, `sorl check`, `sorl roles`.
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -126,11 +127,28 @@ int run_warm_start(const sorl::experiment_config& cfg) {
                report.before ? fmt::format("{:.3f}", report.before->accuracy) : "n/a",
                report.after ? fmt::format("{:.3f}", report.after->accuracy) : "n/a",
                report.total_seconds, report.checkpoint.string());
+    std::fflush(stdout); // ahead of the log lines (stderr) of what runs next
   } catch (const std::exception& e) {
     std::cerr << "sorl sft: " << e.what() << '\n';
     return 1;
   }
   return 0;
+}
+
+/// `sorl check`: where the warm-start checkpoint is, or that `sorl train` will make it there
+/// (the path is relative to the config file, so a copied config gets its own).
+void print_warm_start(const sorl::experiment_config& cfg) {
+  if (!cfg.model.warm_start || cfg.count_role("learner") == 0)
+    return;
+  try {
+    if (auto p = sorl::ml::latest_checkpoint(cfg.model.checkpoint))
+      fmt::print("warm start: {}\n", p->string());
+    else
+      fmt::print("warm start: none under {} yet; `sorl train` makes it first with `sorl sft`\n",
+                 cfg.model.checkpoint);
+  } catch (const std::exception& e) {
+    fmt::print("warm start: {}: {}\n", cfg.model.checkpoint, e.what());
+  }
 }
 
 /// With model.warm_start, creates the warm-start checkpoint when there is none yet.
@@ -146,6 +164,17 @@ int ensure_warm_start(const sorl::experiment_config& cfg) {
   }
   fmt::print("sorl: no warm-start checkpoint under {} yet: running `sorl sft` first\n",
              cfg.model.checkpoint);
+  // The warm start keeps no checkpoints of its own: a signal ends it at once, saying so, and
+  // the next `sorl train` starts it over (its output directory is only written at the end).
+  sorl::interrupt_watch interrupts;
+  interrupts.on_first([](int signo) {
+    std::fprintf(stderr,
+                 "sorl: interrupted by %s during the warm start; nothing was saved, and the "
+                 "same command starts the warm start over\n",
+                 sorl::signal_name(signo).c_str());
+    std::fflush(stderr);
+    std::_Exit(sorl::interrupted_exit_code(signo));
+  });
   return run_warm_start(cfg);
 }
 
@@ -332,6 +361,7 @@ int main(int argc, char** argv) {
     auto cfg = load_or_exit(check_config);
     print_presets(cfg);
     print_topology(cfg);
+    print_warm_start(cfg);
     return 0;
   }
   if (sft->parsed()) {
