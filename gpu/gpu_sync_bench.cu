@@ -1,4 +1,4 @@
-// GPU sparse weight-sync bench (DESIGN.md §6): on a synthetic bf16 tensor (default 1e9
+// GPU sparse weight-sync bench (ARCHITECTURE.md §6): on a synthetic bf16 tensor (default 1e9
 // elements) at 0.1 %, 1 % and 5 % changed, checks that encode_delta_gpu's buckets equal
 // sync::encode_delta's byte for byte and that apply_delta_bucket_gpu reproduces `next`, and
 // prints encode and apply throughput next to a device-to-device cudaMemcpy of the same tensor.

@@ -1,6 +1,6 @@
 #pragma once
 
-// Publisher-to-workers transport of a version's delta buckets over NCCL (DESIGN.md §6): the
+// Publisher-to-workers transport of a version's delta buckets over NCCL (ARCHITECTURE.md §6): the
 // root rank broadcasts the bucket count, the bucket sizes, then every bucket's bytes through a
 // device staging buffer; the other ranks receive them into host memory, where
 // sync::check_delta_bucket validates them before any apply.

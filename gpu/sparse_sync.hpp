@@ -1,6 +1,6 @@
 #pragma once
 
-// CUDA backend of the sparse bf16 weight-delta codec (DESIGN.md §6, SparseRL-Sync): encode on
+// CUDA backend of the sparse bf16 weight-delta codec (ARCHITECTURE.md §6, SparseRL-Sync): encode on
 // the publisher's device, apply on a worker's device. The buckets are byte-identical to
 // sync::encode_delta (actors/sync/delta_codec.hpp, which specifies the format); the kernels'
 // per-thread logic lives in gpu/sparse_sync_kernels.cuh and has a CPU twin (gpu/delta_twin.hpp)

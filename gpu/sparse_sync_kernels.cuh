@@ -1,6 +1,6 @@
 #pragma once
 
-// Per-thread logic of the GPU sparse weight-sync codec (DESIGN.md §6, SparseRL-Sync), shared
+// Per-thread logic of the GPU sparse weight-sync codec (ARCHITECTURE.md §6, SparseRL-Sync), shared
 // by the CUDA kernels (gpu/sparse_sync.cu) and their CPU twin (gpu/delta_twin.cpp). Everything
 // here is a `SORL_HD` inline function over plain integers and pointers: compiled by nvcc it is
 // `__host__ __device__`, compiled by a plain C++ compiler it is ordinary host code. The CPU twin

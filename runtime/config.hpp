@@ -1,6 +1,6 @@
 #pragma once
 
-// Experiment + topology configuration (DESIGN.md §5): one TOML file, parsed once at the
+// Experiment + topology configuration (ARCHITECTURE.md §5): one TOML file, parsed once at the
 // entry point into the plain structs below and passed down. Nothing else reads TOML.
 //
 // Free of CAF: the loader is a pure function from text to structs or a list of errors.
@@ -113,7 +113,7 @@ struct sft_config {
   int64_t eval_count = 200;        ///< held-out prompts evaluated before and after
 };
 
-/// [algorithm]: GRPO / DAPO hyper-parameters (DESIGN.md §6).
+/// [algorithm]: GRPO / DAPO hyper-parameters (ARCHITECTURE.md §6).
 struct algorithm_config {
   /// "grpo" | "dapo"; "dapo" changes the defaults of clip_eps_high (0.28), dynamic_sampling
   /// (true), overlong ("shape") and loss_norm ("token") for keys the file does not set.
@@ -149,7 +149,7 @@ struct algorithm_config {
   std::vector<std::string> preset_keys;
 };
 
-/// [sagc]: group-size control (DESIGN.md §6, SAGC).
+/// [sagc]: group-size control (ARCHITECTURE.md §6, SAGC).
 struct sagc_config {
   std::string policy = "static"; ///< "static" | "sagc" | "deadline"
   int64_t group_size = 8;        ///< G for the static policy and the first step
@@ -162,14 +162,14 @@ struct sagc_config {
   double deadline_kappa = 3.0;   ///< deadline: rollout budget = deadline_kappa × window median
 };
 
-/// [salt]: subspace-adaptive coefficients (DESIGN.md §6, SALT).
+/// [salt]: subspace-adaptive coefficients (ARCHITECTURE.md §6, SALT).
 struct salt_config {
   bool enabled = false;
   int64_t rank = 0;              ///< 0 = chosen from the spectrum
   double max_amplification = 4.0;
 };
 
-/// [sync]: learner → rollout weight synchronisation (DESIGN.md §6, SparseRL-Sync).
+/// [sync]: learner → rollout weight synchronisation (ARCHITECTURE.md §6, SparseRL-Sync).
 struct sync_config {
   std::string mode = "sparse";   ///< "sparse" (bit-exact bf16 deltas) | "full"
   int64_t bucket_bytes = 64ll << 20; ///< bytes per bucket, 4096..2^29 (an envelope is ≤ 1 GiB)

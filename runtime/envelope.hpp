@@ -1,6 +1,6 @@
 #pragma once
 
-// The one message type actors exchange for protocol payloads (DESIGN.md §4): serialized
+// The one message type actors exchange for protocol payloads (ARCHITECTURE.md §4): serialized
 // Cap'n Proto bytes plus the id of the schema's root struct. The bytes live in an immutable,
 // reference-counted buffer, so fanning one envelope out to many in-process actors copies a
 // pointer, not the payload; across nodes CAF serializes the bytes once per connection.

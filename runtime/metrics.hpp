@@ -1,7 +1,7 @@
 #pragma once
 
 // Per-step metrics: one JSON object per line in RUN_DIR/metrics.jsonl, and the terminal
-// progress line (DESIGN.md §3 step 6, §7; issue 4 "What the user sees").
+// progress line (ARCHITECTURE.md §3 step 7, §7; README.md "What a run writes").
 //
 // Free of CAF and of JSON headers: the trainer fills a plain `metrics_record`; JSON lives in
 // metrics.cpp only.
@@ -27,11 +27,11 @@
 // | resp_len_max     | resp_len_max        | int          | tokens, longest response                |
 // | tokens_per_s     | tokens_per_s        | number       | generated tokens / rollout_s            |
 // | stragglers       | stragglers          | int          | rollouts flagged as stragglers (§6 SAGC)|
-// | (any other)      | extra / extra_text  | number / str | later issues' fields, in key order      |
+// | (any other)      | extra / extra_text  | number / str | fields not yet members, in key order    |
 //
 // wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
 //
-// `extra` keys the trainer writes for weight sync (DESIGN.md §6 SparseRL-Sync) and group
+// `extra` keys the trainer writes for weight sync (ARCHITECTURE.md §6 SparseRL-Sync) and group
 // control (§6 SAGC), in addition to the loss terms of the learner (among them
 // skipped_updates, minibatches without an update, and nonfinite_updates, those of them dropped
 // for a non-finite loss or gradient norm; actors/learner/learner_core.hpp):
@@ -66,9 +66,9 @@
 //
 // `extra_text` keys: model_hash (hex, what every worker acknowledged), checksum ("ok", or
 // "ok after resync"), group_policy, group_reason.
-// Later issues add fields (speculative acceptance, cache hit rate, sync bytes, SALT
-// cancellation, the SAGC virtual queue...) through `extra` first, and promote them to
-// members when their names settle; names never change meaning once written.
+// New fields (speculative acceptance, cache hit rate, SALT cancellation, ...) go through
+// `extra` first, and are promoted to members when their names settle; names never change
+// meaning once written.
 
 #include <cstdint>
 #include <cstdio>

@@ -1,7 +1,7 @@
 #pragma once
 
 // Topology: turns an experiment_config into running actors, in one process (`sorl train`)
-// or one node per process (`sorl node`), DESIGN.md §5.
+// or one node per process (`sorl node`), ARCHITECTURE.md §5.
 //
 // Every process runs a node agent per node it hosts; the hub node (the one with `listen`)
 // also runs the directory. Agents spawn their node's roles, register each actor with the

@@ -4,7 +4,7 @@
 // policy update of a policy_model out, plus the step's metrics. The learner actor shell owns
 // one learner_core and only turns messages into train_step calls and metrics into messages.
 //
-// One train_step (DESIGN.md §6, "GRPO / DAPO"):
+// One train_step (ARCHITECTURE.md §6, "GRPO / DAPO"):
 //   1. group samples by group_id and compute group-relative advantages (grpo.hpp), after DAPO's
 //      soft overlong punishment when enabled;
 //   2. pack the batch into right-padded [N, L] ids with an attention mask;

@@ -1,6 +1,6 @@
 #pragma once
 
-// The rollout worker's logic, free of CAF (DESIGN.md §3 step 3): continuous batching of
+// The rollout worker's logic, free of CAF (ARCHITECTURE.md §3 step 3): continuous batching of
 // rollout requests over the bf16 policy, prompt prefill once per group of siblings that
 // arrive together, reward scoring for single-turn tasks and environment stepping for
 // multi-turn ones, and worker-clock timing events for every rollout.
@@ -128,7 +128,7 @@ public:
   /// reward 0, after any finished result step() has not returned yet.
   std::vector<rollout_result> abort_all();
 
-  /// Aborts the given rollouts (deadline mode, DESIGN.md §6 SAGC baseline): their KV blocks
+  /// Aborts the given rollouts (deadline mode, ARCHITECTURE.md §6 SAGC baseline): their KV blocks
   /// are freed at once and they come back with finish_reason::abort, reward 0, and a finish
   /// event. Siblings submitted to the generator together with an aborted rollout (one group
   /// prefill) are aborted with it; the trainer only aborts every unfinished rollout of a step,

@@ -6,7 +6,7 @@
 
 namespace sorl {
 
-/// Spawns the SAGC controller (DESIGN.md §6 SAGC). It observes every RolloutEvent, flags
+/// Spawns the SAGC controller (ARCHITECTURE.md §6 SAGC). It observes every RolloutEvent, flags
 /// rollouts whose chunk messages already pass the straggler threshold while they run,
 /// answers GroupSizeQuery with the configured policy's decision ([sagc].policy: "static",
 /// "sagc" drift-plus-penalty, or "deadline"; see actors/sagc/group_policy.hpp) and

@@ -1,10 +1,10 @@
 #pragma once
 
-// Group-size policies of the sagc_controller (DESIGN.md §6 SAGC): the static baseline, the
+// Group-size policies of the sagc_controller (ARCHITECTURE.md §6 SAGC): the static baseline, the
 // deadline baseline and the adaptive policy, selectable by config so that all three run on
 // the same code path.
 //
-// The trainer asks for G_t once per step (DESIGN.md §3 step 1); the controller's shell calls
+// The trainer asks for G_t once per step (ARCHITECTURE.md §3 step 1); the controller's shell calls
 // `decide(step)` on the configured policy, logs the returned decision, and feeds each closed
 // step's timing back through `observe` together with the straggler rule whose window the
 // step's durations just entered. Three policies share that interface:
@@ -13,7 +13,7 @@
 // - `deadline`: a fixed G and a rollout-phase deadline, the timeout baseline.
 // - `sagc`: the adaptive drift-plus-penalty controller (below).
 //
-// ## The sagc formulation (DESIGN.md §6)
+// ## The sagc formulation (ARCHITECTURE.md §6)
 //
 // Maximise the long-run average of a concave utility U(G_t) subject to the long-run rate of
 // straggler events being ≤ ε, solved online with Lyapunov drift-plus-penalty (M. J. Neely,
@@ -33,8 +33,8 @@
 // smoothed empirical distribution exceeds thr: the straggler event of a step of size G.
 //
 // Why U(G) = 1 − 1/G. The group-mean baseline of G rollouts has variance σ²/G, so 1 − 1/G
-// is the fraction of the per-rollout reward variance the baseline removes (DESIGN.md §6's
-// "variance reduction of the group baseline"). It is concave, increasing, and bounded in
+// is the fraction of the per-rollout reward variance the baseline removes (the variance
+// reduction of the group baseline). It is concave, increasing, and bounded in
 // [0, 1), which gives V a fixed scale against Q·P̂ ∈ [0, Q]; log G is unbounded and would
 // make the right V depend on g_max.
 //
@@ -45,7 +45,7 @@
 // Jeffreys prior a = 1/2, P̂ stays increasing in G, so a growing Q always pushes G down; the
 // queue, not the estimate, then sets the level (Neely's feedback argument needs only that the
 // action for large Q has an event rate below ε). `tail_prior = 0` gives the plain empirical
-// CDF of DESIGN.md §6.
+// CDF at the threshold.
 //
 // Why V = 10. U differences are < 1 and Q moves by at most 1 per step. Drift-plus-penalty
 // keeps Q = O(V) and the utility within O(1/V) of the best policy that meets the constraint;
@@ -94,8 +94,8 @@
 
 namespace sorl::sagc {
 
-/// One group-size decision, logged with its reason (DESIGN.md §6: "every decision is logged
-/// with its inputs").
+/// One group-size decision, logged with its reason and inputs, so that every choice of G can
+/// be explained from the log and metrics.jsonl (ARCHITECTURE.md §6, §7).
 struct group_decision {
   int64_t step = 0;       ///< the step this G is for
   int64_t group_size = 0; ///< G_t, rollouts per prompt, ≥ 1
@@ -222,7 +222,7 @@ struct group_policy_options {
   double deadline_kappa = 3.0;
 };
 
-/// The adaptive drift-plus-penalty controller (header comment, DESIGN.md §6).
+/// The adaptive drift-plus-penalty controller (header comment, ARCHITECTURE.md §6).
 class sagc_group_policy final : public group_policy {
 public:
   /// Raises std::invalid_argument naming the bad field (see make_group_policy).

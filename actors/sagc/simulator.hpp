@@ -1,7 +1,7 @@
 #pragma once
 
 // Trace-driven simulator of synchronous RL steps for comparing group-size policies
-// (DESIGN.md §6 SAGC; bench/sagc/sagc_sim.sh prints its table).
+// (ARCHITECTURE.md §6 SAGC; bench/sagc/sagc_sim.sh prints its table).
 //
 // Pure logic, no CAF and no clocks: each simulated step asks the policy for G_t, simulates
 // the rollout phase, turns it into the rollout timing events a worker would send (start and

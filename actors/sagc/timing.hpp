@@ -1,13 +1,14 @@
 #pragma once
 
-// Rollout timing statistics for the sagc_controller (DESIGN.md §4 "Timing", §6 SAGC, §7):
-// durations per step, the straggler rule, and stragglers detected while they still run.
+// Rollout timing statistics for the sagc_controller (ARCHITECTURE.md §4 "Timing clocks",
+// §6 SAGC, §7): durations per step, the straggler rule, and stragglers detected while they
+// still run.
 //
 // Pure logic, free of CAF: the controller's actor shell decodes each rollout timing message
 // into a `timing_event` and calls `rollout_timing::observe`; at the end of a synchronous step
 // it calls `close_step` and logs the returned `step_timing`.
 //
-// Clocks. Every timestamp is the worker's own steady clock (DESIGN.md §4). Clocks of
+// Clocks. Every timestamp is the worker's own steady clock (ARCHITECTURE.md §4). Clocks of
 // different workers are never compared: a duration is end − start only when both were
 // stamped by the same worker, and in-flight elapsed time is measured against a "now" on that
 // worker's clock.
@@ -34,8 +35,8 @@ int64_t nearest_rank_percentile(std::vector<int64_t> values, double p);
 /// Same for real values; raises std::invalid_argument also when a value is not finite.
 double nearest_rank_percentile(std::vector<double> values, double p);
 
-/// Kind of a rollout timing message (DESIGN.md §3 step 2: "every rollout start, chunk and
-/// finish is a message carrying monotonic timestamps").
+/// Kind of a rollout timing message (ARCHITECTURE.md §3 step 3: every rollout start,
+/// chunk and finish is a message carrying the worker's steady-clock timestamp).
 enum class timing_kind {
   start,  ///< the worker began the rollout (prefill)
   chunk,  ///< a chunk of tokens was generated; `tokens` is the count so far
@@ -85,7 +86,7 @@ using timing_issue_counts = std::array<int64_t, static_cast<size_t>(timing_issue
 /// The non-zero counters as { name: count }, for logs and metrics records.
 std::map<std::string, int64_t> to_map(const timing_issue_counts& counts);
 
-/// Parameters of the straggler rule (DESIGN.md §6 SAGC; `[sagc].kappa`, `[sagc].window`).
+/// Parameters of the straggler rule (ARCHITECTURE.md §6 SAGC; `[sagc].kappa`, `[sagc].window`).
 struct straggler_rule_options {
   /// A rollout is a straggler when duration > kappa × median of the window. Finite, > 0.
   double kappa = 3.0;
@@ -97,7 +98,7 @@ struct straggler_rule_options {
   size_t min_samples = 8;
 };
 
-/// The straggler rule of DESIGN.md §6: κ × median of a recent window of completed rollout
+/// The straggler rule (ARCHITECTURE.md §6 SAGC): κ × median of a recent window of completed rollout
 /// durations, the window running across steps. Durations are ns on one worker's clock each.
 class straggler_rule {
 public:
@@ -183,7 +184,7 @@ struct step_timing {
   /// Ended rollouts over the threshold, ordered by request id. Aborted rollouts count when
   /// their elapsed time at the abort already passed it (deadline mode aborts stragglers).
   std::vector<straggler_flag> stragglers;
-  /// DESIGN.md §6: the step has a straggler event when any of its rollouts is a straggler.
+  /// ARCHITECTURE.md §6: the step has a straggler event when any of its rollouts is a straggler.
   bool straggler_event = false;
 
   /// Issues attributed to this step's rollouts.
@@ -191,7 +192,7 @@ struct step_timing {
 };
 
 /// Collects rollout timing events and turns them into per-step statistics and straggler
-/// verdicts (DESIGN.md §6 SAGC).
+/// verdicts (ARCHITECTURE.md §6 SAGC).
 ///
 /// Robust to what messages from many processes do: events of a rollout may arrive in any
 /// order (a finish before its start is held until the start comes), duplicates are counted

@@ -40,8 +40,8 @@ const char* to_string(placement_policy policy) {
 placement::placement(placement_options options) : options_(options) {
   if (options_.policy == placement_policy::cache_aware)
     throw placement_not_implemented(
-      "scheduler policy 'cache_aware' is not yet implemented (DESIGN.md §6 WAR, cache-aware "
-      "routing comes in a later issue); use 'round_robin' or 'least_loaded'");
+      "scheduler policy 'cache_aware' is not yet implemented (cache-aware routing is designed "
+      "but not built yet, ARCHITECTURE.md §6); use 'round_robin' or 'least_loaded'");
   if (!std::isfinite(options_.queued_token_weight) || options_.queued_token_weight < 0)
     throw std::invalid_argument("placement: queued_token_weight must be finite and >= 0, got "
                                 + std::to_string(options_.queued_token_weight));

@@ -1,7 +1,8 @@
 #pragma once
 
-// Request placement for the scheduler role (DESIGN.md §3 step 2, §6 WAR "cache-aware
-// scheduling", issue 4 "scheduler"): which rollout worker runs which generation request.
+// Request placement for the scheduler role (ARCHITECTURE.md §3 step 2; cache-aware
+// scheduling, designed but not built yet, ARCHITECTURE.md §6): which rollout worker runs
+// which generation request.
 //
 // Pure bookkeeping, free of CAF: the scheduler's actor shell turns worker joins, load reports,
 // placements, completions and DOWN messages into calls on one `placement` object and sends
@@ -26,8 +27,8 @@ enum class placement_policy {
   /// The live worker with the smallest load (see `placement_options`); ties go to the
   /// worker whose name sorts first, so the choice never depends on join order.
   least_loaded,
-  /// Longest cached prefix unless imbalanced (DESIGN.md §6 WAR). Not yet implemented: it
-  /// comes with the cache-aware routing issue; selecting it raises
+  /// Longest cached prefix unless imbalanced (designed, ARCHITECTURE.md §6). Not yet
+  /// implemented: the config refuses it, and constructing a `placement` with it raises
   /// `placement_not_implemented`.
   cache_aware,
 };
@@ -58,8 +59,8 @@ struct placement_options {
   double queued_token_weight = 0.0;
 
   /// Keep the siblings of one group (same `group_id`) on the worker that received the
-  /// group's first request, so the worker prefills the shared prompt once (DESIGN.md §3
-  /// step 3, "prompt prefill once per group").
+  /// group's first request, so the worker prefills the shared prompt once (ARCHITECTURE.md §3
+  /// steps 2 and 3).
   bool group_affinity = false;
 
   /// Affinity yields to balance: a sibling goes to the least loaded worker instead of the
@@ -122,10 +123,11 @@ public:
   /// normally has nothing in flight, so the list is usually empty).
   std::vector<orphaned_request> leave(const std::string& name);
 
-  /// A worker died or disconnected (CAF DOWN message, DESIGN.md §3). Forgets it and returns
-  /// exactly the requests that were in flight on it, ordered by request id, for the caller
-  /// to place again on the remaining workers. Groups whose home it was lose their home; the
-  /// next sibling placed picks a new one. Raises std::invalid_argument for an unknown name.
+  /// A worker died or disconnected (CAF DOWN message or peer_down, ARCHITECTURE.md §5).
+  /// Forgets it and returns exactly the requests that were in flight on it, ordered by
+  /// request id, for the caller to place again on the remaining workers. Groups whose home
+  /// it was lose their home; the next sibling placed picks a new one. Raises
+  /// std::invalid_argument for an unknown name.
   std::vector<orphaned_request> worker_lost(const std::string& name);
 
   /// Stores a worker's load report (replaces the previous one). Tokens of prompts placed on
@@ -212,9 +214,10 @@ private:
   double load_of(const worker_state& w) const;
   const std::string& choose_round_robin();
   const std::string& choose_least_loaded() const;
-  /// The cache-aware hook (DESIGN.md §6 WAR); raises placement_not_implemented until the
-  /// cache-aware routing issue lands. Unreachable today because the constructor rejects the
-  /// policy, kept so the dispatch in `place` already has its final shape.
+  /// The cache-aware hook (ARCHITECTURE.md §6, not built yet); raises
+  /// placement_not_implemented until cache-aware routing is implemented. Unreachable today
+  /// because the constructor rejects the policy, kept so the dispatch in `place` already
+  /// has its final shape.
   const std::string& choose_cache_aware(uint64_t group_id, int64_t prompt_tokens) const;
   const std::string& choose_by_policy(uint64_t group_id, int64_t prompt_tokens);
   worker_state& live_worker(const std::string& name, const char* what);

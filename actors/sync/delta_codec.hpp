@@ -1,6 +1,6 @@
 #pragma once
 
-// Lossless sparse bf16 weight-delta codec, free of CAF and libtorch (DESIGN.md §6,
+// Lossless sparse bf16 weight-delta codec, free of CAF and libtorch (ARCHITECTURE.md §6,
 // SparseRL-Sync). The publisher keeps the last published bf16 snapshot ("base"), and for a new
 // version sends, per bounded bucket, the positions of the elements whose bits changed and the
 // exact integer step between old and new bit patterns. A worker holding `base_version` applies
@@ -181,7 +181,7 @@ struct delta_stats {
   uint64_t entries = 0;        ///< entry records over all buckets
 };
 
-/// Encodes version `version` against `base_version` (DESIGN.md §6, SparseRL-Sync; the format
+/// Encodes version `version` against `base_version` (ARCHITECTURE.md §6, SparseRL-Sync; the format
 /// and the deterministic encoder are specified at the top of this header). Sources may come in
 /// any order of tensor id. Returns the buckets in index order, each at most
 /// options.bucket_bytes bytes; the same inputs give byte-identical buckets, whatever

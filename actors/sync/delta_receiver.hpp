@@ -1,6 +1,6 @@
 #pragma once
 
-// The rollout worker's side of a sparse version (DESIGN.md §6 SparseRL-Sync, issue 6): collect
+// The rollout worker's side of a sparse version (ARCHITECTURE.md §6 SparseRL-Sync): collect
 // the delta buckets of one version, validate each as it arrives, and apply them all at once
 // when the last one is in, then prove the result bit for bit against the published hashes.
 // Free of CAF and libtorch: the worker's shell passes its bf16 parameters as delta_targets.

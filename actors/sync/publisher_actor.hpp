@@ -6,7 +6,7 @@
 
 namespace sorl {
 
-/// Spawns the sync publisher (DESIGN.md §6 SparseRL-Sync): takes WeightSnapshot envelopes
+/// Spawns the sync publisher (ARCHITECTURE.md §6 SparseRL-Sync): takes WeightSnapshot envelopes
 /// from the learner and, following actors/sync/sync_protocol.hpp, sends each live worker
 /// either the sparse delta against the version it acknowledged last or the full version, in
 /// bounded buckets (in process every worker shares the same bytes). A worker that fails the

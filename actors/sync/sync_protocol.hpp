@@ -1,7 +1,7 @@
 #pragma once
 
-// The version protocol of weight synchronisation (DESIGN.md §6 SparseRL-Sync, issue 6
-// "version protocol"), free of CAF: which payload each rollout worker gets for a version, what
+// The version protocol of weight synchronisation (ARCHITECTURE.md §6
+// SparseRL-Sync), free of CAF: which payload each rollout worker gets for a version, what
 // an acknowledgement means, and when the publisher may advance its base snapshot.
 //
 // Rules:

@@ -2,7 +2,7 @@
 
 // Full weight synchronisation, free of CAF and libtorch: plan bounded buckets over a list of
 // tensors, hash them, and reassemble them on the receiving side with every field validated
-// before anything reaches the model (DESIGN.md §6, SparseRL-Sync; this file is the `full`
+// before anything reaches the model (ARCHITECTURE.md §6, SparseRL-Sync; this file is the `full`
 // payload that the sparse codec replaces).
 
 #include <cstddef>

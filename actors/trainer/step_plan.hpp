@@ -1,6 +1,6 @@
 #pragma once
 
-// Bookkeeping of one synchronous step on the trainer (DESIGN.md §3 steps 1–4), free of CAF:
+// Bookkeeping of one synchronous step on the trainer (ARCHITECTURE.md §3 steps 1–4), free of CAF:
 // which rollouts were requested, which groups are complete, which groups carry a learning
 // signal, and (DAPO dynamic sampling, Yu et al. 2025 §3.2) which replacement groups to
 // request when zero-signal groups are dropped.
@@ -90,7 +90,7 @@ public:
   /// Groups whose rewards are all equal (no signal), among those requested.
   std::vector<uint64_t> zero_signal_groups() const;
 
-  /// Deadline mode (DESIGN.md §6 SAGC, the timeout baseline): true when every group requested
+  /// Deadline mode (ARCHITECTURE.md §6 SAGC, the timeout baseline): true when every group requested
   /// so far has at least `min_finished` finished rollouts, so the step may end without the
   /// rest. Always false after a cut or when nothing is outstanding.
   bool can_cut(uint32_t min_finished) const;

@@ -6,7 +6,7 @@
 
 namespace sorl {
 
-/// Spawns the trainer, which runs the synchronous step loop (DESIGN.md §3): group size from
+/// Spawns the trainer, which runs the synchronous step loop (ARCHITECTURE.md §3): group size from
 /// the SAGC controller, B·G GenerateRequests to the scheduler, every group complete (DAPO
 /// refills when configured), the batch to the learner, the new version acknowledged by every
 /// rollout worker, one JSONL record and progress line per step, checkpoints every

@@ -1,4 +1,4 @@
-// Group-size policies on a simulated synchronous RL cluster (DESIGN.md §6 SAGC):
+// Group-size policies on a simulated synchronous RL cluster (ARCHITECTURE.md §6 SAGC):
 // static G for every G in [g_min, g_max] (the range sagc picks from), the deadline baseline,
 // and the adaptive sagc controller, each
 // driving the same simulator (actors/sagc/simulator.hpp, which documents the model) with

@@ -1,4 +1,4 @@
-// SparseRL-Sync codec bench (DESIGN.md §6): size and speed of the sparse bf16 delta codec
+// SparseRL-Sync codec bench (ARCHITECTURE.md §6): size and speed of the sparse bf16 delta codec
 // (actors/sync/delta_codec.hpp) against dense bf16, a naive sparse format (int32 index + bf16
 // value), zstd -3 and lz4 on the XOR of old and new bits, and memcpy bandwidth measured in the
 // same run on the same size. Rows: consecutive weight versions of sorl's own learner (AdamW on
