@@ -26,13 +26,13 @@
 // | resp_len_p99     | resp_len_p99        | int          | tokens, nearest-rank p99                |
 // | resp_len_max     | resp_len_max        | int          | tokens, longest response                |
 // | tokens_per_s     | tokens_per_s        | number       | generated tokens / rollout_s            |
-// | stragglers       | stragglers          | int          | rollouts flagged as stragglers (§6 SAGC)|
+// | stragglers       | stragglers          | int          | rollouts flagged as stragglers (ARCHITECTURE.md §6 SAGC)|
 // | (any other)      | extra / extra_text  | number / str | fields not yet members, in key order    |
 //
 // wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
 //
 // `extra` keys the trainer writes for weight sync (ARCHITECTURE.md §6 SparseRL-Sync) and group
-// control (§6 SAGC), in addition to the loss terms of the learner (among them
+// control (ARCHITECTURE.md §6 SAGC), in addition to the loss terms of the learner (among them
 // skipped_updates, minibatches without an update, and nonfinite_updates, those of them dropped
 // for a non-finite loss or gradient norm; actors/learner/learner_core.hpp):
 //
