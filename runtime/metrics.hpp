@@ -26,7 +26,7 @@
 // | resp_len_p99     | resp_len_p99        | int          | tokens, nearest-rank p99                |
 // | resp_len_max     | resp_len_max        | int          | tokens, longest response                |
 // | tokens_per_s     | tokens_per_s        | number       | generated tokens / rollout_s            |
-// | stragglers       | stragglers          | int          | rollouts flagged as stragglers (ARCHITECTURE.md §6 SAGC)|
+// | stragglers       | stragglers          | int          | straggler rollouts (ARCHITECTURE.md §6) |
 // | (any other)      | extra / extra_text  | number / str | fields not yet members, in key order    |
 //
 // wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
