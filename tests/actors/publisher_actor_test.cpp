@@ -133,6 +133,8 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
     CHECK(r.getVersion() == 0);
     CHECK(r.getModelHash() == hash_of(0));
     CHECK(r.getFullWorkers() == 2);
+    CHECK(r.getWorkers() == 2);
+    CHECK(r.getVerifiedWorkers() == 2); // both acknowledged hash_of(0)
   });
 
   // Version 1: deltas against 0; b fails it and is sent version 1 in full.
@@ -155,6 +157,7 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
     CHECK(r.getResyncs() == 1);
     CHECK(r.getChangedElements() == 2);
     CHECK(r.getElements() == 377);
+    CHECK(r.getVerifiedWorkers() == 2); // b's failed delta is superseded by its full sync
   });
 
   // Version 2: b holds 1 again, so both get deltas; a wrong hash is a failed delta too.
@@ -168,7 +171,10 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
   CHECK(receive_version(a).full);
   a->send(pub, ack(2, name_a, true, hash_of(2)));
   b->send(pub, ack(2, name_b, true, hash_of(2)));
-  receive_ready(trainer, [&](msg::VersionReady::Reader r) { CHECK(r.getResyncs() == 1); });
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getResyncs() == 1);
+    CHECK(r.getVerifiedWorkers() == 2); // a's wrong hash is replaced by the right one
+  });
 
   // Version 3: b is lost mid-broadcast; a's ack completes the version.
   trainer->send(pub, snapshot(3));
@@ -179,6 +185,7 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
   receive_ready(trainer, [&](msg::VersionReady::Reader r) {
     CHECK(r.getVersion() == 3);
     CHECK(r.getWorkers() == 1);
+    CHECK(r.getVerifiedWorkers() == 1); // a; the lost b is not counted
   });
   trainer->send_exit(pub, caf::exit_reason::user_shutdown);
 }
