@@ -74,4 +74,6 @@ struct VersionReady {
   sparseWorkers @11 :UInt32; # workers that received it as a sparse delta
   resyncs @12 :UInt32;       # workers that failed the delta and were sent a full sync
   sparseBytes @13 :UInt64;   # bytes of the sparse payload (per worker that got it), 0 if none
+  verifiedWorkers @14 :UInt32; # of `workers`, those whose last acknowledgement of `version`
+                               # was ok and carried `modelHash` (the publisher compares)
 }

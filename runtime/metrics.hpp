@@ -47,6 +47,7 @@
 // | sync_full_workers     | workers sent the full version (first version, anchors, resyncs) |
 // | sync_sparse_workers   | workers sent the delta                                          |
 // | sync_resyncs          | workers that failed the delta and got a full sync instead       |
+// | sync_verified_workers | live workers whose acknowledgement carried the published hash   |
 // | virtual_queue         | Q_t of the drift-plus-penalty controller (policy "sagc")        |
 // | p_straggler           | P̂(straggler event | G_t), when estimated                        |
 // | utility               | U(G_t) = 1 − 1/G_t                                              |
@@ -64,8 +65,9 @@
 // |                       | (per turn, learner_core.hpp; 0 unless algorithm.overlong=shape) |
 // | overlong_shaped       | samples of the batch whose overlong shaping term is < 0         |
 //
-// `extra_text` keys: model_hash (hex, what every worker acknowledged), checksum ("ok", or
-// "ok after resync"), group_policy, group_reason.
+// `extra_text` keys: model_hash (hex, the published hash), checksum ("ok" or "ok after
+// resync" when sync_verified_workers is every live worker, else "unverified: V of W workers
+// acknowledged HASH"), group_policy, group_reason.
 // New fields (speculative acceptance, cache hit rate, SALT cancellation, ...) go through
 // `extra` first, and are promoted to members when their names settle; names never change
 // meaning once written.

@@ -51,6 +51,8 @@ struct publisher_state {
   int64_t encode_ns = 0;
   int64_t apply_ns_max = 0;
   int64_t started_ns = 0;
+  /// The model hash of each worker's last ok acknowledgement of the version in flight.
+  std::map<std::string, uint64_t> acked_hash;
 };
 
 using publisher_actor_t = caf::stateful_actor<publisher_state>;
@@ -66,6 +68,13 @@ void complete(publisher_actor_t* self) {
   st.base = std::move(st.next);
   st.next.reset();
   auto workers = std::max<size_t>(st.workers.size(), 1);
+  // Counted here, from the acknowledgements themselves, not from the protocol's verdict: the
+  // trainer's `checksum` says ok only when this covers every live worker.
+  uint32_t verified = 0;
+  for (const auto& [name, handle] : st.workers) {
+    auto it = st.acked_hash.find(name);
+    verified += it != st.acked_hash.end() && it->second == st.model_hash ? 1 : 0;
+  }
   auto ready = build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
     b.setVersion(st.version);
     b.setModelHash(st.model_hash);
@@ -81,6 +90,7 @@ void complete(publisher_actor_t* self) {
     b.setSparseWorkers(st.sparse_sends);
     b.setResyncs(st.protocol->resyncs());
     b.setSparseBytes(st.sparse ? st.sparse->bytes : 0);
+    b.setVerifiedWorkers(verified);
   });
   st.full.reset();
   st.sparse.reset();
@@ -235,6 +245,7 @@ void publish(publisher_actor_t* self, const envelope& e) {
   st.changed = st.elements = st.dense_bytes = st.bytes_sent = 0;
   st.full_sends = st.sparse_sends = 0;
   st.encode_ns = st.apply_ns_max = 0;
+  st.acked_hash.clear();
   with_envelope<msg::WeightSnapshot>(e, [&](msg::WeightSnapshot::Reader snap) {
     auto names = snap.getNames();
     auto shapes = snap.getShapes();
@@ -323,6 +334,12 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
                                                          "{:016x}",
                                                          ack.getModelHash(), st.model_hash);
             auto action = st.protocol->on_ack(worker, ack.getVersion(), ok);
+            if (action != sync::ack_action::ignore) {
+              if (ack.getOk())
+                st.acked_hash[worker] = ack.getModelHash();
+              else
+                st.acked_hash.erase(worker);
+            }
             switch (action) {
               case sync::ack_action::ignore:
                 spdlog::warn("{}: ignored ack from {} for version {}", st.me, worker,

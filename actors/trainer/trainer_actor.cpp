@@ -361,9 +361,16 @@ void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
   rec.extra["sync_sparse_workers"] = ready.getSparseWorkers();
   rec.extra["sync_resyncs"] = ready.getResyncs();
   rec.extra_text["model_hash"] = fmt::format("{:016x}", ready.getModelHash());
-  // Every worker reproduced the published hash: a mismatch gets a full sync, and a failed
-  // full sync stops the job, so a written record always says ok.
-  rec.extra_text["checksum"] = ready.getResyncs() > 0 ? "ok after resync" : "ok";
+  // What the publisher verified: ok only when every live worker's acknowledgement carried
+  // the published hash (a mismatch gets a full sync, and a failed full sync stops the job).
+  auto workers = ready.getWorkers();
+  auto verified = ready.getVerifiedWorkers();
+  rec.extra["sync_verified_workers"] = verified;
+  if (workers > 0 && verified == workers)
+    rec.extra_text["checksum"] = ready.getResyncs() > 0 ? "ok after resync" : "ok";
+  else
+    rec.extra_text["checksum"] = fmt::format("unverified: {} of {} workers acknowledged {:016x}",
+                                             verified, workers, ready.getModelHash());
   rec.rollout_s = (st.rollout_end_ns - st.step_start_ns) / 1e9;
   rec.learn_s = (st.learn_end_ns - st.rollout_end_ns) / 1e9;
   rec.sync_s = (now - st.learn_end_ns) / 1e9;

@@ -1,10 +1,12 @@
 // The sync_publisher actor with scripted rollout workers: a worker that fails a delta gets
-// the version in full, the others keep getting deltas, and a worker lost during a broadcast
-// does not hold the version back.
+// the version in full, the others keep getting deltas, a worker lost during a broadcast
+// does not hold the version back, and VersionReady counts the live workers whose
+// acknowledgement carried the published hash.
 
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <tuple>
 
 #include <caf/all.hpp>
 
@@ -101,23 +103,38 @@ void receive_ready(caf::scoped_actor& trainer, Read read) {
     caf::after(10s) >> [] { FAIL("no VersionReady"); });
 }
 
-} // namespace
-
-TEST_CASE("the publisher resyncs a failed worker in full and never waits for a lost one") {
+/// A sparse-mode publisher (4096-byte buckets) whose trainer and two rollout workers a and b
+/// are played by the test; the trainer stands in for the directory too: it would receive a
+/// failure, if any. The publisher is stopped at the end of the test.
+struct publisher_harness {
   test_system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor trainer{sys};
   caf::scoped_actor a{sys};
   caf::scoped_actor b{sys};
-  experiment_config exp; // sync.mode = "sparse"
-  exp.sync.bucket_bytes = 4096;
-  // The trainer stands in for the directory too: it would receive a failure, if any.
-  auto pub = spawn_sync_publisher(
-    sys, test_context(exp, "sync_publisher", caf::actor_cast<caf::actor>(trainer)));
-  std::vector<peer_info> roster{{"trainer", 0, "test", caf::actor_cast<caf::actor>(trainer)},
-                                {"rollout_worker", 0, "test", caf::actor_cast<caf::actor>(a)},
-                                {"rollout_worker", 1, "test", caf::actor_cast<caf::actor>(b)}};
-  trainer->send(pub, roster_atom::value, roster);
+  experiment_config exp; ///< sync.mode = "sparse"; the publisher keeps a pointer to it
+  caf::actor pub;
+  std::vector<peer_info> roster;
+
+  publisher_harness() {
+    exp.sync.bucket_bytes = 4096;
+    pub = spawn_sync_publisher(
+      sys, test_context(exp, "sync_publisher", caf::actor_cast<caf::actor>(trainer)));
+    roster = {{"trainer", 0, "test", caf::actor_cast<caf::actor>(trainer)},
+              {"rollout_worker", 0, "test", caf::actor_cast<caf::actor>(a)},
+              {"rollout_worker", 1, "test", caf::actor_cast<caf::actor>(b)}};
+    trainer->send(pub, roster_atom::value, roster);
+  }
+  ~publisher_harness() {
+    trainer->send_exit(pub, caf::exit_reason::user_shutdown);
+  }
+};
+
+} // namespace
+
+TEST_CASE("the publisher resyncs a failed worker in full and never waits for a lost one") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
   auto name_a = roster[1].name();
   auto name_b = roster[2].name();
 
@@ -133,6 +150,8 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
     CHECK(r.getVersion() == 0);
     CHECK(r.getModelHash() == hash_of(0));
     CHECK(r.getFullWorkers() == 2);
+    CHECK(r.getWorkers() == 2);
+    CHECK(r.getVerifiedWorkers() == 2); // both acknowledged hash_of(0)
   });
 
   // Version 1: deltas against 0; b fails it and is sent version 1 in full.
@@ -155,6 +174,7 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
     CHECK(r.getResyncs() == 1);
     CHECK(r.getChangedElements() == 2);
     CHECK(r.getElements() == 377);
+    CHECK(r.getVerifiedWorkers() == 2); // b's failed delta is superseded by its full sync
   });
 
   // Version 2: b holds 1 again, so both get deltas; a wrong hash is a failed delta too.
@@ -168,7 +188,10 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
   CHECK(receive_version(a).full);
   a->send(pub, ack(2, name_a, true, hash_of(2)));
   b->send(pub, ack(2, name_b, true, hash_of(2)));
-  receive_ready(trainer, [&](msg::VersionReady::Reader r) { CHECK(r.getResyncs() == 1); });
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getResyncs() == 1);
+    CHECK(r.getVerifiedWorkers() == 2); // a's wrong hash is replaced by the right one
+  });
 
   // Version 3: b is lost mid-broadcast; a's ack completes the version.
   trainer->send(pub, snapshot(3));
@@ -179,6 +202,22 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
   receive_ready(trainer, [&](msg::VersionReady::Reader r) {
     CHECK(r.getVersion() == 3);
     CHECK(r.getWorkers() == 1);
+    CHECK(r.getVerifiedWorkers() == 1); // a; the lost b is not counted
   });
-  trainer->send_exit(pub, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a worker lost after acknowledging a version is not counted among the verified ones") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
+  trainer->send(pub, snapshot(0));
+  receive_version(a);
+  receive_version(b);
+  // b holds version 0 with the right hash, then goes; a's acknowledgement completes it.
+  b->send(pub, ack(0, roster[2].name(), true, hash_of(0)));
+  trainer->send(pub, peer_down_atom::value, roster[2], std::string{"killed"});
+  a->send(pub, ack(0, roster[1].name(), true, hash_of(0)));
+  receive_ready(trainer, [&](msg::VersionReady::Reader r) {
+    CHECK(r.getWorkers() == 1);
+    CHECK(r.getVerifiedWorkers() == 1); // b's acknowledgement no longer describes a live worker
+  });
 }

@@ -135,6 +135,41 @@ std::string latest(const std::string& run) {
   return name;
 }
 
+/// Runs `sorl train cfg` and kills it (SIGKILL) as soon as the learner logs the checkpoint of
+/// step 2, which is then complete; returns the run's output.
+std::string kill_after_checkpoint_2(const std::string& cfg) {
+  child_process p{{SORL_BIN, "train", cfg}};
+  auto at = p.wait_for("checkpoint step 2:", 300s);
+  INFO(p.output());
+  REQUIRE(at);
+  p.signal(SIGKILL);
+  CHECK(p.wait_exit(30s) == 128 + SIGKILL);
+  return p.output();
+}
+
+/// How a `sorl train` run stopped by SIGINT ended: the step it stopped after, and its output.
+struct interrupted_run {
+  std::string stopped;
+  std::string output;
+};
+
+/// Runs `sorl train cfg` (a run of `steps` steps), sends SIGINT once step 1 is printed and
+/// waits for the clean stop: exit 130 after the step in progress.
+interrupted_run interrupt_after_first_step(const std::string& cfg, int steps) {
+  auto total = std::to_string(steps);
+  child_process p{{SORL_BIN, "train", cfg}};
+  REQUIRE(p.wait_for("step 1/" + total, 300s));
+  p.signal(SIGINT);
+  auto rc = p.wait_exit(300s);
+  auto out = p.output();
+  INFO(out);
+  REQUIRE(rc == 130);
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex{"stopped by SIGINT on node main after step "
+                                               "(\\d+)/" + total}));
+  return {m[1], out};
+}
+
 } // namespace
 
 TEST_CASE("a few synchronous steps in one process keep every invariant") {
@@ -152,6 +187,7 @@ TEST_CASE("a few synchronous steps in one process keep every invariant") {
     CHECK(field(lines[i], "rollouts") == "16.0"); // every group complete: B × G
     CHECK(field(lines[i], "trained_groups") == "4.0");
     CHECK(field(lines[i], "checksum") == "\"ok\""); // every worker acked the publisher's hash
+    CHECK(field(lines[i], "sync_verified_workers") == "2.0");
   }
   CHECK(p.wait_for("held-out accuracy (before", 1s));
   CHECK(p.wait_for("held-out accuracy (after", 1s));
@@ -166,14 +202,8 @@ TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and gro
                                                "policy = \"sagc\"\ng_min = 2\ng_max = 6\n"));
   std::string saved;
   {
-    child_process p{{SORL_BIN, "train", cfg}};
-    auto at = p.wait_for("checkpoint step 2:", 300s);
-    INFO(p.output());
-    REQUIRE(at);
-    p.signal(SIGKILL); // the checkpoint is complete once the learner logs it
-    CHECK(p.wait_exit(30s) == 128 + SIGKILL);
     std::smatch m;
-    auto out = p.output();
+    auto out = kill_after_checkpoint_2(cfg);
     REQUIRE(std::regex_search(out, m, std::regex{"checkpoint step 2: (weights [0-9a-f]+ "
                                                  "optimizer [0-9a-f]+)"}));
     saved = m[1];
@@ -207,6 +237,71 @@ TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and gro
                                       + number(lines[1], "straggler_event") - 0.1);
   CHECK(number(lines[2], "virtual_queue") == Approx(expected_q).margin(1e-9));
   CHECK(p.wait_for("sagc_controller#0@main: restored from", 1s));
+}
+
+TEST_CASE("a run killed or stopped with Ctrl-C and resumed has the uninterrupted run's weights "
+          "after every step") {
+  // A fresh policy earns no reward here, so the policy-gradient term is zero and, on its
+  // own, the update would not depend on which prompts a step drew: a resume that lost its
+  // prompt cursor, group ids or seeds would still reach the same weights. The KL term to the
+  // reference model does depend on them once weight decay has moved the policy off the
+  // reference (from step 2's update on), and Adam turns its small gradients into full
+  // lr-sized steps, so every step's bf16 weights (model_hash) witness the prompts and
+  // sampled tokens of that step and of every earlier one.
+  //
+  // Every run uses the same seed and two rollout workers. A rollout's tokens come from its
+  // request's own seeded stream and its own logits row (runtime/ml/sampler.hpp, "Batch
+  // independence"), so neither which worker serves it nor what shares its batch changes
+  // them; the learner sees the batch in request-id order. Runs of this config with 1, 2 or 3
+  // workers (max_batch 3) give the same hashes, so the comparison below is exact.
+  auto config = [](const std::string& name) {
+    auto text = small_config(name, 6, one_node, 2);
+    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\nkl_coef = 0.1\n");
+    fs::remove_all(data_dir() / "runs" / name);
+    return write(name + ".toml", text);
+  };
+  std::vector<std::string> uninterrupted;
+  {
+    child_process p{{SORL_BIN, "train", config("resume_ref")}};
+    auto rc = p.wait_exit(600s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    for (const auto& line : jsonl("resume_ref"))
+      uninterrupted.push_back(field(line, "model_hash"));
+    REQUIRE(uninterrupted.size() == 6);
+    // Steps 3..6 moved the weights, so their hashes tell the steps' data apart.
+    for (size_t i = 2; i < uninterrupted.size(); ++i)
+      CHECK(uninterrupted[i] != uninterrupted[i - 1]);
+  }
+  // Resumes run `name` (config `cfg`) from the checkpoint of step `from` and compares every
+  // step's model_hash with the uninterrupted run's.
+  auto resume_and_compare = [&](const std::string& name, const std::string& cfg,
+                                const std::string& from) {
+    child_process p{{SORL_BIN, "train", cfg, "--resume"}};
+    auto rc = p.wait_exit(600s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    CHECK(p.wait_for("resumed step " + from + ":", 1s));
+    auto lines = jsonl(name);
+    REQUIRE(lines.size() == 6);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      INFO(name << ", step " << i + 1);
+      CHECK(field(lines[i], "model_hash") == uninterrupted[i]);
+    }
+  };
+  { // Killed right after the checkpoint of step 2.
+    auto cfg = config("resume_kill");
+    kill_after_checkpoint_2(cfg);
+    // Killed within milliseconds of checkpoint 2; the next one needs two more whole steps.
+    REQUIRE(latest("resume_kill") == step_dir("2"));
+    resume_and_compare("resume_kill", cfg, "2");
+  }
+  { // Stopped by Ctrl-C: the job ends after the step it is in, with a checkpoint of it.
+    auto cfg = config("resume_sigint");
+    auto stopped = interrupt_after_first_step(cfg, 6).stopped;
+    REQUIRE(std::stoi(stopped) < 6); // steps were left to resume
+    resume_and_compare("resume_sigint", cfg, stopped);
+  }
 }
 
 TEST_CASE("a checkpoint whose controller state is corrupt is refused on --resume, naming the key") {
@@ -243,25 +338,20 @@ TEST_CASE("Ctrl-C stops sorl train after its step with a checkpoint, and --resum
   auto cfg = write("sigint.toml", small_config("sigint", 8, one_node)); // checkpoint at the end only
   std::string stopped;
   {
-    child_process p{{SORL_BIN, "train", cfg}};
-    REQUIRE(p.wait_for("step 1/8", 300s));
-    p.signal(SIGINT);
-    auto rc = p.wait_exit(300s);
-    INFO(p.output());
-    REQUIRE(rc == 130);
-    CHECK(p.wait_for("SIGINT: stopping the job cleanly", 1s));
-    auto out = p.output();
+    auto run = interrupt_after_first_step(cfg, 8);
+    stopped = run.stopped;
+    INFO(run.output);
+    CHECK_THAT(run.output, Catch::Contains("SIGINT: stopping the job cleanly"));
     std::smatch m;
-    REQUIRE(std::regex_search(out, m, std::regex{"sorl train: interrupted by SIGINT: stopped by "
-                                                 "SIGINT on node main after step (\\d+)/8; "
-                                                 "checkpoint (\\S+)"}));
-    stopped = m[1];
-    CHECK(fs::path{m[2].str()}.filename() == step_dir(stopped));
+    REQUIRE(std::regex_search(run.output, m,
+                              std::regex{"sorl train: interrupted by SIGINT: stopped by SIGINT "
+                                         "on node main after step " + stopped + "/8; "
+                                         "checkpoint (\\S+)"}));
+    CHECK(fs::path{m[1].str()}.filename() == step_dir(stopped));
     CHECK(latest("sigint") == step_dir(stopped)); // the checkpoint of that step
     CHECK(jsonl("sigint").size() == std::stoul(stopped));  // ... and no step after it
-    CHECK(p.wait_for("continue the run with: " + std::string{SORL_BIN} + " train " + cfg
-                       + " --resume",
-                     1s));
+    CHECK_THAT(run.output, Catch::Contains("continue the run with: " + std::string{SORL_BIN}
+                                           + " train " + cfg + " --resume"));
   }
   child_process p{{SORL_BIN, "train", cfg, "--resume"}};
   auto rc = p.wait_exit(600s);

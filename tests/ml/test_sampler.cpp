@@ -101,8 +101,19 @@ TEST_CASE("top-p 0.8 keeps the smallest set whose mass reaches 0.8 (chi-square)"
   CHECK(chi_square({counts[1], counts[2], counts[3]}, {2.0 / 9, 3.0 / 9, 4.0 / 9}) < chi2_999_df2);
   // top-p 0.6 keeps 0.4 and 0.3 only.
   CHECK(sampling_distribution(known.data(), 4, params(1.0f, 0, 0.6f)).size() == 2);
-  // top-k applies first: top-k 3 then top-p 0.5 of (4, 3, 2)/9 keeps 4/9 and 3/9.
-  CHECK(sampling_distribution(known.data(), 4, params(1.0f, 3, 0.5f)).size() == 2);
+}
+
+TEST_CASE("top-k applies before top-p: top-k 2 then top-p 0.5 keeps only the most probable token",
+          "[sampler]") {
+  // top-k 2 keeps masses (0.4, 0.3), renormalised (4/7, 3/7); 4/7 = 0.571 already reaches 0.5,
+  // so the nucleus is token 3 alone. In the other order top-p 0.5 of the full distribution
+  // needs 0.4 + 0.3 (0.4 < 0.5) and top-k 2 then keeps both: tokens 3 and 2, (4/7, 3/7).
+  const auto dist = sampling_distribution(known.data(), 4, params(1.0, 2, 0.5));
+  REQUIRE(dist.size() == 1);
+  CHECK(dist[0].token == 3);
+  CHECK(dist[0].prob == 1.0);
+  const auto counts = histogram(known, params(1.0, 2, 0.5), 5);
+  CHECK(counts == std::vector<int>{0, 0, 0, draws});
 }
 
 TEST_CASE("top-p 0.8 of probabilities (0.3, 0.1, 0.1, 0.5) keeps tokens 3 and 0 and never draws token 1",

@@ -1,6 +1,7 @@
 // The trainer actor shell with every peer played by the test: a rollout that a worker could not
-// serve still lets the step complete and is counted; a reward failure can stop the job; and the
-// rollout-phase watchdog fails a stalled step with a message naming what is missing.
+// serve still lets the step complete and is counted; the step's checksum reports what the
+// publisher verified; a reward failure can stop the job; and the rollout-phase watchdog fails a
+// stalled step with a message naming what is missing.
 
 #include <catch2/catch.hpp>
 
@@ -129,11 +130,56 @@ envelope trajectory(uint64_t id, float reward,
   });
 }
 
+/// Takes the harness's step from the learner's result to the end of the job: version 1 is
+/// ready as `ready` describes it, every stateful role answers, the checkpoint succeeds.
+/// Returns the step's metrics record, the only one written.
+metrics_record finish_step(trainer_harness& h,
+                           const std::function<void(msg::VersionReady::Builder)>& ready) {
+  auto& self = h.self;
+  self->send(h.trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
+               b.setStep(0);
+               b.setVersion(1);
+               b.setOk(true);
+             }));
+  self->send(h.trainer, build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
+               b.setVersion(1);
+               ready(b);
+             }));
+  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
+  for (auto role : {"sagc_controller", "scheduler"}) {
+    expect<msg::RoleStateQuery>(self, [](msg::RoleStateQuery::Reader q) {
+      CHECK(q.getStep() == 1);
+    });
+    self->send(h.trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+                 b.setStep(1);
+                 b.setRole(role);
+                 b.setState("{}");
+                 b.setOk(true);
+               }));
+  }
+  expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
+    CHECK(r.getStep() == 1);
+  });
+  self->send(h.trainer, build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
+               b.setStep(1);
+               b.setOk(true);
+             }));
+  auto [ok, why] = expect_shutdown(self);
+  INFO(why);
+  CHECK(ok);
+  std::ifstream in{fs::path{h.exp.run.run_dir()} / "metrics.jsonl"};
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  auto rec = parse_metrics_line(line);
+  CHECK_FALSE(std::getline(in, line));
+  return rec;
+}
+
 } // namespace
 
 TEST_CASE("a rollout no worker can serve is counted as failed and the step completes without it") {
   trainer_harness h{"failed_rollout", [](experiment_config&) {}};
-  auto [self, exp, trainer, ids] = std::tie(h.self, h.exp, h.trainer, h.ids);
+  auto [self, trainer, ids] = std::tie(h.self, h.trainer, h.ids);
   REQUIRE(ids == std::vector<uint64_t>{0, 1, 2, 3, 4, 5});
   // Request 1's prompt does not fit the context: the worker answers with a failed rollout.
   for (auto id : ids)
@@ -147,47 +193,34 @@ TEST_CASE("a rollout no worker can serve is counted as failed and the step compl
       trained.push_back(t.getRequestId());
   });
   CHECK(trained == std::vector<uint64_t>{0, 2, 3, 4, 5}); // never trained on
-  self->send(trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
-               b.setStep(0);
-               b.setVersion(1);
-               b.setOk(true);
-             }));
-  self->send(trainer, build_envelope<msg::VersionReady>(
-                        [](msg::VersionReady::Builder b) { b.setVersion(1); }));
-  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
-  for (auto role : {"sagc_controller", "scheduler"}) {
-    expect<msg::RoleStateQuery>(self, [](msg::RoleStateQuery::Reader q) {
-      CHECK(q.getStep() == 1);
-    });
-    self->send(trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
-                 b.setStep(1);
-                 b.setRole(role);
-                 b.setState("{}");
-                 b.setOk(true);
-               }));
-  }
-  expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
-    CHECK(r.getStep() == 1);
+  auto rec = finish_step(h, [](msg::VersionReady::Builder b) {
+    b.setWorkers(2);
+    b.setVerifiedWorkers(2);
   });
-  self->send(trainer, build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
-               b.setStep(1);
-               b.setOk(true);
-             }));
-  auto [ok, why] = expect_shutdown(self);
-  INFO(why);
-  CHECK(ok);
-
-  std::ifstream in{fs::path{exp.run.run_dir()} / "metrics.jsonl"};
-  std::string line;
-  REQUIRE(std::getline(in, line));
-  auto rec = parse_metrics_line(line);
   CHECK(rec.step == 1);
   CHECK(rec.extra.at("failed_rollouts") == 1.0);
   CHECK(rec.extra.at("reward_failures") == 0.0);
   CHECK(rec.extra.at("rollouts") == 6.0);
   CHECK(rec.extra.at("trained_rollouts") == 5.0);
   CHECK(*rec.reward_mean == Approx(3.0 / 5.0)); // rewards 1, 1, 0, 1, 0 of the served ones
-  CHECK_FALSE(std::getline(in, line));
+  CHECK(rec.extra.at("sync_verified_workers") == 2.0);
+  CHECK(rec.extra_text.at("checksum") == "ok");
+}
+
+TEST_CASE("the step's checksum says ok only when the publisher verified every live worker's hash") {
+  trainer_harness h{"checksum", [](experiment_config&) {}};
+  for (auto id : h.ids)
+    h.self->send(h.trainer, trajectory(id, id % 2 == 0 ? 1.0f : 0.0f));
+  expect<msg::TrainBatch>(h.self, [](msg::TrainBatch::Reader) {});
+  auto rec = finish_step(h, [](msg::VersionReady::Builder b) {
+    b.setModelHash(0xabcdef);
+    b.setWorkers(2);
+    b.setVerifiedWorkers(1);
+  });
+  CHECK(rec.extra.at("sync_verified_workers") == 1.0);
+  CHECK(rec.extra_text.at("model_hash") == "0000000000abcdef");
+  CHECK(rec.extra_text.at("checksum") == "unverified: 1 of 2 workers acknowledged "
+                                          "0000000000abcdef");
 }
 
 TEST_CASE("with on_reward_failure = fail a failed reward stops the job naming the rollout") {
