@@ -5,25 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include "runtime/metrics.hpp"
 #include "tests/support/process.hpp"
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-
-namespace {
-
-/// The value of `key` in one metrics.jsonl record, as written (numbers unquoted).
-std::string value_of(const std::string& record, const std::string& key) {
-  std::smatch m;
-  REQUIRE(std::regex_search(record, m, std::regex{"\"" + key + "\":(\"[^\"]*\"|[-0-9.e+]+|NaN)"}));
-  return m[1];
-}
-
-} // namespace
 
 TEST_CASE("a run with the sagc policy trains every step at the G the controller chose") {
   const fs::path dir{SORL_TEST_DATA_DIR};
@@ -60,14 +49,16 @@ actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler"
   INFO(p.output());
   REQUIRE(rc == 0);
   std::ifstream in{run / "metrics.jsonl"};
-  std::vector<std::string> records;
+  std::vector<sorl::metrics_record> records;
   for (std::string line; std::getline(in, line);)
-    records.push_back(line);
+    records.push_back(sorl::parse_metrics_line(line));
   REQUIRE(records.size() == 3);
   for (size_t i = 0; i < records.size(); ++i) {
-    INFO(records[i]);
-    CHECK(value_of(records[i], "group_policy") == "\"sagc\"");
-    const double g = std::stod(value_of(records[i], "G"));
+    const auto& r = records[i];
+    INFO("step " << r.step);
+    CHECK(r.extra_text.at("group_policy") == "sagc");
+    REQUIRE(r.group_size);
+    const double g = static_cast<double>(*r.group_size);
     CHECK(g >= 2);
     CHECK(g <= 4);
     if (i == 0)
@@ -77,15 +68,15 @@ actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler"
     if (i == 1)
       CHECK(g == 4);
     // Every group complete at the chosen G: B × G rollouts trained.
-    CHECK(std::stod(value_of(records[i], "rollouts")) == 4 * g);
-    CHECK(std::stod(value_of(records[i], "utility")) == Approx(1 - 1 / g));
-    CHECK(std::stod(value_of(records[i], "virtual_queue")) >= 0);
+    CHECK(r.extra.at("rollouts") == 4 * g);
+    CHECK(r.extra.at("utility") == Approx(1 - 1 / g));
+    CHECK(r.extra.at("virtual_queue") >= 0);
   }
   // From the second step on the controller has a window, so P(straggler event | G) is
   // estimated and written.
   for (size_t i = 1; i < records.size(); ++i) {
-    INFO(records[i]);
-    const double p_event = std::stod(value_of(records[i], "p_straggler"));
+    INFO("step " << records[i].step);
+    const double p_event = records[i].extra.at("p_straggler");
     CHECK(p_event > 0);
     CHECK(p_event < 1);
   }
