@@ -1,9 +1,11 @@
 // SparseRL-Sync codec bench (ARCHITECTURE.md §6): size and speed of the sparse bf16 delta codec
 // (actors/sync/delta_codec.hpp) against dense bf16, a naive sparse format (int32 index + bf16
-// value), zstd -3 and lz4 on the XOR of old and new bits, and memcpy bandwidth measured in the
-// same run on the same size. Rows: consecutive weight versions of sorl's own learner (AdamW on
-// a synthetic GRPO batch) and a synthetic bf16 tensor. Every row's round trip is checked bit
-// for bit; a mismatch exits 1. Run through bench/sync/sync_codec.sh.
+// value), zstd -3 and lz4 of the step stream the codec codes, of the XOR of old and new bits
+// and of the new bits alone, and memcpy measured in the same run on the same bytes with as
+// many threads as the encode it is compared with. Rows: consecutive weight versions of sorl's
+// own learner (AdamW on a synthetic GRPO batch) and a synthetic bf16 tensor. Every row's round
+// trip is checked bit for bit (a mismatch exits 1); a missed target exits 3 unless
+// --report-only. Run through bench/sync/sync_codec.sh.
 
 #include "actors/learner/learner_core.hpp"
 #include "actors/sync/delta_codec.hpp"
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <thread>
@@ -36,15 +39,11 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-/// Best of `reps` timings of f (seconds).
-double best_of(int reps, const std::function<void()>& f) {
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = clock_type::now();
-    f();
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
+/// Runs f and lowers `best` to its time in seconds if that is shorter.
+void time_into(double& best, const std::function<void()>& f) {
+  const auto t0 = clock_type::now();
+  f();
+  best = std::min(best, seconds_since(t0));
 }
 
 [[noreturn]] void fail(const std::string& what) {
@@ -57,66 +56,139 @@ struct version_pair {
   std::vector<std::vector<uint16_t>> base, next;
 };
 
-/// What one row reports.
+/// What one row reports. Sizes in bytes; times in seconds, each the best of `reps` runs and
+/// summed over the row's version pairs.
 struct row {
   std::string name;
   uint64_t elements = 0, changed = 0;
-  uint64_t dense = 0, naive = 0, ours = 0, zstd = 0, lz4 = 0;
+  uint64_t dense = 0, naive = 0, ours = 0;
+  uint64_t zstd_step = 0, zstd_xor = 0, zstd_new = 0, lz4_step = 0, lz4_xor = 0;
   uint64_t plus_minus_one = 0; ///< changes by exactly ±1 ULP
   uint64_t dense_entries = 0, buckets = 0;
+  double scan_s = 0;      ///< find_changed over every segment, one thread
   double encode_s = 0;    ///< encode_delta with threads = 1
-  double encode_mt_s = 0; ///< encode_delta with threads = 0 (all hardware threads)
-  double apply_s = 0, memcpy_s = 0;
+  double encode_mt_s = 0; ///< encode_delta with threads = the bench's thread count
+  double memcpy_s = 0;    ///< memcpy of the new bits, one thread
+  double memcpy_mt_s = 0; ///< the same memcpy split over the bench's thread count
+  double check_s = 0;     ///< check_delta_bucket of every bucket
+  double apply_checked_s = 0; ///< apply_checked_delta_bucket of every (checked) bucket
+  double apply_s = 0;     ///< apply_delta_bucket (check and write) of every bucket
 };
 
-/// zstd -3 and lz4 of the XOR of old and new bits, in 64 MiB chunks (zstd as one stream, lz4
-/// as independent blocks as its frame format does), so no 2-byte-per-element XOR copy is held.
-void xor_baselines(const version_pair& v, row& r) {
-  constexpr size_t chunk_elems = size_t{32} << 20;
-  std::vector<uint16_t> x(chunk_elems);
+/// One zstd stream at level 3 that counts the compressed bytes it produces.
+class zstd_counter {
+public:
+  zstd_counter() : cctx_(ZSTD_createCCtx()), out_(ZSTD_CStreamOutSize()) {
+    if (cctx_ == nullptr)
+      fail("ZSTD_createCCtx");
+    ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, 3);
+  }
+  ~zstd_counter() { ZSTD_freeCCtx(cctx_); }
+  zstd_counter(const zstd_counter&) = delete;
+  zstd_counter& operator=(const zstd_counter&) = delete;
+
+  void feed(const void* data, size_t bytes) { run(data, bytes, ZSTD_e_continue); }
+  /// Ends the frame; returns the bytes of the whole stream.
+  uint64_t finish() {
+    run(nullptr, 0, ZSTD_e_end);
+    return bytes_;
+  }
+
+private:
+  void run(const void* data, size_t size, ZSTD_EndDirective mode) {
+    ZSTD_inBuffer in{data, size, 0};
+    for (;;) {
+      ZSTD_outBuffer out{out_.data(), out_.size(), 0};
+      const size_t left = ZSTD_compressStream2(cctx_, &out, &in, mode);
+      if (ZSTD_isError(left))
+        fail(ZSTD_getErrorName(left));
+      bytes_ += out.pos;
+      if (mode == ZSTD_e_end ? left == 0 : in.pos == in.size)
+        return;
+    }
+  }
+  ZSTD_CCtx* cctx_;
+  std::vector<char> out_;
+  uint64_t bytes_ = 0;
+};
+
+/// lz4 of `n` elements as one independent block (as lz4's frame format cuts its input).
+uint64_t lz4_bytes(const uint16_t* data, size_t n, std::vector<char>& scratch) {
+  const int l = LZ4_compress_default(reinterpret_cast<const char*>(data), scratch.data(),
+                                     static_cast<int>(n * 2), static_cast<int>(scratch.size()));
+  if (l <= 0)
+    fail("LZ4_compress_default");
+  return static_cast<uint64_t>(l);
+}
+
+/// The general-purpose baselines, each over all tensors of the version pair in order:
+///   step: the dense u16 stream of delta_step(old, new) at every element (0 where unchanged):
+///         exactly the information the codec codes, in the form it codes it;
+///   xor:  old ^ new bits;
+///   new:  the new bf16 bits alone (a compressed full version, no base needed).
+/// zstd -3 runs as one stream per baseline; lz4 compresses independent blocks of at most 64 MiB.
+/// Works in chunks so that no 2-byte-per-element copy of a whole tensor is held.
+void compression_baselines(const version_pair& v, row& r) {
+  size_t largest = 0;
+  for (const auto& t : v.base)
+    largest = std::max(largest, t.size());
+  const size_t chunk_elems = std::max<size_t>(1, std::min(size_t{32} << 20, largest));
+  std::vector<uint16_t> step(chunk_elems), x(chunk_elems);
   std::vector<char> lz(static_cast<size_t>(LZ4_compressBound(static_cast<int>(chunk_elems * 2))));
-  ZSTD_CCtx* cctx = ZSTD_createCCtx();
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
-  std::vector<char> zout(ZSTD_CStreamOutSize());
-  uint64_t zbytes = 0, lbytes = 0;
+  zstd_counter z_step, z_xor, z_new;
+  uint64_t l_step = 0, l_xor = 0;
   for (size_t t = 0; t < v.base.size(); ++t) {
     const auto& a = v.base[t];
     const auto& b = v.next[t];
     for (size_t off = 0; off < a.size(); off += chunk_elems) {
       const size_t n = std::min(chunk_elems, a.size() - off);
-      for (size_t i = 0; i < n; ++i)
+      for (size_t i = 0; i < n; ++i) {
+        step[i] = sync::delta_step(a[off + i], b[off + i]);
         x[i] = static_cast<uint16_t>(a[off + i] ^ b[off + i]);
-      const int l = LZ4_compress_default(reinterpret_cast<const char*>(x.data()), lz.data(),
-                                         static_cast<int>(n * 2), static_cast<int>(lz.size()));
-      if (l <= 0)
-        fail("LZ4_compress_default");
-      lbytes += static_cast<uint64_t>(l);
-      const bool last = t + 1 == v.base.size() && off + n == a.size();
-      ZSTD_inBuffer in{x.data(), n * 2, 0};
-      for (;;) {
-        ZSTD_outBuffer out{zout.data(), zout.size(), 0};
-        const size_t left = ZSTD_compressStream2(cctx, &out, &in, last ? ZSTD_e_end : ZSTD_e_continue);
-        if (ZSTD_isError(left))
-          fail(ZSTD_getErrorName(left));
-        zbytes += out.pos;
-        if (last ? left == 0 : in.pos == in.size)
-          break;
       }
+      l_step += lz4_bytes(step.data(), n, lz);
+      l_xor += lz4_bytes(x.data(), n, lz);
+      z_step.feed(step.data(), n * 2);
+      z_xor.feed(x.data(), n * 2);
+      z_new.feed(b.data() + off, n * 2);
     }
   }
-  if (v.base.empty()) {
-    ZSTD_inBuffer in{nullptr, 0, 0};
-    ZSTD_outBuffer out{zout.data(), zout.size(), 0};
-    ZSTD_compressStream2(cctx, &out, &in, ZSTD_e_end);
-    zbytes += out.pos;
-  }
-  ZSTD_freeCCtx(cctx);
-  r.zstd = zbytes;
-  r.lz4 = lbytes;
+  r.zstd_step += z_step.finish();
+  r.zstd_xor += z_xor.finish();
+  r.zstd_new += z_new.finish();
+  r.lz4_step += l_step;
+  r.lz4_xor += l_xor;
 }
 
-/// Encodes, applies (verified bit for bit) and measures one version pair; adds into `r`.
-void measure(const version_pair& v, int reps, row& r) {
+/// Copies every tensor of `src` into `dst` on `threads` threads (the calling thread one of
+/// them, the others started and joined within the call, as encode_delta does): the elements of
+/// all tensors, taken in order, are split into `threads` contiguous, equal ranges.
+void parallel_copy(std::vector<std::vector<uint16_t>>& dst,
+                   const std::vector<std::vector<uint16_t>>& src, unsigned threads) {
+  uint64_t total = 0;
+  for (const auto& t : src)
+    total += t.size();
+  auto copy_range = [&](uint64_t lo, uint64_t hi) {
+    uint64_t base = 0;
+    for (size_t t = 0; t < src.size() && base < hi; base += src[t].size(), ++t) {
+      const uint64_t a = std::max(lo, base), b = std::min(hi, base + src[t].size());
+      if (a < b)
+        std::memcpy(dst[t].data() + (a - base), src[t].data() + (a - base), (b - a) * 2);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < threads; ++k)
+    pool.emplace_back(copy_range, total * k / threads, total * (k + 1) / threads);
+  copy_range(0, total / threads);
+  for (auto& th : pool)
+    th.join();
+}
+
+/// Encodes, checks, applies (verified bit for bit) and measures one version pair; adds into
+/// `r`. `threads` is the thread count of the multi-threaded encode and memcpy. Each of the `reps`
+/// rounds times every operation once, back to back, and each operation keeps its best round:
+/// on a shared machine an encode and the memcpy it is compared with then see the same load.
+void measure(const version_pair& v, int reps, unsigned threads, row& r) {
   std::vector<sync::delta_source> sources;
   uint64_t elements = 0;
   for (size_t t = 0; t < v.base.size(); ++t) {
@@ -124,67 +196,95 @@ void measure(const version_pair& v, int reps, row& r) {
                        v.base[t].size()});
     elements += v.base[t].size();
   }
+  std::vector<uint32_t> positions(sync::delta_segment_elements);
   sync::delta_stats st;
-  std::vector<std::vector<uint8_t>> buckets;
-  sync::delta_options one;
+  sync::delta_options one, many;
   one.threads = 1;
-  const double enc = best_of(reps, [&] { buckets = sync::encode_delta(1, 2, sources, one, &st); });
-  sync::delta_options all;
-  all.threads = 0;
-  std::vector<std::vector<uint8_t>> buckets_mt;
-  const double enc_mt =
-    best_of(reps, [&] { buckets_mt = sync::encode_delta(1, 2, sources, all, nullptr); });
-  if (buckets_mt != buckets)
-    fail(r.name + ": encoding on all threads differs from one thread");
-  buckets_mt.clear();
-  buckets_mt.shrink_to_fit();
-  // Apply onto copies of the base (copy untimed), then compare bit for bit.
+  many.threads = threads;
+  std::vector<std::vector<uint8_t>> buckets, buckets_mt;
   std::vector<std::vector<uint16_t>> work;
   std::vector<sync::delta_target> targets;
-  double app = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
+  auto reset_work = [&] {
     work = v.base;
     targets.clear();
     for (size_t t = 0; t < work.size(); ++t)
       targets.push_back({static_cast<uint32_t>(t), work[t].data(), work[t].size()});
-    const auto t0 = clock_type::now();
-    for (const auto& b : buckets)
-      if (auto err = sync::apply_delta_bucket(b.data(), b.size(), 1, 2, targets))
-        fail(r.name + ": apply: " + *err);
-    app = std::min(app, seconds_since(t0));
+  };
+  auto verify_work = [&](const char* what) {
     for (size_t t = 0; t < work.size(); ++t)
       if (work[t] != v.next[t])
-        fail(r.name + ": round trip is not bit-exact in tensor " + std::to_string(t));
+        fail(r.name + ": " + what + ": not bit-exact in tensor " + std::to_string(t));
+  };
+  // Applies every bucket onto a fresh copy of the base (copy untimed), then compares bit for bit.
+  auto apply_all = [&](double& best, const char* what, auto&& apply_one) {
+    reset_work();
+    time_into(best, [&] {
+      for (const auto& b : buckets)
+        if (auto err = apply_one(b.data(), b.size(), uint64_t{1}, uint64_t{2}, targets))
+          fail(r.name + ": " + what + ": " + *err);
+    });
+    verify_work(what);
+  };
+  double scan = 1e30, enc = 1e30, mc = 1e30, enc_mt = 1e30, mc_mt = 1e30, chk = 1e30,
+         app_checked = 1e30, app = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    // The encoder's own first pass alone: find_changed over each segment.
+    uint64_t scanned = 0;
+    time_into(scan, [&] {
+      for (const auto& s : sources)
+        for (uint64_t off = 0; off < s.elements; off += sync::delta_segment_elements)
+          scanned += sync::find_changed(s.base + off, s.next + off,
+                                        std::min(sync::delta_segment_elements, s.elements - off),
+                                        positions.data());
+    });
+    time_into(enc, [&] { buckets = sync::encode_delta(1, 2, sources, one, &st); });
+    if (scanned != st.changed)
+      fail(r.name + ": find_changed counts differ from encode_delta's");
+    // memcpy of the same dense bytes in the same tensor sizes, on one thread and on `threads`.
+    reset_work();
+    time_into(mc, [&] {
+      for (size_t t = 0; t < work.size(); ++t)
+        std::memcpy(work[t].data(), v.next[t].data(), v.next[t].size() * 2);
+    });
+    verify_work("memcpy");
+    time_into(enc_mt, [&] { buckets_mt = sync::encode_delta(1, 2, sources, many, nullptr); });
+    if (buckets_mt != buckets)
+      fail(r.name + ": encoding on " + std::to_string(threads) + " threads differs from one thread");
+    reset_work();
+    time_into(mc_mt, [&] { parallel_copy(work, v.next, threads); });
+    verify_work("parallel memcpy");
+    time_into(chk, [&] {
+      for (const auto& b : buckets)
+        if (auto err = sync::check_delta_bucket(b.data(), b.size(), 1, 2, targets))
+          fail(r.name + ": check: " + *err);
+    });
+    apply_all(app_checked, "apply_checked_delta_bucket", sync::apply_checked_delta_bucket);
+    apply_all(app, "apply_delta_bucket", sync::apply_delta_bucket);
   }
-  // memcpy of the same number of dense bytes, in the same tensor sizes.
-  const double mc = best_of(reps, [&] {
-    for (size_t t = 0; t < work.size(); ++t)
-      std::memcpy(work[t].data(), v.next[t].data(), v.next[t].size() * 2);
-  });
-  if (work != v.next)
-    fail("memcpy");
+
   uint64_t pm1 = 0;
   for (size_t t = 0; t < v.base.size(); ++t)
     for (size_t i = 0; i < v.base[t].size(); ++i) {
       const auto s = sync::delta_step(v.base[t][i], v.next[t][i]);
       pm1 += s == 1 || s == 0xFFFF;
     }
-  row x;
-  xor_baselines(v, x);
+  compression_baselines(v, r);
   r.elements += elements;
   r.changed += st.changed;
   r.plus_minus_one += pm1;
   r.dense += st.dense_bytes;
   r.naive += 6 * st.changed;
   r.ours += st.encoded_bytes;
-  r.zstd += x.zstd;
-  r.lz4 += x.lz4;
   r.dense_entries += st.dense_segments;
   r.buckets += st.buckets;
+  r.scan_s += scan;
   r.encode_s += enc;
   r.encode_mt_s += enc_mt;
-  r.apply_s += app;
   r.memcpy_s += mc;
+  r.memcpy_mt_s += mc_mt;
+  r.check_s += chk;
+  r.apply_checked_s += app_checked;
+  r.apply_s += app;
 }
 
 // ---- rows from sorl's learner ----
@@ -232,7 +332,8 @@ std::vector<std::vector<uint16_t>> bf16_bits(const ml::policy_model& model) {
   return out;
 }
 
-row learner_row(const std::string& preset, double lr, int warmup, int steps, int reps) {
+row learner_row(const std::string& preset, double lr, int warmup, int steps, int reps,
+                unsigned threads) {
   ml::policy_model model(ml::preset(preset), /*seed=*/1);
   learner::learner_options o;
   o.lr = lr;
@@ -252,7 +353,7 @@ row learner_row(const std::string& preset, double lr, int warmup, int steps, int
     version_pair v;
     v.base = std::move(prev);
     v.next = bf16_bits(model);
-    measure(v, reps, r);
+    measure(v, reps, threads, r);
     prev = std::move(v.next);
   }
   return r;
@@ -326,60 +427,98 @@ std::string human(uint64_t bytes) {
   return b;
 }
 
-void print_row(const row& r) {
-  const double dense = static_cast<double>(r.dense);
-  auto gbs = [&](double s) { return s > 0 ? dense / s / 1e9 : 0.0; };
-  std::printf("| %-26s | %7.4f%% | %5.1f%% | %10s | %10s | %10s | %10s | %10s | %7.1fx | %5.2f "
-              "| %6.2f | %6.2f | %6.2f | %6.2f |\n",
-              r.name.c_str(), 100.0 * static_cast<double>(r.changed) / static_cast<double>(r.elements),
-              r.changed ? 100.0 * static_cast<double>(r.plus_minus_one) / static_cast<double>(r.changed) : 0.0,
+double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+/// GB/s of a row's dense bytes moved in `s` seconds.
+double gbs(const row& r, double s) { return ratio(static_cast<double>(r.dense), s) / 1e9; }
+
+void print_size_row(const row& r) {
+  const auto ours = static_cast<double>(r.ours);
+  std::printf("| %-26s | %8.4f%% | %5.1f%% | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
+              "%10s | %8.1fx | %7.2fx | %5.2f |\n",
+              r.name.c_str(), 100 * ratio(static_cast<double>(r.changed), static_cast<double>(r.elements)),
+              100 * ratio(static_cast<double>(r.plus_minus_one), static_cast<double>(r.changed)),
               human(r.dense).c_str(), human(r.naive).c_str(), human(r.ours).c_str(),
-              human(r.zstd).c_str(), human(r.lz4).c_str(), dense / static_cast<double>(r.ours),
-              r.changed ? 8.0 * static_cast<double>(r.ours) / static_cast<double>(r.changed) : 0.0,
-              gbs(r.encode_s), gbs(r.encode_mt_s), gbs(r.apply_s), gbs(r.memcpy_s));
-  std::fflush(stdout);
+              human(r.zstd_step).c_str(), human(r.zstd_xor).c_str(), human(r.zstd_new).c_str(),
+              human(r.lz4_step).c_str(), human(r.lz4_xor).c_str(),
+              ratio(static_cast<double>(r.dense), ours), ratio(static_cast<double>(r.zstd_step), ours),
+              8 * ratio(ours, static_cast<double>(r.changed)));
 }
+
+void print_speed_row(const row& r) {
+  std::printf("| %-26s | %7.2f | %7.2f | %7.2f | %6.0f%% | %7.2f | %7.2f | %6.0f%% | %7.2f | "
+              "%7.2f | %7.2f | %9.3f | %9.3f |\n",
+              r.name.c_str(), gbs(r, r.scan_s), gbs(r, r.encode_s), gbs(r, r.memcpy_s),
+              100 * ratio(r.memcpy_s, r.encode_s), gbs(r, r.encode_mt_s), gbs(r, r.memcpy_mt_s),
+              100 * ratio(r.memcpy_mt_s, r.encode_mt_s), gbs(r, r.check_s),
+              gbs(r, r.apply_checked_s), gbs(r, r.apply_s), 1e3 * r.encode_s, 1e3 * r.apply_s);
+}
+
+/// One target, checked on one row.
+struct target {
+  std::string what;
+  double value, threshold;
+  std::string shown;
+};
 
 } // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, report_only = false;
   uint64_t synthetic_elements = uint64_t{1} << 30;
   bool synthetic_set = false, presets_set = false;
   int warmup = 2, steps = 3;
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> presets = {"tiny", "50m"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc)
-        fail("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--quick") {
-      quick = true;
-    } else if (a == "--synthetic-elements") {
-      synthetic_elements = std::stoull(value());
-      synthetic_set = true;
-    } else if (a == "--warmup") {
-      warmup = std::stoi(value());
-    } else if (a == "--steps") {
-      steps = std::stoi(value());
-    } else if (a == "--presets") {
-      presets_set = true;
-      presets.clear();
-      std::string s = value();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        if (q > p && s.substr(p, q - p) != "none")
-          presets.push_back(s.substr(p, q - p));
-        p = q + 1;
+  const char* usage =
+    "usage: sync_codec_bench [--quick] [--report-only] [--threads T] [--synthetic-elements N] "
+    "[--warmup W] [--steps S] [--presets tiny,50m | none]\n";
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "sync_codec_bench: missing value after %s\n%s", a.c_str(), usage);
+          std::exit(2);
+        }
+        return argv[++i];
+      };
+      if (a == "--quick") {
+        quick = true;
+      } else if (a == "--report-only") {
+        report_only = true;
+      } else if (a == "--threads") {
+        const int t = std::stoi(value());
+        if (t < 1) {
+          std::fprintf(stderr, "sync_codec_bench: --threads must be >= 1\n%s", usage);
+          return 2;
+        }
+        threads = static_cast<unsigned>(t);
+      } else if (a == "--synthetic-elements") {
+        synthetic_elements = std::stoull(value());
+        synthetic_set = true;
+      } else if (a == "--warmup") {
+        warmup = std::stoi(value());
+      } else if (a == "--steps") {
+        steps = std::stoi(value());
+      } else if (a == "--presets") {
+        presets_set = true;
+        presets.clear();
+        std::string s = value();
+        for (size_t p = 0; p <= s.size();) {
+          const size_t q = std::min(s.find(',', p), s.size());
+          if (q > p && s.substr(p, q - p) != "none")
+            presets.push_back(s.substr(p, q - p));
+          p = q + 1;
+        }
+      } else {
+        std::fprintf(stderr, "%s", usage);
+        return 2;
       }
-    } else {
-      std::fprintf(stderr,
-                   "usage: sync_codec_bench [--quick] [--synthetic-elements N] [--warmup W] "
-                   "[--steps S] [--presets tiny,50m | none]\n");
-      return 2;
     }
+  } catch (const std::exception& e) { // std::stoi / std::stoull on a bad number
+    std::fprintf(stderr, "sync_codec_bench: bad number (%s)\n%s", e.what(), usage);
+    return 2;
   }
   if (quick) {
     if (!synthetic_set)
@@ -389,45 +528,94 @@ int main(int argc, char** argv) {
     steps = 1;
   }
   at::set_num_threads(2);
-  const int reps = quick ? 2 : 3;
+  const int reps = quick ? 5 : 3;
+  const std::string nt = std::to_string(threads) + "t";
 
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  std::printf("SparseRL-Sync codec (actors/sync/delta_codec.hpp): bytes per version and speed "
-              "(GB/s = dense bf16 bytes / time; best of %d).\n",
-              reps);
-  std::printf("enc 1t = encode_delta with threads = 1; enc %ut = threads = 0 (all %u hardware "
-              "threads, bytes checked equal to 1t); apply and memcpy: single thread.\n",
-              hw, hw);
+  std::printf("SparseRL-Sync codec (actors/sync/delta_codec.hpp): bytes per version and speed.\n");
   std::printf("learner rows: sorl learner_core, AdamW (wd 0.01), GRPO batch of 2 groups x 4 "
               "synthetic samples per step, bf16 cast of the fp32 master weights before and after "
-              "each step, %d warm-up steps, sums over %d measured steps.\n",
+              "each step, %d warm-up steps, sums over %d measured steps; lr 2e-04 is the lr of "
+              "the shipped configs.\n",
               warmup, steps);
   std::printf("synthetic rows: %llu bf16 elements, random sign, exponent 117..124, random "
               "mantissa; changes at uniformly random positions (geometric gaps), 96%% by +/-1 ULP "
-              "(equally likely), 4%% to a uniformly random other pattern; splitmix64 seed 1.\n",
+              "(equally likely), 4%% to a uniformly random other pattern; splitmix64 seed 1.\n\n",
               static_cast<unsigned long long>(synthetic_elements));
-  std::printf("naive = int32 index + bf16 value (6 B per change); zstd -3 and lz4 compress the "
-              "XOR of old and new bits; bits/chg = ours x 8 / changed.\n\n");
-  const std::string enc_mt = "enc " + std::to_string(hw) + "t";
-  std::printf("| %-26s | %8s | %6s | %10s | %10s | %10s | %10s | %10s | %8s | %5s | %6s | %6s "
-              "| %6s | %6s |\n",
-              "version pair", "changed", "+-1", "dense", "naive", "ours", "zstd-3 xor",
-              "lz4 xor", "dense/us", "b/chg", "enc 1t", enc_mt.c_str(), "apply", "memcpy");
-  std::printf("|%s|\n", std::string(190, '-').c_str());
 
+  std::vector<row> rows;
   for (const auto& preset : presets)
-    for (double lr : {1e-6, 1e-5})
-      print_row(learner_row(preset, lr, warmup, steps, reps));
+    for (double lr : {1e-6, 1e-5, 2e-4})
+      rows.push_back(learner_row(preset, lr, warmup, steps, reps, threads));
   for (double fraction : {0.001, 0.01, 0.05}) {
     row r;
     char name[64];
     std::snprintf(name, sizeof name, "synthetic %.1f%%", 100 * fraction);
     r.name = name;
-    measure(synthetic(synthetic_elements, fraction, 1), reps, r);
-    print_row(r);
+    measure(synthetic(synthetic_elements, fraction, 1), reps, threads, r);
+    rows.push_back(std::move(r));
   }
-  std::printf("\ntargets: dense/ours >= 150x at ~1%% changed; encode (enc %ut) >= 50%% of "
-              "single-thread memcpy GB/s. Every row's round trip was verified bit for bit.\n",
-              hw);
+
+  std::printf("Bytes per version. naive = int32 index + bf16 value (6 B per change). zstd -3 "
+              "and lz4 of: step = the u16 step (new - old) mod 2^16 at every element, the input "
+              "the codec codes; xor = old ^ new bits; new = the new bf16 bits alone (a "
+              "compressed full version). zstd/us = zstd step / ours; b/chg = ours x 8 / "
+              "changed.\n");
+  std::printf("| %-26s | %9s | %6s | %10s | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
+              "%9s | %8s | %5s |\n",
+              "version pair", "changed", "+-1", "dense", "naive", "ours", "zstd step",
+              "zstd xor", "zstd new", "lz4 step", "lz4 xor", "dense/us", "zstd/us", "b/chg");
+  std::printf("|%s|\n", std::string(190, '-').c_str());
+  for (const auto& r : rows)
+    print_size_row(r);
+
+  std::printf("\nSpeed in GB/s = dense bf16 bytes / time, best of %d rounds that "
+              "each time every operation once, back to back (learner rows: summed over their "
+              "steps). 1t = one thread; %s = %u threads (encode_delta with "
+              "delta_options::threads = %u, bytes checked equal to 1t; memcpy split into %u "
+              "equal ranges, threads started per call as encode_delta does). scan = "
+              "find_changed alone (the encoder's first pass); enc/mc = encode speed as a share "
+              "of memcpy's on as many threads; check = check_delta_bucket, apply chk = "
+              "apply_checked_delta_bucket, apply = apply_delta_bucket (both), one thread. "
+              "Every round trip is verified bit for bit.\n",
+              reps, nt.c_str(), threads, threads, threads);
+  const std::string enc_nt = "enc " + nt, mc_nt = "mc " + nt;
+  std::printf("| %-26s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %9s | "
+              "%9s |\n",
+              "version pair", "scan 1t", "enc 1t", "mc 1t", "enc/mc", enc_nt.c_str(),
+              mc_nt.c_str(), "enc/mc", "check", "apply c", "apply", "enc 1t ms", "apply ms");
+  std::printf("|%s|\n", std::string(144, '-').c_str());
+  for (const auto& r : rows)
+    print_speed_row(r);
+
+  // Targets, on the synthetic 1 % row (the change fraction they are set for).
+  const row& one = rows[rows.size() - 2];
+  char buf[160];
+  std::vector<target> targets;
+  std::snprintf(buf, sizeof buf, "%.1fx", ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)));
+  targets.push_back({"dense/ours >= 150x", ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)), 150, buf});
+  std::snprintf(buf, sizeof buf, "%.0f%% (%.2f / %.2f GB/s)", 100 * ratio(one.memcpy_s, one.encode_s),
+                gbs(one, one.encode_s), gbs(one, one.memcpy_s));
+  targets.push_back({"enc 1t >= 50% of memcpy 1t", ratio(one.memcpy_s, one.encode_s), 0.5, buf});
+  if (threads > 1) {
+    std::snprintf(buf, sizeof buf, "%.0f%% (%.2f / %.2f GB/s)",
+                  100 * ratio(one.memcpy_mt_s, one.encode_mt_s), gbs(one, one.encode_mt_s),
+                  gbs(one, one.memcpy_mt_s));
+    targets.push_back({"enc " + nt + " >= 50% of memcpy " + nt,
+                       ratio(one.memcpy_mt_s, one.encode_mt_s), 0.5, buf});
+  }
+  int missed = 0;
+  std::printf("\ntargets (on the %s row):\n", one.name.c_str());
+  for (const auto& t : targets) {
+    const bool pass = t.value >= t.threshold;
+    missed += !pass;
+    std::printf("  %-4s %-30s %s\n", pass ? "PASS" : "FAIL", t.what.c_str(), t.shown.c_str());
+  }
+  std::fflush(stdout);
+  if (missed > 0) {
+    std::fprintf(stderr, "sync_codec_bench: %d of %zu targets missed%s\n", missed,
+                 targets.size(), report_only ? " (--report-only: exit 0)" : "");
+    if (!report_only)
+      return 3;
+  }
   return 0;
 }
