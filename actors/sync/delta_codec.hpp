@@ -6,8 +6,8 @@
 // exact integer step between old and new bit patterns. A worker holding `base_version` applies
 // the buckets in place and ends bit-identical to `version`.
 //
-// Codes (measured on uniform random positions, 96 % ±1 ULP steps, 4 % uniform random other
-// patterns; bench/sync/sync_codec.sh prints the full table):
+// Codes (sizes measured on uniform random positions, 96 % ±1 ULP steps, 4 % uniform random
+// other patterns: the synthetic rows of bench/sync/sync_codec.sh, which prints the full tables):
 //   positions: gap coding with one Rice parameter per entry, chosen by exact cost. At 1 %
 //              changed the gaps are geometric with mean 99; the best k is 6 and costs
 //              7 + 0.99^64 / (1 − 0.99^64) = 8.11 bits per change against the entropy
@@ -21,16 +21,28 @@
 //              0.48 + 0.96 + 0.04 × 19 = 2.2 bits per change. The entropy of this step stream
 //              is 1.84 bits, so an arithmetic / rANS stage could save at most ~0.36 bits
 //              (3.5 %, 155× → 160×) and would make the stream sequential to produce; not done.
-//   measured:  10.33 bits per change at 1 % changed, 155× smaller than dense (16 bits per
-//              element); 14.0 bits at 0.1 % (1150×), 8.0 bits at 5 % (40×). Entry and bucket
-//              headers add < 0.1 %. Real AdamW versions of sorl's learner carry more non-±1
-//              steps (11–18 %) and cost 6.8–9.7 bits per change.
-//   speed:     single thread, 2^30 elements, 1 % changed: encode 3.6 GB/s (dense bytes / time),
-//              apply 9.8 GB/s, memcpy 12.1 GB/s in the same run. Streaming both arrays alone
-//              runs at ~65 % of memcpy; the rest of encode is ~20 ns per change (cost pass +
-//              bit writer). At 52 % changed with AdamW-like steps (mostly ±1..±8 ULP, 6.4 bits
-//              per change), 822k elements: encode ~12 ms, check_delta_bucket ~5.4 ms,
-//              apply_checked_delta_bucket ~6.6 ms (apply_delta_bucket = both, ~12 ms).
+//   measured:  (bytes table; default 2^30 elements, --quick's 2^24 agree within 0.06 bits)
+//              10.33 bits per change at 1 % changed, 155× smaller than dense (16 bits per
+//              element); 14.0 bits at 0.1 % (~1150×), 8.0 bits at 5 % (40×). Entry records
+//              (40 bytes per 2^20-element segment) are 0.03 bits of that at 1 %, 0.3 at
+//              0.1 %. zstd -3 of the same step stream (a u16 per element) is 2.3–2.9× larger,
+//              of the XOR of old and new bits 2.3–2.5×. Real AdamW versions of sorl's learner
+//              (learner rows, tiny and 50m) at lr 1e-6 and 1e-5 carry more non-±1 steps
+//              (11–18 %) and cost 6.6–9.7 bits per change (16–84× smaller than dense); at the
+//              shipped configs' lr 2e-4, 75–79 % of the elements change by mostly larger steps
+//              (43–47 % ±1), 5.6–5.8 bits per change, 3.5–3.8× smaller than dense and 1.2× smaller
+//              than zstd -3 of the step stream.
+//   speed:     the bench's speed table gives, per row and in the same rounds, the scan alone
+//              (find_changed), encode and memcpy on one thread and on all hardware threads,
+//              check_delta_bucket, apply_checked_delta_bucket and apply_delta_bucket (both).
+//              Its numbers follow the machine and its load. On 2 cores shared with other builds
+//              (load average ~10) they scatter by 2× between runs: at 1 % changed on one
+//              thread, encode 2.5–5.4 GB/s (dense bytes / time) against memcpy 2.8–12 GB/s. In
+//              the runs where memcpy reached 10–12 GB/s, encode was 33–37 % of it, short of the
+//              bench's 50 % target; the scan alone runs near memcpy speed and the rest of
+//              encode is ~30 ns per change (cost pass + bit writer). At
+//              75–79 % changed (tiny preset, lr 2e-4, 822k elements) encode takes 19–45 ms per
+//              version, apply_delta_bucket 13–26 ms, check_delta_bucket alone 5–13 ms.
 //              With delta_options::threads > 1 the scan and planning of the segments run on
 //              several threads and only the bucket placement stays on the calling thread.
 //   dense:     an entry falls back to raw new bits when that is smaller: with ±1 steps never

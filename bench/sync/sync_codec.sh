@@ -15,7 +15,8 @@
 # memcpy on one thread and on T threads), printing PASS or FAIL for each.
 # Exit: 0 all targets met; 3 a target missed (0 with --report-only); 1 a round trip not bit
 # for bit; 2 bad arguments. --quick: tiny preset and 2^24 synthetic elements, under a minute on
-# an idle machine. Timings on a loaded machine are low and noisy: compare only rows of one run.
+# an idle machine. Timings on a loaded machine are low and noisy (the bench says so when the
+# load average exceeds the hardware threads): compare only rows of one run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 me=bench/sync/sync_codec.sh

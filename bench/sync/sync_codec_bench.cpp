@@ -60,19 +60,20 @@ struct version_pair {
 /// summed over the row's version pairs.
 struct row {
   std::string name;
+  uint64_t versions = 0; ///< version pairs measured
   uint64_t elements = 0, changed = 0;
   uint64_t dense = 0, naive = 0, ours = 0;
   uint64_t zstd_step = 0, zstd_xor = 0, zstd_new = 0, lz4_step = 0, lz4_xor = 0;
   uint64_t plus_minus_one = 0; ///< changes by exactly ±1 ULP
   uint64_t dense_entries = 0, buckets = 0;
-  double scan_s = 0;      ///< find_changed over every segment, one thread
-  double encode_s = 0;    ///< encode_delta with threads = 1
-  double encode_mt_s = 0; ///< encode_delta with threads = the bench's thread count
-  double memcpy_s = 0;    ///< memcpy of the new bits, one thread
-  double memcpy_mt_s = 0; ///< the same memcpy split over the bench's thread count
-  double check_s = 0;     ///< check_delta_bucket of every bucket
+  double scan_s = 0;          ///< find_changed over every segment, one thread
+  double encode_s = 0;        ///< encode_delta with threads = 1
+  double encode_mt_s = 0;     ///< encode_delta with threads = the bench's thread count
+  double memcpy_s = 0;        ///< memcpy of the new bits, one thread
+  double memcpy_mt_s = 0;     ///< the same memcpy split over the bench's thread count
+  double check_s = 0;         ///< check_delta_bucket of every bucket
   double apply_checked_s = 0; ///< apply_checked_delta_bucket of every (checked) bucket
-  double apply_s = 0;     ///< apply_delta_bucket (check and write) of every bucket
+  double apply_s = 0;         ///< apply_delta_bucket (check and write) of every bucket
 };
 
 /// One zstd stream at level 3 that counts the compressed bytes it produces.
@@ -83,11 +84,15 @@ public:
       fail("ZSTD_createCCtx");
     ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, 3);
   }
-  ~zstd_counter() { ZSTD_freeCCtx(cctx_); }
+  ~zstd_counter() {
+    ZSTD_freeCCtx(cctx_);
+  }
   zstd_counter(const zstd_counter&) = delete;
   zstd_counter& operator=(const zstd_counter&) = delete;
 
-  void feed(const void* data, size_t bytes) { run(data, bytes, ZSTD_e_continue); }
+  void feed(const void* data, size_t bytes) {
+    run(data, bytes, ZSTD_e_continue);
+  }
   /// Ends the frame; returns the bytes of the whole stream.
   uint64_t finish() {
     run(nullptr, 0, ZSTD_e_end);
@@ -192,8 +197,8 @@ void measure(const version_pair& v, int reps, unsigned threads, row& r) {
   std::vector<sync::delta_source> sources;
   uint64_t elements = 0;
   for (size_t t = 0; t < v.base.size(); ++t) {
-    sources.push_back({static_cast<uint32_t>(t), v.base[t].data(), v.next[t].data(),
-                       v.base[t].size()});
+    sources.push_back(
+      {static_cast<uint32_t>(t), v.base[t].data(), v.next[t].data(), v.base[t].size()});
     elements += v.base[t].size();
   }
   std::vector<uint32_t> positions(sync::delta_segment_elements);
@@ -249,7 +254,8 @@ void measure(const version_pair& v, int reps, unsigned threads, row& r) {
     verify_work("memcpy");
     time_into(enc_mt, [&] { buckets_mt = sync::encode_delta(1, 2, sources, many, nullptr); });
     if (buckets_mt != buckets)
-      fail(r.name + ": encoding on " + std::to_string(threads) + " threads differs from one thread");
+      fail(r.name + ": encoding on " + std::to_string(threads) +
+           " threads differs from one thread");
     reset_work();
     time_into(mc_mt, [&] { parallel_copy(work, v.next, threads); });
     verify_work("parallel memcpy");
@@ -269,6 +275,7 @@ void measure(const version_pair& v, int reps, unsigned threads, row& r) {
       pm1 += s == 1 || s == 0xFFFF;
     }
   compression_baselines(v, r);
+  r.versions += 1;
   r.elements += elements;
   r.changed += st.changed;
   r.plus_minus_one += pm1;
@@ -387,7 +394,8 @@ version_pair synthetic(uint64_t n, double fraction, uint64_t seed) {
     uint64_t r = rng();
     for (uint64_t j = i; j < std::min(n, i + 4); ++j, r >>= 16) {
       const auto x = static_cast<uint16_t>(r);
-      base[j] = static_cast<uint16_t>((x & 0x8000u) | ((117u + ((x >> 7) & 7u)) << 7) | (x & 0x7Fu));
+      base[j] =
+        static_cast<uint16_t>((x & 0x8000u) | ((117u + ((x >> 7) & 7u)) << 7) | (x & 0x7Fu));
     }
   }
   v.next = v.base;
@@ -427,22 +435,26 @@ std::string human(uint64_t bytes) {
   return b;
 }
 
-double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+double ratio(double a, double b) {
+  return b > 0 ? a / b : 0.0;
+}
 
 /// GB/s of a row's dense bytes moved in `s` seconds.
-double gbs(const row& r, double s) { return ratio(static_cast<double>(r.dense), s) / 1e9; }
+double gbs(const row& r, double s) {
+  return ratio(static_cast<double>(r.dense), s) / 1e9;
+}
 
 void print_size_row(const row& r) {
   const auto ours = static_cast<double>(r.ours);
-  std::printf("| %-26s | %8.4f%% | %5.1f%% | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
-              "%10s | %8.1fx | %7.2fx | %5.2f |\n",
-              r.name.c_str(), 100 * ratio(static_cast<double>(r.changed), static_cast<double>(r.elements)),
-              100 * ratio(static_cast<double>(r.plus_minus_one), static_cast<double>(r.changed)),
-              human(r.dense).c_str(), human(r.naive).c_str(), human(r.ours).c_str(),
-              human(r.zstd_step).c_str(), human(r.zstd_xor).c_str(), human(r.zstd_new).c_str(),
-              human(r.lz4_step).c_str(), human(r.lz4_xor).c_str(),
-              ratio(static_cast<double>(r.dense), ours), ratio(static_cast<double>(r.zstd_step), ours),
-              8 * ratio(ours, static_cast<double>(r.changed)));
+  std::printf(
+    "| %-26s | %8.4f%% | %5.1f%% | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
+    "%10s | %8.1fx | %7.2fx | %5.2f |\n",
+    r.name.c_str(), 100 * ratio(static_cast<double>(r.changed), static_cast<double>(r.elements)),
+    100 * ratio(static_cast<double>(r.plus_minus_one), static_cast<double>(r.changed)),
+    human(r.dense).c_str(), human(r.naive).c_str(), human(r.ours).c_str(),
+    human(r.zstd_step).c_str(), human(r.zstd_xor).c_str(), human(r.zstd_new).c_str(),
+    human(r.lz4_step).c_str(), human(r.lz4_xor).c_str(), ratio(static_cast<double>(r.dense), ours),
+    ratio(static_cast<double>(r.zstd_step), ours), 8 * ratio(ours, static_cast<double>(r.changed)));
 }
 
 void print_speed_row(const row& r) {
@@ -451,7 +463,20 @@ void print_speed_row(const row& r) {
               r.name.c_str(), gbs(r, r.scan_s), gbs(r, r.encode_s), gbs(r, r.memcpy_s),
               100 * ratio(r.memcpy_s, r.encode_s), gbs(r, r.encode_mt_s), gbs(r, r.memcpy_mt_s),
               100 * ratio(r.memcpy_mt_s, r.encode_mt_s), gbs(r, r.check_s),
-              gbs(r, r.apply_checked_s), gbs(r, r.apply_s), 1e3 * r.encode_s, 1e3 * r.apply_s);
+              gbs(r, r.apply_checked_s), gbs(r, r.apply_s),
+              1e3 * ratio(r.encode_s, static_cast<double>(r.versions)),
+              1e3 * ratio(r.apply_s, static_cast<double>(r.versions)));
+}
+
+/// The 1-minute load average from /proc/loadavg, or a negative value where there is none.
+double load_average() {
+  double load = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1)
+      load = -1;
+    std::fclose(f);
+  }
+  return load;
 }
 
 /// One target, checked on one row.
@@ -542,17 +567,24 @@ int main(int argc, char** argv) {
               "(equally likely), 4%% to a uniformly random other pattern; splitmix64 seed 1.\n\n",
               static_cast<unsigned long long>(synthetic_elements));
 
+  // The tables print once every row is measured; progress goes to stderr meanwhile.
+  const auto started = clock_type::now();
   std::vector<row> rows;
+  auto measured = [&](row r) {
+    std::fprintf(stderr, "sync_codec_bench: %s measured (%.0f s)\n", r.name.c_str(),
+                 seconds_since(started));
+    rows.push_back(std::move(r));
+  };
   for (const auto& preset : presets)
     for (double lr : {1e-6, 1e-5, 2e-4})
-      rows.push_back(learner_row(preset, lr, warmup, steps, reps, threads));
+      measured(learner_row(preset, lr, warmup, steps, reps, threads));
   for (double fraction : {0.001, 0.01, 0.05}) {
     row r;
     char name[64];
     std::snprintf(name, sizeof name, "synthetic %.1f%%", 100 * fraction);
     r.name = name;
     measure(synthetic(synthetic_elements, fraction, 1), reps, threads, r);
-    rows.push_back(std::move(r));
+    measured(std::move(r));
   }
 
   std::printf("Bytes per version. naive = int32 index + bf16 value (6 B per change). zstd -3 "
@@ -562,8 +594,8 @@ int main(int argc, char** argv) {
               "changed.\n");
   std::printf("| %-26s | %9s | %6s | %10s | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
               "%9s | %8s | %5s |\n",
-              "version pair", "changed", "+-1", "dense", "naive", "ours", "zstd step",
-              "zstd xor", "zstd new", "lz4 step", "lz4 xor", "dense/us", "zstd/us", "b/chg");
+              "version pair", "changed", "+-1", "dense", "naive", "ours", "zstd step", "zstd xor",
+              "zstd new", "lz4 step", "lz4 xor", "dense/us", "zstd/us", "b/chg");
   std::printf("|%s|\n", std::string(190, '-').c_str());
   for (const auto& r : rows)
     print_size_row(r);
@@ -575,14 +607,14 @@ int main(int argc, char** argv) {
               "equal ranges, threads started per call as encode_delta does). scan = "
               "find_changed alone (the encoder's first pass); enc/mc = encode speed as a share "
               "of memcpy's on as many threads; check = check_delta_bucket, apply chk = "
-              "apply_checked_delta_bucket, apply = apply_delta_bucket (both), one thread. "
-              "Every round trip is verified bit for bit.\n",
+              "apply_checked_delta_bucket, apply = apply_delta_bucket (both), one thread; "
+              "ms = per version. Every round trip is verified bit for bit.\n",
               reps, nt.c_str(), threads, threads, threads);
   const std::string enc_nt = "enc " + nt, mc_nt = "mc " + nt;
   std::printf("| %-26s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %9s | "
               "%9s |\n",
-              "version pair", "scan 1t", "enc 1t", "mc 1t", "enc/mc", enc_nt.c_str(),
-              mc_nt.c_str(), "enc/mc", "check", "apply c", "apply", "enc 1t ms", "apply ms");
+              "version pair", "scan 1t", "enc 1t", "mc 1t", "enc/mc", enc_nt.c_str(), mc_nt.c_str(),
+              "enc/mc", "check", "apply c", "apply", "enc 1t ms", "apply ms");
   std::printf("|%s|\n", std::string(144, '-').c_str());
   for (const auto& r : rows)
     print_speed_row(r);
@@ -591,20 +623,31 @@ int main(int argc, char** argv) {
   const row& one = rows[rows.size() - 2];
   char buf[160];
   std::vector<target> targets;
-  std::snprintf(buf, sizeof buf, "%.1fx", ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)));
-  targets.push_back({"dense/ours >= 150x", ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)), 150, buf});
-  std::snprintf(buf, sizeof buf, "%.0f%% (%.2f / %.2f GB/s)", 100 * ratio(one.memcpy_s, one.encode_s),
-                gbs(one, one.encode_s), gbs(one, one.memcpy_s));
+  std::snprintf(buf, sizeof buf, "%.1fx",
+                ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)));
+  targets.push_back({"dense/ours >= 150x",
+                     ratio(static_cast<double>(one.dense), static_cast<double>(one.ours)), 150,
+                     buf});
+  std::snprintf(buf, sizeof buf, "%.0f%% (%.2f / %.2f GB/s)",
+                100 * ratio(one.memcpy_s, one.encode_s), gbs(one, one.encode_s),
+                gbs(one, one.memcpy_s));
   targets.push_back({"enc 1t >= 50% of memcpy 1t", ratio(one.memcpy_s, one.encode_s), 0.5, buf});
   if (threads > 1) {
     std::snprintf(buf, sizeof buf, "%.0f%% (%.2f / %.2f GB/s)",
                   100 * ratio(one.memcpy_mt_s, one.encode_mt_s), gbs(one, one.encode_mt_s),
                   gbs(one, one.memcpy_mt_s));
-    targets.push_back({"enc " + nt + " >= 50% of memcpy " + nt,
-                       ratio(one.memcpy_mt_s, one.encode_mt_s), 0.5, buf});
+    targets.push_back(
+      {"enc " + nt + " >= 50% of memcpy " + nt, ratio(one.memcpy_mt_s, one.encode_mt_s), 0.5, buf});
   }
   int missed = 0;
   std::printf("\ntargets (on the %s row):\n", one.name.c_str());
+  // Other work on the machine slows memcpy and encode by different, varying amounts.
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const double load = load_average();
+  if (load > hw)
+    std::printf("  note: load average %.1f on %u hardware threads at the end of the run: the "
+                "speed targets' verdicts are unreliable; rerun on an idle machine.\n",
+                load, hw);
   for (const auto& t : targets) {
     const bool pass = t.value >= t.threshold;
     missed += !pass;
@@ -612,8 +655,8 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   if (missed > 0) {
-    std::fprintf(stderr, "sync_codec_bench: %d of %zu targets missed%s\n", missed,
-                 targets.size(), report_only ? " (--report-only: exit 0)" : "");
+    std::fprintf(stderr, "sync_codec_bench: %d of %zu targets missed%s\n", missed, targets.size(),
+                 report_only ? " (--report-only: exit 0)" : "");
     if (!report_only)
       return 3;
   }
