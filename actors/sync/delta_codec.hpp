@@ -38,11 +38,11 @@
 //              Its numbers follow the machine and its load. On 2 cores shared with other builds
 //              (load average ~10) they scatter by 2× between runs: at 1 % changed on one
 //              thread, encode 2.5–5.4 GB/s (dense bytes / time) against memcpy 2.8–12 GB/s. In
-//              the runs where memcpy reached 10–12 GB/s, encode was 33–37 % of it, short of the
+//              the runs where memcpy reached 10–12 GB/s, encode was 24–37 % of it, short of the
 //              bench's 50 % target; the scan alone runs near memcpy speed and the rest of
-//              encode is ~30 ns per change (cost pass + bit writer). At
-//              75–79 % changed (tiny preset, lr 2e-4, 822k elements) encode takes 19–45 ms per
-//              version, apply_delta_bucket 13–26 ms, check_delta_bucket alone 5–13 ms.
+//              encode is ~30 ns per change (cost pass + bit writer). At 75–79 % changed (tiny
+//              preset, lr 2e-4, 822k elements) encode takes 19–45 ms per version,
+//              apply_delta_bucket 13–26 ms, check_delta_bucket alone 5–13 ms.
 //              With delta_options::threads > 1 the scan and planning of the segments run on
 //              several threads and only the bucket placement stays on the calling thread.
 //   dense:     an entry falls back to raw new bits when that is smaller: with ±1 steps never
