@@ -18,6 +18,15 @@ source "$root/scripts/lib/need.sh"
 need_python_modules /usr/bin/python3 torch:python3-torch numpy:python3-numpy
 build=${BUILD_DIR:-$root/build}
 build_target "$build" decode_bench -DSORL_ONLY_ML=ON -DSORL_BUILD_TESTS=OFF
+# The thread count applies to OpenBLAS too (libtorch's at::linear and F.linear call it, and
+# it starts its own threads, one per core, unless told), so that no implementation gets more
+# cores than --threads says.
+threads=2
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  if [[ ${args[i]} == --threads && $((i + 1)) -lt ${#args[@]} ]]; then threads=${args[i + 1]}; fi
+done
+export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$build/bench/decode_bench" --json "$tmp/sorl.jsonl" --dump "$tmp" "$@"

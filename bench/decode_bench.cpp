@@ -1,11 +1,12 @@
 // Decode throughput of sorl's generator (paged KV cache, continuous batching, per-sample
 // sampling) for the model presets at several batch sizes, next to the same decode loop on
 // reference_llama (bench/decode_parity.hpp: dense preallocated KV cache, driven from C++ with
-// no interpreter in the loop), the strong baseline. Each configuration runs --repeats times,
-// sorl and the baseline alternating so that load from other processes hits both alike; one
-// JSON line per configuration carries every run's tokens/s. bench/decode_reference.py runs
-// the same configurations through an eager PyTorch loop and prints the three side by side as
-// median and min-max (bench/decode.sh does all of it in one command).
+// no interpreter in the loop), the strong baseline, once with at::linear and once with
+// sorl's oneDNN routing (which GEMM wins depends on the BLAS and threads). Each configuration
+// runs --repeats times, the three alternating so that load from other processes hits all
+// alike; one JSON line per configuration carries every run's tokens/s.
+// bench/decode_reference.py runs the same configurations through an eager PyTorch loop and
+// prints them side by side as median and min-max (bench/decode.sh does all of it).
 //
 // With --dump DIR it also writes the parity fixture of the tiny preset: weights, a batch of
 // token ids, sorl's logits (full and cached paths) and the baseline's, for the Python
@@ -180,12 +181,6 @@ std::string json_list(const std::vector<double>& v) {
   return out + "]";
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void write_raw(const std::string& path, const at::Tensor& t) {
   const at::Tensor c = t.detach().to(at::kCPU).contiguous();
   std::ofstream f(path, std::ios::binary);
@@ -251,30 +246,35 @@ int main(int argc, char** argv) try {
     const model_dims d = preset(name);
     policy_model m(d, 0, 0.02);
     m.set_decode_gemm(o.gemm == "aten" ? decode_gemm::aten : decode_gemm::automatic);
-    const reference_llama ref(d, m.parameters(), o.gemm == "auto");
+    reference_llama ref(d, m.parameters());
     run_sorl(m, 1, o.prompt, 4);  // warm up allocator and thread pool
     run_reference(ref, d.vocab, 1, o.prompt, 4);
     for (const std::int64_t b : o.batches) {
       const std::int64_t new_tokens =
           name == "tiny" ? o.new_tiny : std::min(o.new_50m, std::max<std::int64_t>(8, 256 / b));
-      std::vector<double> sorl_runs, ref_runs;
+      std::vector<double> sorl_runs, ref_runs, ref_onednn_runs;
+      double load = -1.0;  // 1-minute load average when the runs start: other work skews them
+      if (getloadavg(&load, 1) != 1) load = -1.0;
       for (std::int64_t k = 0; k < o.repeats; ++k) {
         sorl_runs.push_back(run_sorl(m, b, o.prompt, new_tokens));
+        ref.use_onednn(false);
         ref_runs.push_back(run_reference(ref, d.vocab, b, o.prompt, new_tokens));
+        ref.use_onednn(true);
+        ref_onednn_runs.push_back(run_reference(ref, d.vocab, b, o.prompt, new_tokens));
       }
       std::fprintf(json,
                    "{\"preset\":\"%s\",\"vocab\":%lld,\"d_model\":%lld,\"n_layers\":%lld,"
                    "\"n_heads\":%lld,\"n_kv_heads\":%lld,\"d_ff\":%lld,\"rope_theta\":%g,\"norm_eps\":%g,"
                    "\"params\":%lld,\"batch\":%lld,\"prompt\":%lld,\"new_tokens\":%lld,\"threads\":%d,\"gemm\":\"%s\","
                    "\"repeats\":%lld,\"sorl_tokens_per_s\":%s,\"libtorch_tokens_per_s\":%s,"
-                   "\"sorl_median\":%.3f,\"libtorch_median\":%.3f}\n",
+                   "\"libtorch_onednn_tokens_per_s\":%s,\"load_1min\":%.2f}\n",
                    name.c_str(), static_cast<long long>(d.vocab), static_cast<long long>(d.d_model),
                    static_cast<long long>(d.n_layers), static_cast<long long>(d.n_heads),
                    static_cast<long long>(d.n_kv_heads), static_cast<long long>(d.d_ff), d.rope_theta,
                    d.norm_eps, static_cast<long long>(d.parameter_count()), static_cast<long long>(b),
                    static_cast<long long>(o.prompt), static_cast<long long>(new_tokens), o.threads, o.gemm.c_str(),
                    static_cast<long long>(o.repeats), json_list(sorl_runs).c_str(), json_list(ref_runs).c_str(),
-                   median(sorl_runs), median(ref_runs));
+                   json_list(ref_onednn_runs).c_str(), load);
       std::fflush(json);
     }
   }

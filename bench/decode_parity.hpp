@@ -48,12 +48,8 @@ class reference_llama {
   using cache = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
   /// Copies `params` (HF names, as policy_model::parameters() lists them) to fp32.
-  /// `onednn_gemm`: route products of >= 2^18 multiply-adds through oneDNN, as sorl's decode
-  /// path does under decode_gemm::automatic, so that a speed comparison isolates the runtime
-  /// rather than the GEMM library; false: always at::linear.
   /// Throws std::invalid_argument when a weight the dims need is missing.
-  reference_llama(const ml::model_dims& dims, const std::vector<ml::named_tensor>& params, bool onednn_gemm = false)
-      : d_(dims), onednn_(onednn_gemm && at::hasMKLDNN()) {
+  reference_llama(const ml::model_dims& dims, const std::vector<ml::named_tensor>& params) : d_(dims) {
     for (const auto& [name, t] : params) w_[name] = t.detach().to(at::kFloat).contiguous();
     auto need = [&](const std::string& name) {
       if (w_.count(name) == 0) throw std::invalid_argument("reference_llama: missing weight " + name);
@@ -75,6 +71,12 @@ class reference_llama {
     cos_ = emb.cos().to(at::kFloat);
     sin_ = emb.sin().to(at::kFloat);
   }
+
+  /// true: route products of >= 2^18 multiply-adds through oneDNN, as sorl's decode path does
+  /// under decode_gemm::automatic (when libtorch has oneDNN); false (the default): at::linear,
+  /// i.e. whatever BLAS libtorch calls. Which is faster depends on that BLAS (OpenBLAS or the
+  /// reference BLAS) and the thread count, so the bench times both.
+  void use_onednn(bool on) { onednn_ = on && at::hasMKLDNN(); }
 
   /// Zeroed cache for `batch` sequences of up to `max_len` tokens (<= dims.max_seq).
   cache new_cache(std::int64_t batch, std::int64_t max_len) const {
@@ -156,7 +158,7 @@ class reference_llama {
   }
 
   ml::model_dims d_;
-  bool onednn_;
+  bool onednn_ = false;
   std::map<std::string, at::Tensor> w_;
   at::Tensor lm_head_, cos_, sin_;
 };

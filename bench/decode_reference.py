@@ -198,9 +198,15 @@ def parity(dir_):
     return ok
 
 
-def spread(runs):
+def spread(runs, tag=""):
     """median (min-max) of tokens/s runs, as a fixed-width cell."""
-    return f"{statistics.median(runs):8.1f} ({min(runs):.0f}-{max(runs):.0f})"
+    return f"{statistics.median(runs):8.1f} ({min(runs):.0f}-{max(runs):.0f}){tag}"
+
+
+def best_loop(row):
+    """The libtorch loop's runs with the GEMM whose median is higher, and its tag."""
+    aten, onednn = row["libtorch_tokens_per_s"], row["libtorch_onednn_tokens_per_s"]
+    return (aten, " L") if statistics.median(aten) >= statistics.median(onednn) else (onednn, " D")
 
 
 def main():
@@ -220,23 +226,29 @@ def main():
     blas = next((part.split("=")[1] for part in torch.__config__.show().replace(",", " ").split()
                  if part.startswith("BLAS_INFO=")), "?")
     gemm = {"auto": "oneDNN for products >= 2^18 multiply-adds, else at::linear",
-            "aten": "at::linear"}[rows[0].get("gemm", "auto")]
+            "aten": "at::linear"}[rows[0]["gemm"]]
     print(f"decode throughput, tokens/s: median (min-max) of {rows[0]['repeats']} runs (steady decode after "
-          f"prefill; prompt {rows[0]['prompt']} tokens, temperature-1 sampling, fp32, {rows[0]['threads']} threads, "
+          f"prefill; prompt {rows[0]['prompt']} tokens, temperature-1 sampling, fp32, threads {rows[0]['threads']}, "
           f"torch {torch.__version__})")
-    print(f"GEMM: sorl decode and libtorch loop = {gemm}; torch eager F.linear = libtorch BLAS (BLAS_INFO={blas})")
-    print("libtorch loop = the same decode loop as torch eager (dense preallocated KV cache), driven from C++")
-    header = (f"{'preset':<7}{'params':>9}{'batch':>6}{'new':>5}  {'sorl':<22}{'libtorch loop':<22}"
+    print(f"GEMM: sorl decode = {gemm}; torch eager F.linear = libtorch BLAS (BLAS_INFO={blas})")
+    print("libtorch loop = the same decode loop as torch eager (dense preallocated KV cache) driven from C++, "
+          "timed with at::linear (L) and with sorl's oneDNN routing (D); the faster median is shown")
+    header = (f"{'preset':<7}{'params':>9}{'batch':>6}{'new':>5}  {'sorl':<22}{'libtorch loop':<24}"
               f"{'torch eager':<22}{'vs loop':>8}{'vs eager':>9}")
     print(header)
     print("-" * len(header))
+    loads = [float(row["load_1min"]) for row in rows if float(row.get("load_1min", -1)) >= 0]
     for row in rows:
-        ours, loop, eager = row["sorl_tokens_per_s"], row["libtorch_tokens_per_s"], run(row)
+        loads.append(os.getloadavg()[0])
+        ours, (loop, tag), eager = row["sorl_tokens_per_s"], best_loop(row), run(row)
         m = statistics.median(ours)
         print(f"{row['preset']:<7}{row['params'] / 1e6:>8.2f}M{row['batch']:>6}{row['new_tokens']:>5}  "
-              f"{spread(ours):<22}{spread(loop):<22}{spread(eager):<22}"
+              f"{spread(ours):<22}{spread(loop, tag):<24}{spread(eager):<22}"
               f"{m / statistics.median(loop):>7.2f}x{m / statistics.median(eager):>8.2f}x")
     print("vs loop, vs eager = median sorl / median baseline (higher is better for sorl)")
+    cores = os.cpu_count()
+    print(f"1-minute load average as the runs started: {min(loads):.1f} to {max(loads):.1f} on {cores} cores"
+          + (" (other work competed for the cores: expect a wide min-max)" if max(loads) > cores / 2 else ""))
 
 
 if __name__ == "__main__":
