@@ -1,19 +1,28 @@
 // Decode throughput of sorl's generator (paged KV cache, continuous batching, per-sample
-// sampling) for the model presets at several batch sizes. Prints one JSON line per run so
-// bench/decode_reference.py can run the same configurations through an eager PyTorch loop and
-// print both side by side (bench/decode.sh does all of it in one command).
+// sampling) for the model presets at several batch sizes, next to the same decode loop on
+// reference_llama (bench/decode_parity.hpp: dense preallocated KV cache, driven from C++ with
+// no interpreter in the loop), the strong baseline, once with at::linear and once with
+// sorl's oneDNN routing (which GEMM wins depends on the BLAS and threads). Each configuration
+// runs --repeats times, the three alternating so that load from other processes hits all
+// alike; one JSON line per configuration carries every run's tokens/s.
+// bench/decode_reference.py runs the same configurations through an eager PyTorch loop and
+// prints them side by side as median and min-max (bench/decode.sh does all of it).
 //
-// Also writes, with --dump DIR, the tiny preset's weights, a batch of token ids and the logits
-// sorl computes for them (full and cached paths), so the reference can check logits parity.
+// With --dump DIR it also writes the parity fixture of the tiny preset: weights, a batch of
+// token ids, sorl's logits (full and cached paths) and the baseline's, for the Python
+// reference to compare; it checks sorl against the baseline itself first and exits 1 when
+// they differ by more than parity_tolerance.
 
+#include "bench/decode_parity.hpp"
 #include "runtime/ml/generate.hpp"
-#include "runtime/ml/kv_cache.hpp"
 #include "runtime/ml/model.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +34,7 @@
 #include <vector>
 
 using namespace sorl::ml;
+using sorl::bench::reference_llama;
 
 namespace {
 
@@ -33,7 +43,8 @@ struct options {
   std::vector<std::int64_t> batches = {1, 8, 64};
   std::int64_t prompt = 8;
   std::int64_t new_tiny = 64;
-  std::int64_t new_50m = 32;  // capped at max(8, 256 / batch): the reference is slow here
+  std::int64_t new_50m = 32;  // capped at max(8, 256 / batch): the eager reference is slow here
+  std::int64_t repeats = 5;
   std::string gemm = "auto";
   int threads = 2;
   std::string json;
@@ -49,9 +60,11 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 void usage() {
-  std::cerr << "usage: decode_bench [--presets tiny,50m] [--batches 1,8,64] [--prompt 8]\n"
-               "                    [--new-tiny 64] [--new-50m 32] [--threads 2] [--gemm auto|aten]\n"
-               "                    [--json FILE] [--dump DIR]\n";
+  std::cerr << "usage: decode_bench [--quick] [--presets tiny,50m] [--batches 1,8,64] [--prompt 8]\n"
+               "                    [--new-tiny 64] [--new-50m 32] [--repeats 5] [--threads 2]\n"
+               "                    [--gemm auto|aten] [--json FILE] [--dump DIR]\n"
+               "  --quick     tiny preset, batches 1 and 8, 3 repeats (options after it still apply)\n"
+               "  --repeats   timed runs per configuration and implementation; medians are reported\n";
 }
 
 options parse(int argc, char** argv) {
@@ -62,13 +75,18 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--presets") o.presets = split(value());
+    if (a == "--quick") {
+      o.presets = {"tiny"};
+      o.batches = {1, 8};
+      o.repeats = 3;
+    } else if (a == "--presets") o.presets = split(value());
     else if (a == "--batches") {
       o.batches.clear();
       for (const auto& b : split(value())) o.batches.push_back(std::stoll(b));
     } else if (a == "--prompt") o.prompt = std::stoll(value());
     else if (a == "--new-tiny") o.new_tiny = std::stoll(value());
     else if (a == "--new-50m") o.new_50m = std::stoll(value());
+    else if (a == "--repeats") o.repeats = std::stoll(value());
     else if (a == "--threads") o.threads = std::stoi(value());
     else if (a == "--gemm") o.gemm = value();
     else if (a == "--json") o.json = value();
@@ -81,6 +99,10 @@ options parse(int argc, char** argv) {
       throw std::invalid_argument("unknown argument " + a);
     }
   }
+  if (o.gemm != "auto" && o.gemm != "aten") throw std::invalid_argument("--gemm must be auto or aten, got " + o.gemm);
+  if (o.repeats < 1) throw std::invalid_argument("--repeats must be >= 1");
+  if (o.prompt < 1 || o.new_tiny < 2 || o.new_50m < 2)
+    throw std::invalid_argument("--prompt must be >= 1 and --new-tiny / --new-50m >= 2");
   return o;
 }
 
@@ -96,16 +118,16 @@ std::vector<std::int32_t> random_prompt(std::int64_t n, std::int64_t vocab, std:
   return out;
 }
 
-struct run_result {
-  double decode_s = 0.0;
-  double prefill_s = 0.0;
-  std::int64_t decode_tokens = 0;
-};
+using clock_type = std::chrono::steady_clock;
 
-// B single-sample requests with distinct prompts, sampled at temperature 1 without stop tokens
-// so that every sample runs exactly `new_tokens`. The first step (prefill + first token) is
-// timed apart: the table reports steady decoding.
-run_result run(const policy_model& m, std::int64_t batch, std::int64_t prompt, std::int64_t new_tokens) {
+double seconds(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Steady-decode tokens/s of sorl's generator: B single-sample requests with distinct prompts,
+// sampled at temperature 1 without stop tokens so that every sample runs exactly
+// `new_tokens`. The first step (prefill + first token) is not timed.
+double run_sorl(const policy_model& m, std::int64_t batch, std::int64_t prompt, std::int64_t new_tokens) {
   generator_options go;
   go.max_batch = batch;
   go.cache.block_size = 16;
@@ -118,21 +140,45 @@ run_result run(const policy_model& m, std::int64_t batch, std::int64_t prompt, s
     p.seed = static_cast<std::uint64_t>(b);
     g.submit(random_prompt(prompt, m.dims().vocab, static_cast<std::uint64_t>(b) + 1), p);
   }
-  using clock = std::chrono::steady_clock;
-  run_result r;
-  const auto t0 = clock::now();
   g.step();
-  const auto t1 = clock::now();
+  const auto t0 = clock_type::now();
   std::int64_t steps = 0;
   while (!g.idle()) {
     g.step();
     ++steps;
   }
-  const auto t2 = clock::now();
-  r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
-  r.decode_s = std::chrono::duration<double>(t2 - t1).count();
-  r.decode_tokens = steps * batch;
-  return r;
+  return static_cast<double>(steps * batch) / seconds(t0, clock_type::now());
+}
+
+// The same protocol on the baseline: prefill (not timed), then new_tokens - 1 steps of
+// temperature-1 sampling with the sampled token's log-prob (what a rollout records) and a
+// one-token forward into the preallocated cache.
+double run_reference(const reference_llama& ref, std::int64_t vocab, std::int64_t batch, std::int64_t prompt,
+                     std::int64_t new_tokens) {
+  at::InferenceMode inference;
+  at::Tensor ids = at::empty({batch, prompt}, at::kLong);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const auto p = random_prompt(prompt, vocab, static_cast<std::uint64_t>(b) + 1);
+    for (std::int64_t t = 0; t < prompt; ++t) ids[b][t] = p[static_cast<std::size_t>(t)];
+  }
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  auto cache = ref.new_cache(batch, prompt + new_tokens);
+  at::Tensor logits = ref.forward(ids, &cache, 0).select(1, prompt - 1);
+  const auto t0 = clock_type::now();
+  for (std::int64_t i = 0; i + 1 < new_tokens; ++i) {
+    const at::Tensor logp = at::log_softmax(logits, -1);
+    const at::Tensor tok = at::multinomial(logp.exp(), 1, false, gen);
+    (void)logp.gather(1, tok);  // the sampled log-prob, as sorl's sampler records it
+    logits = ref.forward(tok, &cache, prompt + i).select(1, 0);
+  }
+  (void)logits.sum().item<float>();  // the last step's result is used
+  return static_cast<double>((new_tokens - 1) * batch) / seconds(t0, clock_type::now());
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{:.3f}", i ? "," : "", v[i]);
+  return out + "]";
 }
 
 void write_raw(const std::string& path, const at::Tensor& t) {
@@ -142,11 +188,13 @@ void write_raw(const std::string& path, const at::Tensor& t) {
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
-// Weights, ids and logits of the tiny preset for the reference's parity check. Also measures
-// how far the cached path is from the full forward on the same tokens.
-void dump(const std::string& dir) {
+// The parity fixture: the tiny preset with weights of std 0.3 (attention far from uniform, so
+// a wrong mask or position shows in the logits), 3 x 24 token ids, and the logits of sorl's
+// full forward, of its cached path (ragged prefill of 5, 9, 13 tokens, then chunks of 1-3)
+// and of the baseline. Returns false when sorl and the baseline are not within parity.
+bool dump(const std::string& dir) {
   const model_dims d = preset("tiny");
-  const policy_model m(d, 7, 0.02);
+  const policy_model m(d, 7, 0.3);
   std::ofstream index(dir + "/params.txt");
   for (std::size_t i = 0; i < m.parameters().size(); ++i) {
     const auto& [name, t] = m.parameters()[i];
@@ -163,77 +211,70 @@ void dump(const std::string& dir) {
   }
   at::NoGradGuard no_grad;
   const at::Tensor full = m.forward(ids);
-  // The same tokens through the cache: a ragged prefill (lengths 5, 9, 13), then the rest
-  // in chunks of 1..3 tokens per sequence.
-  kv_cache cache(d);
-  std::vector<seq_id> seqs = {cache.create(), cache.create(), cache.create()};
-  std::vector<std::int64_t> done = {0, 0, 0};
-  std::vector<at::Tensor> rows(3);
-  const std::vector<std::int64_t> first = {5, 9, 13};
-  std::int64_t round = 0;
-  while (done[0] < T || done[1] < T || done[2] < T) {
-    std::vector<seq_id> s;
-    std::vector<std::vector<std::int32_t>> toks;
-    std::vector<std::int64_t> which;
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (done[b] == T) continue;
-      const std::int64_t n = std::min(T - done[b], done[b] == 0 ? first[b] : 1 + (round + b) % 3);
-      std::vector<std::int32_t> chunk;
-      for (std::int64_t t = done[b]; t < done[b] + n; ++t) chunk.push_back(static_cast<std::int32_t>(ids[b][t].item<std::int64_t>()));
-      s.push_back(seqs[b]);
-      toks.push_back(chunk);
-      which.push_back(b);
-      done[b] += n;
-    }
-    const at::Tensor out = m.forward_cached(cache, s, toks, logits_for::all);
-    std::int64_t row = 0;
-    for (std::size_t i = 0; i < which.size(); ++i) {
-      const auto n = static_cast<std::int64_t>(toks[i].size());
-      const at::Tensor part = out.narrow(0, row, n);
-      rows[which[i]] = rows[which[i]].defined() ? at::cat({rows[which[i]], part}) : part;
-      row += n;
-    }
-    ++round;
-  }
-  const at::Tensor cached = at::stack({rows[0], rows[1], rows[2]});
+  const at::Tensor cached = sorl::bench::cached_logits_in_chunks(m, ids, {5, 9, 13});
+  const at::Tensor baseline = reference_llama(d, m.parameters()).forward(ids);
   write_raw(dir + "/ids.bin", ids);
-  write_raw(dir + "/logits.bin", full);
+  write_raw(dir + "/logits_full.bin", full);
+  write_raw(dir + "/logits_cached.bin", cached);
+  write_raw(dir + "/logits_libtorch.bin", baseline);
   std::ofstream meta(dir + "/meta.txt");
-  meta << B << ' ' << T << ' ' << d.vocab << ' ' << d.d_model << ' ' << d.n_layers << ' ' << d.n_heads
-       << ' ' << d.n_kv_heads << ' ' << d.d_ff << ' ' << d.rope_theta << ' ' << d.norm_eps << ' '
-       << (full - cached).abs().max().item<double>() << ' ' << full.abs().max().item<double>() << '\n';
+  meta << B << ' ' << T << ' ' << d.vocab << ' ' << d.d_model << ' ' << d.n_layers << ' ' << d.n_heads << ' '
+       << d.n_kv_heads << ' ' << d.d_ff << ' ' << d.rope_theta << ' ' << d.norm_eps << ' '
+       << sorl::bench::parity_tolerance << '\n';
+  const double scale = baseline.abs().max().item<double>();
+  bool ok = true;
+  for (const auto& [what, t] : {std::pair{"full", full}, std::pair{"cached", cached}}) {
+    const double diff = (t - baseline).abs().max().item<double>();
+    const bool pass = sorl::bench::within_parity(diff, scale);
+    ok = ok && pass;
+    std::cerr << fmt::format("decode_bench: parity, sorl {} vs libtorch loop model: max |delta| {:.2e} (max |logit| "
+                             "{:.2f}, tolerance {:.0e} x max(1, max |logit|)): {}\n",
+                             what, diff, scale, sorl::bench::parity_tolerance, pass ? "PASS" : "FAIL");
+  }
+  return ok;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  if (o.gemm != "auto" && o.gemm != "aten") throw std::invalid_argument("--gemm must be auto or aten, got " + o.gemm);
   at::set_num_threads(o.threads);
   std::FILE* json = o.json.empty() ? stdout : std::fopen(o.json.c_str(), "w");
   if (json == nullptr) throw std::runtime_error("cannot open " + o.json);
-  if (!o.dump.empty()) dump(o.dump);
+  if (!o.dump.empty() && !dump(o.dump)) return 1;
   for (const auto& name : o.presets) {
     const model_dims d = preset(name);
     policy_model m(d, 0, 0.02);
     m.set_decode_gemm(o.gemm == "aten" ? decode_gemm::aten : decode_gemm::automatic);
-    run(m, 1, o.prompt, 4);  // warm up allocator and thread pool
+    reference_llama ref(d, m.parameters());
+    run_sorl(m, 1, o.prompt, 4);  // warm up allocator and thread pool
+    run_reference(ref, d.vocab, 1, o.prompt, 4);
     for (const std::int64_t b : o.batches) {
       const std::int64_t new_tokens =
           name == "tiny" ? o.new_tiny : std::min(o.new_50m, std::max<std::int64_t>(8, 256 / b));
-      const run_result r = run(m, b, o.prompt, new_tokens);
+      std::vector<double> sorl_runs, ref_runs, ref_onednn_runs;
+      double load = -1.0;  // 1-minute load average when the runs start: other work skews them
+      if (getloadavg(&load, 1) != 1) load = -1.0;
+      for (std::int64_t k = 0; k < o.repeats; ++k) {
+        sorl_runs.push_back(run_sorl(m, b, o.prompt, new_tokens));
+        ref.use_onednn(false);
+        ref_runs.push_back(run_reference(ref, d.vocab, b, o.prompt, new_tokens));
+        ref.use_onednn(true);
+        ref_onednn_runs.push_back(run_reference(ref, d.vocab, b, o.prompt, new_tokens));
+      }
       std::fprintf(json,
-                   "{\"impl\":\"sorl\",\"preset\":\"%s\",\"vocab\":%lld,\"d_model\":%lld,\"n_layers\":%lld,"
+                   "{\"preset\":\"%s\",\"vocab\":%lld,\"d_model\":%lld,\"n_layers\":%lld,"
                    "\"n_heads\":%lld,\"n_kv_heads\":%lld,\"d_ff\":%lld,\"rope_theta\":%g,\"norm_eps\":%g,"
                    "\"params\":%lld,\"batch\":%lld,\"prompt\":%lld,\"new_tokens\":%lld,\"threads\":%d,\"gemm\":\"%s\","
-                   "\"prefill_s\":%.6f,\"decode_s\":%.6f,\"decode_tokens\":%lld,\"tokens_per_s\":%.3f}\n",
+                   "\"repeats\":%lld,\"sorl_tokens_per_s\":%s,\"libtorch_tokens_per_s\":%s,"
+                   "\"libtorch_onednn_tokens_per_s\":%s,\"load_1min\":%.2f}\n",
                    name.c_str(), static_cast<long long>(d.vocab), static_cast<long long>(d.d_model),
                    static_cast<long long>(d.n_layers), static_cast<long long>(d.n_heads),
                    static_cast<long long>(d.n_kv_heads), static_cast<long long>(d.d_ff), d.rope_theta,
                    d.norm_eps, static_cast<long long>(d.parameter_count()), static_cast<long long>(b),
                    static_cast<long long>(o.prompt), static_cast<long long>(new_tokens), o.threads, o.gemm.c_str(),
-                   r.prefill_s, r.decode_s, static_cast<long long>(r.decode_tokens),
-                   static_cast<double>(r.decode_tokens) / r.decode_s);
+                   static_cast<long long>(o.repeats), json_list(sorl_runs).c_str(), json_list(ref_runs).c_str(),
+                   json_list(ref_onednn_runs).c_str(), load);
       std::fflush(json);
     }
   }

@@ -2,10 +2,13 @@
 """Eager PyTorch reference for bench/decode_bench.cpp.
 
 Runs the configurations that decode_bench recorded (JSON lines: preset dims, batch, prompt
-length, new tokens, threads) through a plain eager PyTorch decode loop written the way
-Hugging Face's Llama code is (rotate_half RoPE, repeat_kv, a preallocated KV cache, softmax +
-multinomial sampling with log-probs), and prints both throughputs side by side with their
-ratio. With --parity DIR it also loads the weights decode_bench dumped and compares logits.
+length, new tokens, threads, repeats, and the tokens/s of every sorl and libtorch-loop run)
+through a plain eager PyTorch decode loop written the way Hugging Face's Llama code is
+(rotate_half RoPE, repeat_kv, a preallocated KV cache, softmax + multinomial sampling with
+log-probs), as many times, and prints the three as median (min-max) with the ratios of the
+medians. With --parity DIR it first loads the weights decode_bench dumped, computes the
+logits itself and compares sorl's (full and cached paths) and the libtorch loop model's with
+them: PASS or FAIL against the tolerance decode_bench wrote, exit 1 on any FAIL.
 
 Run with Debian's /usr/bin/python3 (python3-torch); bench/decode.sh does everything.
 """
@@ -14,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -128,7 +132,8 @@ class Model:
 
 
 def run(row):
-    """Same protocol as decode_bench: prefill (untimed), then new_tokens - 1 timed decode steps."""
+    """Same protocol as decode_bench: prefill (not timed), then new_tokens - 1 timed decode
+    steps; row["repeats"] runs after one warm-up. Returns the tokens/s of each run."""
     dims = Dims(row)
     model = Model(dims, seed=0)
     B, P, N = int(row["batch"]), int(row["prompt"]), int(row["new_tokens"])
@@ -137,9 +142,8 @@ def run(row):
     def once(B, new_tokens):
         ids = torch.randint(0, dims.vocab, (B, P), generator=g)
         cache = model.new_cache(B, P + new_tokens)
-        t0 = time.perf_counter()
         logits = model.forward(ids, cache, 0)[:, -1]
-        t1 = time.perf_counter()
+        t0 = time.perf_counter()
         pos = P
         for _ in range(new_tokens - 1):
             logp = torch.log_softmax(logits, dim=-1)  # temperature 1
@@ -147,37 +151,62 @@ def run(row):
             _ = logp.gather(1, tok)  # the sampled log-prob, as the rollout records it
             logits = model.forward(tok, cache, pos)[:, -1]
             pos += 1
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, (new_tokens - 1) * B
+        return (new_tokens - 1) * B / (time.perf_counter() - t0)
 
     with torch.inference_mode():
         once(1, 4)  # warm-up
-        prefill_s, decode_s, tokens = once(B, N)
-    return prefill_s, decode_s, tokens
+        return [once(B, N) for _ in range(int(row["repeats"]))]
+
+
+def load(dir_, name, dtype, shape):
+    return torch.from_numpy(np.fromfile(os.path.join(dir_, name), dtype=dtype)).view(*shape)
 
 
 def parity(dir_):
+    """Compares the dumped logits with this file's model on the dumped weights; prints one
+    PASS/FAIL line per comparison and returns whether all passed."""
     meta = open(os.path.join(dir_, "meta.txt")).read().split()
     B, T, vocab, d_model, n_layers, n_heads, n_kv, d_ff = map(int, meta[:8])
-    theta, eps, cached_vs_full, max_logit = map(float, meta[8:12])
+    theta, eps, tolerance = map(float, meta[8:11])
     dims = Dims(dict(vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
                      d_ff=d_ff, rope_theta=theta, norm_eps=eps))
     weights = {}
     with open(os.path.join(dir_, "params.txt")) as f:
         for i, line in enumerate(f):
             name, *shape = line.split()
-            data = np.fromfile(os.path.join(dir_, f"param_{i}.bin"), dtype=np.float32)
-            weights[name] = torch.from_numpy(data).view(*map(int, shape))
-    ids = torch.from_numpy(np.fromfile(os.path.join(dir_, "ids.bin"), dtype=np.int64)).view(B, T)
-    ours = torch.from_numpy(np.fromfile(os.path.join(dir_, "logits.bin"), dtype=np.float32)).view(B, T, vocab)
+            weights[name] = load(dir_, f"param_{i}.bin", np.float32, map(int, shape))
+    ids = load(dir_, "ids.bin", np.int64, (B, T))
     with torch.inference_mode():
         model = Model(dims, weights)
         ref = model.forward(ids)
         # The reference's own cached path, token by token.
         cache = model.new_cache(B, T)
-        steps = [model.forward(ids[:, t:t + 1], cache, t) for t in range(T)]
-        ref_cached = torch.cat(steps, dim=1)
-    return (ours - ref).abs().max().item(), cached_vs_full, (ref - ref_cached).abs().max().item(), max_logit
+        ref_cached = torch.cat([model.forward(ids[:, t:t + 1], cache, t) for t in range(T)], dim=1)
+    scale = ref.abs().max().item()
+    bound = tolerance * max(1.0, scale)
+    print(f"parity vs torch eager (tiny preset, {B} x {T} tokens, max |logit| {scale:.2f}; "
+          f"tolerance max |delta| <= {tolerance:.0e} x max(1, max |logit|) = {bound:.2e}):")
+    ok = True
+    for label, theirs in (("sorl full forward", load(dir_, "logits_full.bin", np.float32, (B, T, vocab))),
+                          ("sorl cached path (ragged chunks)", load(dir_, "logits_cached.bin", np.float32, (B, T, vocab))),
+                          ("libtorch loop model, full", load(dir_, "logits_libtorch.bin", np.float32, (B, T, vocab))),
+                          ("torch eager's own cached path", ref_cached)):
+        diff = (theirs - ref).abs().max().item()
+        passed = diff <= bound
+        ok = ok and passed
+        print(f"  {label:<34} max |delta| {diff:.2e}  {'PASS' if passed else 'FAIL'}")
+    return ok
+
+
+def spread(runs, tag=""):
+    """median (min-max) of tokens/s runs, as a fixed-width cell."""
+    return f"{statistics.median(runs):8.1f} ({min(runs):.0f}-{max(runs):.0f}){tag}"
+
+
+def best_loop(row):
+    """The libtorch loop's runs with the GEMM whose median is higher, and its tag."""
+    aten, onednn = row["libtorch_tokens_per_s"], row["libtorch_onednn_tokens_per_s"]
+    return (aten, " L") if statistics.median(aten) >= statistics.median(onednn) else (onednn, " D")
 
 
 def main():
@@ -189,28 +218,37 @@ def main():
     if not rows:
         sys.exit("decode_reference: no rows in " + args.sorl)
     torch.set_num_threads(int(rows[0]["threads"]))
+    if args.parity and not parity(args.parity):
+        print("decode_reference.py: parity FAILED: throughput of models that compute different logits "
+              "is not compared", file=sys.stderr)
+        sys.exit(1)
 
     blas = next((part.split("=")[1] for part in torch.__config__.show().replace(",", " ").split()
                  if part.startswith("BLAS_INFO=")), "?")
-    gemm = {"auto": "oneDNN where available", "aten": "at::linear"}[rows[0].get("gemm", "auto")]
-    print(f"decode throughput, tokens/s (steady decode after prefill; prompt {rows[0]['prompt']} tokens, "
-          f"temperature-1 sampling, fp32, {rows[0]['threads']} threads, torch {torch.__version__})")
+    gemm = {"auto": "oneDNN for products >= 2^18 multiply-adds, else at::linear",
+            "aten": "at::linear"}[rows[0]["gemm"]]
+    print(f"decode throughput, tokens/s: median (min-max) of {rows[0]['repeats']} runs (steady decode after "
+          f"prefill; prompt {rows[0]['prompt']} tokens, temperature-1 sampling, fp32, threads {rows[0]['threads']}, "
+          f"torch {torch.__version__})")
     print(f"GEMM: sorl decode = {gemm}; torch eager F.linear = libtorch BLAS (BLAS_INFO={blas})")
-    header = f"{'preset':<7}{'params':>9}{'batch':>7}{'new':>6}{'sorl':>12}{'torch eager':>13}{'ratio':>8}"
+    print("libtorch loop = the same decode loop as torch eager (dense preallocated KV cache) driven from C++, "
+          "timed with at::linear (L) and with sorl's oneDNN routing (D); the faster median is shown")
+    header = (f"{'preset':<7}{'params':>9}{'batch':>6}{'new':>5}  {'sorl':<22}{'libtorch loop':<24}"
+              f"{'torch eager':<22}{'vs loop':>8}{'vs eager':>9}")
     print(header)
     print("-" * len(header))
+    loads = [float(row["load_1min"]) for row in rows if float(row.get("load_1min", -1)) >= 0]
     for row in rows:
-        _, decode_s, tokens = run(row)
-        ref = tokens / decode_s
-        ours = float(row["tokens_per_s"])
-        print(f"{row['preset']:<7}{row['params'] / 1e6:>8.2f}M{row['batch']:>7}{row['new_tokens']:>6}"
-              f"{ours:>12.1f}{ref:>13.1f}{ours / ref:>7.2f}x")
-    print("ratio = sorl / torch eager (higher is better for sorl)")
-    if args.parity:
-        d_ref, d_cached, d_ref_cached, scale = parity(args.parity)
-        print(f"parity (tiny preset, 3 x 24 tokens, max |logit| {scale:.3f}): "
-              f"max |sorl - torch| = {d_ref:.2e}; sorl cached vs full = {d_cached:.2e}; "
-              f"torch cached vs full = {d_ref_cached:.2e}")
+        loads.append(os.getloadavg()[0])
+        ours, (loop, tag), eager = row["sorl_tokens_per_s"], best_loop(row), run(row)
+        m = statistics.median(ours)
+        print(f"{row['preset']:<7}{row['params'] / 1e6:>8.2f}M{row['batch']:>6}{row['new_tokens']:>5}  "
+              f"{spread(ours):<22}{spread(loop, tag):<24}{spread(eager):<22}"
+              f"{m / statistics.median(loop):>7.2f}x{m / statistics.median(eager):>8.2f}x")
+    print("vs loop, vs eager = median sorl / median baseline (higher is better for sorl)")
+    cores = os.cpu_count()
+    print(f"1-minute load average as the runs started: {min(loads):.1f} to {max(loads):.1f} on {cores} cores"
+          + (" (other work competed for the cores: expect a wide min-max)" if max(loads) > cores / 2 else ""))
 
 
 if __name__ == "__main__":

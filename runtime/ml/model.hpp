@@ -65,9 +65,9 @@ enum class logits_for {
 /// always uses at::linear, which autograd differentiates).
 enum class decode_gemm {
   /// oneDNN (libtorch's bundled MKLDNN) for fp32 CPU products of >= 2^18 multiply-adds when
-  /// libtorch has it, else at::linear. Debian's libtorch sends fp32 GEMM to the reference
-  /// netlib BLAS, single-threaded and 5-30x slower than oneDNN at decode batch sizes 8-64;
-  /// on CUDA this is plain at::linear.
+  /// libtorch has it, else at::linear. The faster depends on libblas.so.3: netlib's reference
+  /// BLAS is several times slower than oneDNN at decode batch 8-64, OpenBLAS can be faster
+  /// (README.md, "Decode speed", says how to time both). On CUDA: plain at::linear.
   automatic,
   aten,  ///< always at::linear (whatever BLAS libtorch was built with)
 };
