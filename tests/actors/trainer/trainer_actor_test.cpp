@@ -1,7 +1,8 @@
 // The trainer actor shell with every peer played by the test: a rollout that a worker could not
 // serve still lets the step complete and is counted; the step's checksum reports what the
-// publisher verified; a reward failure can stop the job; and the rollout-phase watchdog fails a
-// stalled step with a message naming what is missing.
+// publisher verified; a reward failure can stop the job; the rollout-phase watchdog fails a
+// stalled step with a message naming what is missing; and a failed train step, checkpoint or
+// metrics write ends the job with the reason and what --resume would continue from.
 
 #include <catch2/catch.hpp>
 
@@ -84,18 +85,25 @@ struct trainer_harness {
                }));
     self->send(trainer, build_envelope<msg::VersionReady>(
                           [](msg::VersionReady::Builder b) { b.setVersion(0); }));
+    ids = rollout_phase(0);
+  }
+  /// Answers the group-size query of 0-based `step` with G = 3; returns the step's six
+  /// request ids.
+  std::vector<uint64_t> rollout_phase(uint64_t step) {
     expect<msg::GroupSizeQuery>(self,
-                                [](msg::GroupSizeQuery::Reader q) { CHECK(q.getStep() == 0); });
+                                [&](msg::GroupSizeQuery::Reader q) { CHECK(q.getStep() == step); });
     self->send(trainer,
-               build_envelope<msg::GroupSizeDecision>([](msg::GroupSizeDecision::Builder b) {
-                 b.setStep(0);
+               build_envelope<msg::GroupSizeDecision>([&](msg::GroupSizeDecision::Builder b) {
+                 b.setStep(step);
                  b.setGroupSize(3);
                  b.setPolicy("static");
                }));
+    std::vector<uint64_t> out;
     for (int i = 0; i < 6; ++i)
       expect<msg::GenerateRequest>(self, [&](msg::GenerateRequest::Reader r) {
-        ids.push_back(r.getRequestId());
+        out.push_back(r.getRequestId());
       });
+    return out;
   }
   ~trainer_harness() {
     self->send_exit(trainer, caf::exit_reason::user_shutdown);
@@ -130,40 +138,73 @@ envelope trajectory(uint64_t id, float reward,
   });
 }
 
+/// Every rollout of `ids` arrives, rewards alternating 1 / 0; the batch goes to the learner.
+void finish_rollouts(trainer_harness& h, const std::vector<uint64_t>& ids) {
+  for (auto id : ids)
+    h.self->send(h.trainer, trajectory(id, id % 2 == 0 ? 1.0f : 0.0f));
+  expect<msg::TrainBatch>(h.self, [](msg::TrainBatch::Reader) {});
+}
+
+/// Takes 1-based step `step` from the learner's result to the checkpoint request: version
+/// `step` is ready as `ready` describes it and every stateful role answers.
+void learn_to_checkpoint(trainer_harness& h, uint64_t step,
+                         const std::function<void(msg::VersionReady::Builder)>& ready) {
+  auto& self = h.self;
+  self->send(h.trainer, build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+               b.setStep(step - 1);
+               b.setVersion(step);
+               b.setOk(true);
+             }));
+  self->send(h.trainer, build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
+               b.setVersion(step);
+               ready(b);
+             }));
+  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
+  for (auto role : {"sagc_controller", "scheduler"}) {
+    expect<msg::RoleStateQuery>(self, [&](msg::RoleStateQuery::Reader q) {
+      CHECK(q.getStep() == step);
+    });
+    self->send(h.trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+                 b.setStep(step);
+                 b.setRole(role);
+                 b.setState("{}");
+                 b.setOk(true);
+               }));
+  }
+  expect<msg::CheckpointRequest>(self, [&](msg::CheckpointRequest::Reader r) {
+    CHECK(r.getStep() == step);
+  });
+}
+
+/// The learner's answer to the checkpoint request of `step`.
+envelope checkpoint_done(uint64_t step, bool ok, const std::string& path_or_reason) {
+  return build_envelope<msg::CheckpointDone>([&](msg::CheckpointDone::Builder b) {
+    b.setStep(step);
+    b.setOk(ok);
+    if (ok)
+      b.setPath(path_or_reason);
+    else
+      b.setReason(path_or_reason);
+  });
+}
+
+/// The steps of RUN_DIR/metrics.jsonl's records, in file order.
+std::vector<int64_t> recorded_steps(const experiment_config& exp) {
+  std::vector<int64_t> steps;
+  std::ifstream in{fs::path{exp.run.run_dir()} / "metrics.jsonl"};
+  for (std::string line; std::getline(in, line);)
+    steps.push_back(parse_metrics_line(line).step);
+  return steps;
+}
+
 /// Takes the harness's step from the learner's result to the end of the job: version 1 is
 /// ready as `ready` describes it, every stateful role answers, the checkpoint succeeds.
 /// Returns the step's metrics record, the only one written.
 metrics_record finish_step(trainer_harness& h,
                            const std::function<void(msg::VersionReady::Builder)>& ready) {
   auto& self = h.self;
-  self->send(h.trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
-               b.setStep(0);
-               b.setVersion(1);
-               b.setOk(true);
-             }));
-  self->send(h.trainer, build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
-               b.setVersion(1);
-               ready(b);
-             }));
-  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
-  for (auto role : {"sagc_controller", "scheduler"}) {
-    expect<msg::RoleStateQuery>(self, [](msg::RoleStateQuery::Reader q) {
-      CHECK(q.getStep() == 1);
-    });
-    self->send(h.trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
-                 b.setStep(1);
-                 b.setRole(role);
-                 b.setState("{}");
-                 b.setOk(true);
-               }));
-  }
-  expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
-    CHECK(r.getStep() == 1);
-  });
-  self->send(h.trainer, build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
-               b.setStep(1);
-               b.setOk(true);
-             }));
+  learn_to_checkpoint(h, 1, ready);
+  self->send(h.trainer, checkpoint_done(1, true, ""));
   auto [ok, why] = expect_shutdown(self);
   INFO(why);
   CHECK(ok);
@@ -259,4 +300,78 @@ TEST_CASE("the rollout-phase watchdog fails a stalled step naming the rollouts i
                                   "started on any worker)"));
   auto metrics = fs::path{exp.run.run_dir()} / "metrics.jsonl"; // no step was written
   CHECK((!fs::exists(metrics) || fs::file_size(metrics) == 0));
+}
+
+TEST_CASE("a train step the learner could not take ends the job with the learner's reason") {
+  trainer_harness h{"learner_failed", [](experiment_config&) {}};
+  finish_rollouts(h, h.ids);
+  const std::string reason = "every update of the step (1 of them) had a non-finite loss or "
+                             "gradient norm and was dropped";
+  h.self->send(h.trainer, build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+                 b.setStep(0);
+                 b.setVersion(0);
+                 b.setOk(false);
+                 b.setReason(reason);
+               }));
+  // A failed result is not a step: the trainer must not wait for version 0 to be "synced".
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 1: the learner failed: " + reason + "; no checkpoint of this run was "
+               "written, so --resume has nothing to continue from");
+  CHECK(recorded_steps(h.exp).empty());
+}
+
+TEST_CASE("a failed checkpoint write ends the job naming the path and the last good checkpoint") {
+  trainer_harness h{"checkpoint_failed", [](experiment_config& e) {
+                      e.run.steps = 2;
+                      e.run.checkpoint_every = 1;
+                    }};
+  auto ok_ready = [](msg::VersionReady::Builder b) {
+    b.setWorkers(1);
+    b.setVerifiedWorkers(1);
+  };
+  const std::string step1 = h.exp.run.run_dir() + "/checkpoints/step-0000000001";
+  finish_rollouts(h, h.ids);
+  learn_to_checkpoint(h, 1, ok_ready);
+  h.self->send(h.trainer, checkpoint_done(1, true, step1));
+  finish_rollouts(h, h.rollout_phase(1));
+  learn_to_checkpoint(h, 2, ok_ready);
+  // What the learner answers when the disk is full (its reason names the path).
+  const std::string reason = h.exp.run.run_dir() + "/checkpoints/.tmp-step-0000000002-1/"
+                             "model.safetensors: write failed: No space left on device";
+  h.self->send(h.trainer, checkpoint_done(2, false, reason));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "checkpoint at step 2 failed: " + reason + "; the last complete checkpoint is " +
+               step1 + " (step 1); continue the run with --resume once the cause is fixed");
+  CHECK(recorded_steps(h.exp) == std::vector<int64_t>{1, 2}); // resume drops step 2's
+}
+
+TEST_CASE("a metrics write on a full disk ends the job naming the file") {
+  // /dev/full accepts the open and fails every write with ENOSPC, as a full disk does.
+  const std::string dev_full = "/dev/full";
+  std::string metrics;
+  trainer_harness h{"metrics_full", [&](experiment_config& e) {
+                      fs::create_directories(e.run.run_dir());
+                      metrics = e.run.run_dir() + "/metrics.jsonl";
+                      if (fs::exists(dev_full))
+                        fs::create_symlink(dev_full, metrics);
+                    }};
+  if (!fs::is_symlink(metrics)) {
+    WARN("no /dev/full on this system: the full-disk case is not tested");
+    return;
+  }
+  finish_rollouts(h, h.ids);
+  h.self->send(h.trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
+                 b.setStep(0);
+                 b.setVersion(1);
+                 b.setOk(true);
+               }));
+  h.self->send(h.trainer, build_envelope<msg::VersionReady>([](msg::VersionReady::Builder b) {
+                 b.setVersion(1);
+               }));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 1: metrics: cannot write " + metrics + ": No space left on device; no "
+               "checkpoint of this run was written, so --resume has nothing to continue from");
 }
