@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <tuple>
 
 #include <caf/all.hpp>
 
 #include "actors/trainer/trainer_actor.hpp"
+#include "actors/trainer/trainer_checkpoint.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
@@ -59,8 +61,9 @@ std::pair<bool, std::string> expect_shutdown(caf::scoped_actor& self) {
 }
 
 /// The trainer with the test's scoped actor in every other role and as the directory, taken
-/// to its first rollout phase with G = 3: `ids` are its six requests. The trainer is stopped
-/// at the end of the test.
+/// to its first rollout phase with G = 3: `ids` are its six requests. With `resumed`, the
+/// learner reports a resume from checkpoint `source` carrying that trainer state, and both
+/// stateful roles restore theirs. The trainer is stopped at the end of the test.
 struct trainer_harness {
   test_system_config cfg;
   caf::actor_system sys{cfg};
@@ -69,7 +72,9 @@ struct trainer_harness {
   caf::actor trainer;
   std::vector<uint64_t> ids;
 
-  trainer_harness(const std::string& name, const std::function<void(experiment_config&)>& tweak)
+  trainer_harness(const std::string& name, const std::function<void(experiment_config&)>& tweak,
+                  const std::optional<trainer::trainer_snapshot>& resumed = std::nullopt,
+                  const std::string& source = "")
     : exp(one_step(name)) {
     tweak(exp);
     auto me = caf::actor_cast<caf::actor>(self);
@@ -79,13 +84,25 @@ struct trainer_harness {
                       "rollout_worker"})
       roster.push_back({role, 0, "test", std::string{role} == "trainer" ? trainer : me});
     self->send(trainer, roster_atom::value, roster);
-    self->send(trainer, build_envelope<msg::LearnerReady>([](msg::LearnerReady::Builder b) {
-                 b.setVersion(0);
-                 b.setSource("test");
+    auto step = static_cast<uint64_t>(resumed ? resumed->step : 0);
+    self->send(trainer, build_envelope<msg::LearnerReady>([&](msg::LearnerReady::Builder b) {
+                 b.setVersion(step);
+                 b.setSource(resumed ? source : "test");
+                 b.setResumed(resumed.has_value());
+                 b.setTrainerState(resumed ? trainer::to_json(*resumed) : "");
                }));
     self->send(trainer, build_envelope<msg::VersionReady>(
-                          [](msg::VersionReady::Builder b) { b.setVersion(0); }));
-    ids = rollout_phase(0);
+                          [&](msg::VersionReady::Builder b) { b.setVersion(step); }));
+    for (size_t i = 0; resumed && i < trainer::stateful_roles().size(); ++i) {
+      expect<msg::RoleStateRestore>(self, [&](msg::RoleStateRestore::Reader r) {
+        CHECK(std::string{r.getSource().cStr()} == source);
+      });
+      self->send(trainer,
+                 build_envelope<msg::RoleStateRestored>([](msg::RoleStateRestored::Builder b) {
+                   b.setOk(true);
+                 }));
+    }
+    ids = rollout_phase(step);
   }
   /// Answers the group-size query of 0-based `step` with G = 3; returns the step's six
   /// request ids.
@@ -135,6 +152,16 @@ envelope trajectory(uint64_t id, float reward,
     b.setWorker("rollout_worker#0@test");
     b.setStatus(status);
     b.setFailure(failure);
+  });
+}
+
+/// The learner's answer to the batch of 0-based `step` when it could not take the step.
+envelope failed_result(uint64_t step, const std::string& reason) {
+  return build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+    b.setStep(step);
+    b.setVersion(step);
+    b.setOk(false);
+    b.setReason(reason);
   });
 }
 
@@ -307,12 +334,7 @@ TEST_CASE("a train step the learner could not take ends the job with the learner
   finish_rollouts(h, h.ids);
   const std::string reason = "every update of the step (1 of them) had a non-finite loss or "
                              "gradient norm and was dropped";
-  h.self->send(h.trainer, build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
-                 b.setStep(0);
-                 b.setVersion(0);
-                 b.setOk(false);
-                 b.setReason(reason);
-               }));
+  h.self->send(h.trainer, failed_result(0, reason));
   // A failed result is not a step: the trainer must not wait for version 0 to be "synced".
   auto [ok, why] = expect_shutdown(h.self);
   CHECK_FALSE(ok);
@@ -374,4 +396,24 @@ TEST_CASE("a metrics write on a full disk ends the job naming the file") {
   CHECK_FALSE(ok);
   CHECK(why == "step 1: metrics: cannot write " + metrics + ": No space left on device; no "
                "checkpoint of this run was written, so --resume has nothing to continue from");
+}
+
+TEST_CASE("after a resume a failed step names the checkpoint the run was resumed from") {
+  trainer::trainer_snapshot saved; // three steps of two groups of G = 3 taken
+  saved.step = 3;
+  saved.counters = {6, 18, 6};
+  saved.reward_history = {0.5, 0.5, 0.5};
+  saved.roles = std::map<std::string, std::string>{{"sagc_controller", "{}"}, {"scheduler", "{}"}};
+  const std::string source = "/runs/resumed/checkpoints/step-0000000003";
+  trainer_harness h{"resumed_learner_failed", [](experiment_config& e) { e.run.steps = 5; },
+                    saved, source};
+  CHECK(h.ids == std::vector<uint64_t>{18, 19, 20, 21, 22, 23});
+  finish_rollouts(h, h.ids);
+  h.self->send(h.trainer, failed_result(3, "trajectory 18: 2 response tokens, 1 mask bytes, 2 "
+                                           "log-probs"));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 4: the learner failed: trajectory 18: 2 response tokens, 1 mask bytes, 2 "
+               "log-probs; the last complete checkpoint is " + source + " (step 3); continue "
+               "the run with --resume once the cause is fixed");
 }
