@@ -227,8 +227,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
             try {
               m = st.core->train_step(decode_batch(batch));
             } catch (const std::exception& ex) {
-              // Answered, not only logged: the trainer waits for this step's result and ends
-              // the job with the reason (a malformed batch, every update non-finite...).
+              // Answered: the trainer waits for this step's result and ends the job with the
+              // reason (a malformed batch, every update non-finite...).
               self->send(st.trainer,
                          build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
                            b.setStep(batch.getStep());
