@@ -227,7 +227,15 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
             try {
               m = st.core->train_step(decode_batch(batch));
             } catch (const std::exception& ex) {
-              fail_job(self, fmt::format("train step {} failed: {}", batch.getStep(), ex.what()));
+              // Answered: the trainer waits for this step's result and ends the job with the
+              // reason (a malformed batch, every update non-finite...).
+              self->send(st.trainer,
+                         build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+                           b.setStep(batch.getStep());
+                           b.setVersion(static_cast<uint64_t>(st.step));
+                           b.setOk(false);
+                           b.setReason(ex.what());
+                         }));
               return;
             }
             ++st.step;

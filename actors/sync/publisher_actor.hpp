@@ -12,7 +12,9 @@ namespace sorl {
 /// bounded buckets (in process every worker shares the same bytes). A worker that fails the
 /// delta or reports another hash gets the version in full; a failed full sync stops the job
 /// loudly (shutdown with ok = false). When every live worker acknowledged the published hash
-/// the new snapshot becomes the delta base and the trainer gets VersionReady.
+/// the new snapshot becomes the delta base and the trainer gets VersionReady. With no rollout
+/// worker left (all gone, during a version or between versions) it ends the job rather than
+/// wait for acknowledgements that cannot come.
 caf::actor spawn_sync_publisher(caf::actor_system& sys, const role_context& ctx);
 
 } // namespace sorl

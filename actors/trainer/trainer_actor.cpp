@@ -75,6 +75,10 @@ struct trainer_state {
   std::string resume_source;
   /// A signal asked the job to stop ("SIGINT on node main"); "" while none did.
   std::string stop_request;
+  /// The run's newest complete checkpoint (written or resumed from) and its step; "" while
+  /// there is none. Named when a failure ends the job, so the user knows what --resume finds.
+  std::string last_checkpoint;
+  int64_t last_checkpoint_step = 0;
 };
 
 using trainer_actor_t = caf::stateful_actor<trainer_state>;
@@ -119,6 +123,16 @@ std::string missing_rollouts(const trainer_state& st) {
 void fail_job(trainer_actor_t* self, std::string why) {
   self->state.now = phase::done;
   sorl::fail_job(self->state.directory, self->state.me, std::move(why));
+}
+
+/// What survives a failed step and how to continue, appended to the failure's reason: the
+/// step in progress is lost, never half-saved (runtime/ml/checkpoint.hpp).
+std::string resume_hint(const trainer_state& st) {
+  if (st.last_checkpoint.empty())
+    return "no checkpoint of this run was written, so --resume has nothing to continue from";
+  return fmt::format("the last complete checkpoint is {} (step {}); continue the run with "
+                     "--resume once the cause is fixed",
+                     st.last_checkpoint, st.last_checkpoint_step);
 }
 
 trainer::trainer_snapshot snapshot_of(const trainer_state& st) {
@@ -380,7 +394,7 @@ void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
   try {
     st.sink->write(rec);
   } catch (const std::exception& ex) {
-    fail_job(self, fmt::format("cannot write metrics: {}", ex.what()));
+    fail_job(self, fmt::format("step {}: {}; {}", st.step, ex.what(), resume_hint(st)));
     return;
   }
   fmt::print("{}\n", progress_line(rec, st.cfg->run.steps));
@@ -464,6 +478,8 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
               st.counters = saved.counters;
               st.reward_history = saved.reward_history;
               st.acc_before = saved.accuracy_before;
+              st.last_checkpoint = st.resume_source;
+              st.last_checkpoint_step = st.step;
               resume_after = st.step;
               spdlog::info("{}: resuming after step {} from {}", st.me, st.step,
                            st.resume_source);
@@ -622,6 +638,11 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
       if (handle_as<msg::TrainResult>(e, st.me, [&](msg::TrainResult::Reader r) {
             if (st.now != phase::learn)
               return;
+            if (!r.getOk()) {
+              fail_job(self, fmt::format("step {}: the learner failed: {}; {}", st.step + 1,
+                                         r.getReason().cStr(), resume_hint(st)));
+              return;
+            }
             st.learn_end_ns = steady_now_ns();
             auto names = r.getMetricNames();
             auto values = r.getMetricValues();
@@ -643,11 +664,13 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
         return;
       if (handle_as<msg::CheckpointDone>(e, st.me, [&](msg::CheckpointDone::Reader d) {
             if (!d.getOk()) {
-              fail_job(self, fmt::format("checkpoint at step {} failed: {}", d.getStep(),
-                                         d.getReason().cStr()));
+              fail_job(self, fmt::format("checkpoint at step {} failed: {}; {}", d.getStep(),
+                                         d.getReason().cStr(), resume_hint(st)));
               return;
             }
             spdlog::info("{}: checkpoint {}", st.me, d.getPath().cStr());
+            st.last_checkpoint = d.getPath();
+            st.last_checkpoint_step = static_cast<int64_t>(d.getStep());
             if (!st.stop_request.empty()) {
               stop_on_request(self, fmt::format("checkpoint {}", d.getPath().cStr()));
               return;

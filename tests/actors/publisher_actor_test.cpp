@@ -1,7 +1,8 @@
 // The sync_publisher actor with scripted rollout workers: a worker that fails a delta gets
 // the version in full, the others keep getting deltas, a worker lost during a broadcast
-// does not hold the version back, and VersionReady counts the live workers whose
-// acknowledgement carried the published hash.
+// does not hold the version back, VersionReady counts the live workers whose
+// acknowledgement carried the published hash, and with every worker gone the publisher ends
+// the job instead of waiting for acknowledgements that cannot come.
 
 #include <catch2/catch.hpp>
 
@@ -128,9 +129,67 @@ struct publisher_harness {
   ~publisher_harness() {
     trainer->send_exit(pub, caf::exit_reason::user_shutdown);
   }
+  /// The trainer's snapshot of version `v` reaches both workers.
+  void broadcast(uint64_t v) {
+    trainer->send(pub, snapshot(v));
+    receive_version(a);
+    receive_version(b);
+  }
 };
 
+/// Waits for the publisher's (shutdown_atom, ok, why) to the directory (played by `trainer`);
+/// a VersionReady before it fails the test: no worker holds that version.
+std::pair<bool, std::string> expect_job_end(caf::scoped_actor& trainer) {
+  std::pair<bool, std::string> out;
+  for (bool found = false; !found;)
+    trainer->receive(
+      [&](const envelope& e) {
+        if (e.schema_id() == capnp::typeId<msg::VersionReady>())
+          FAIL("a version was declared ready without any worker to hold it");
+      },
+      [&](shutdown_atom, bool ok, const std::string& why) {
+        found = true;
+        out = {ok, why};
+      },
+      caf::after(10s) >> [] { FAIL("the publisher neither finished the version nor ended the job"); });
+  return out;
+}
+
 } // namespace
+
+TEST_CASE("with every worker gone the publisher ends the job instead of waiting for acks") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
+  h.broadcast(0);
+  a->send(pub, ack(0, roster[1].name(), true, hash_of(0)));
+  SECTION("during a broadcast: b never acknowledges, so version 0 can never complete") {}
+  SECTION("between versions: nothing is in flight, the next snapshot has no one to go to") {
+    b->send(pub, ack(0, roster[2].name(), true, hash_of(0)));
+    receive_ready(trainer, [](msg::VersionReady::Reader r) { CHECK(r.getWorkers() == 2); });
+  }
+  // a goes first: were b first, a's acknowledgement would complete version 0 with a alone.
+  trainer->send(pub, peer_down_atom::value, roster[1], std::string{"killed"});
+  trainer->send(pub, peer_down_atom::value, roster[2], std::string{"connection lost"});
+  auto [ok, why] = expect_job_end(trainer);
+  CHECK_FALSE(ok);
+  CHECK(why == "every rollout worker is gone");
+}
+
+TEST_CASE("the publisher ends the job when a snapshot has no worker to go to") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor trainer{sys};
+  experiment_config exp;
+  auto pub = spawn_sync_publisher(
+    sys, test_context(exp, "sync_publisher", caf::actor_cast<caf::actor>(trainer)));
+  std::vector<peer_info> roster{{"trainer", 0, "test", caf::actor_cast<caf::actor>(trainer)}};
+  trainer->send(pub, roster_atom::value, roster);
+  trainer->send(pub, snapshot(0));
+  auto [ok, why] = expect_job_end(trainer);
+  CHECK_FALSE(ok);
+  CHECK(why == "no rollout worker to publish to");
+  trainer->send_exit(pub, caf::exit_reason::user_shutdown);
+}
 
 TEST_CASE("the publisher resyncs a failed worker in full and never waits for a lost one") {
   publisher_harness h;
@@ -209,9 +268,7 @@ TEST_CASE("the publisher resyncs a failed worker in full and never waits for a l
 TEST_CASE("a worker lost after acknowledging a version is not counted among the verified ones") {
   publisher_harness h;
   auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
-  trainer->send(pub, snapshot(0));
-  receive_version(a);
-  receive_version(b);
+  h.broadcast(0);
   // b holds version 0 with the right hash, then goes; a's acknowledgement completes it.
   b->send(pub, ack(0, roster[2].name(), true, hash_of(0)));
   trainer->send(pub, peer_down_atom::value, roster[2], std::string{"killed"});

@@ -1,7 +1,8 @@
 // The trainer actor shell with every peer played by the test: a rollout that a worker could not
 // serve still lets the step complete and is counted; the step's checksum reports what the
-// publisher verified; a reward failure can stop the job; and the rollout-phase watchdog fails a
-// stalled step with a message naming what is missing.
+// publisher verified; a reward failure can stop the job; the rollout-phase watchdog fails a
+// stalled step with a message naming what is missing; and a failed train step, checkpoint or
+// metrics write ends the job with the reason and what --resume would continue from.
 
 #include <catch2/catch.hpp>
 
@@ -9,11 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <tuple>
 
 #include <caf/all.hpp>
 
 #include "actors/trainer/trainer_actor.hpp"
+#include "actors/trainer/trainer_checkpoint.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
@@ -58,8 +61,9 @@ std::pair<bool, std::string> expect_shutdown(caf::scoped_actor& self) {
 }
 
 /// The trainer with the test's scoped actor in every other role and as the directory, taken
-/// to its first rollout phase with G = 3: `ids` are its six requests. The trainer is stopped
-/// at the end of the test.
+/// to its first rollout phase with G = 3: `ids` are its six requests. With `resumed`, the
+/// learner reports a resume from checkpoint `source` carrying that trainer state, and both
+/// stateful roles restore theirs. The trainer is stopped at the end of the test.
 struct trainer_harness {
   test_system_config cfg;
   caf::actor_system sys{cfg};
@@ -68,7 +72,9 @@ struct trainer_harness {
   caf::actor trainer;
   std::vector<uint64_t> ids;
 
-  trainer_harness(const std::string& name, const std::function<void(experiment_config&)>& tweak)
+  trainer_harness(const std::string& name, const std::function<void(experiment_config&)>& tweak,
+                  const std::optional<trainer::trainer_snapshot>& resumed = std::nullopt,
+                  const std::string& source = "")
     : exp(one_step(name)) {
     tweak(exp);
     auto me = caf::actor_cast<caf::actor>(self);
@@ -78,24 +84,43 @@ struct trainer_harness {
                       "rollout_worker"})
       roster.push_back({role, 0, "test", std::string{role} == "trainer" ? trainer : me});
     self->send(trainer, roster_atom::value, roster);
-    self->send(trainer, build_envelope<msg::LearnerReady>([](msg::LearnerReady::Builder b) {
-                 b.setVersion(0);
-                 b.setSource("test");
+    auto step = static_cast<uint64_t>(resumed ? resumed->step : 0);
+    self->send(trainer, build_envelope<msg::LearnerReady>([&](msg::LearnerReady::Builder b) {
+                 b.setVersion(step);
+                 b.setSource(resumed ? source : "test");
+                 b.setResumed(resumed.has_value());
+                 b.setTrainerState(resumed ? trainer::to_json(*resumed) : "");
                }));
     self->send(trainer, build_envelope<msg::VersionReady>(
-                          [](msg::VersionReady::Builder b) { b.setVersion(0); }));
+                          [&](msg::VersionReady::Builder b) { b.setVersion(step); }));
+    for (size_t i = 0; resumed && i < trainer::stateful_roles().size(); ++i) {
+      expect<msg::RoleStateRestore>(self, [&](msg::RoleStateRestore::Reader r) {
+        CHECK(std::string{r.getSource().cStr()} == source);
+      });
+      self->send(trainer,
+                 build_envelope<msg::RoleStateRestored>([](msg::RoleStateRestored::Builder b) {
+                   b.setOk(true);
+                 }));
+    }
+    ids = rollout_phase(step);
+  }
+  /// Answers the group-size query of 0-based `step` with G = 3; returns the step's six
+  /// request ids.
+  std::vector<uint64_t> rollout_phase(uint64_t step) {
     expect<msg::GroupSizeQuery>(self,
-                                [](msg::GroupSizeQuery::Reader q) { CHECK(q.getStep() == 0); });
+                                [&](msg::GroupSizeQuery::Reader q) { CHECK(q.getStep() == step); });
     self->send(trainer,
-               build_envelope<msg::GroupSizeDecision>([](msg::GroupSizeDecision::Builder b) {
-                 b.setStep(0);
+               build_envelope<msg::GroupSizeDecision>([&](msg::GroupSizeDecision::Builder b) {
+                 b.setStep(step);
                  b.setGroupSize(3);
                  b.setPolicy("static");
                }));
+    std::vector<uint64_t> out;
     for (int i = 0; i < 6; ++i)
       expect<msg::GenerateRequest>(self, [&](msg::GenerateRequest::Reader r) {
-        ids.push_back(r.getRequestId());
+        out.push_back(r.getRequestId());
       });
+    return out;
   }
   ~trainer_harness() {
     self->send_exit(trainer, caf::exit_reason::user_shutdown);
@@ -130,40 +155,83 @@ envelope trajectory(uint64_t id, float reward,
   });
 }
 
+/// The learner's answer to the batch of 0-based `step` when it could not take the step.
+envelope failed_result(uint64_t step, const std::string& reason) {
+  return build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+    b.setStep(step);
+    b.setVersion(step);
+    b.setOk(false);
+    b.setReason(reason);
+  });
+}
+
+/// Every rollout of `ids` arrives, rewards alternating 1 / 0; the batch goes to the learner.
+void finish_rollouts(trainer_harness& h, const std::vector<uint64_t>& ids) {
+  for (auto id : ids)
+    h.self->send(h.trainer, trajectory(id, id % 2 == 0 ? 1.0f : 0.0f));
+  expect<msg::TrainBatch>(h.self, [](msg::TrainBatch::Reader) {});
+}
+
+/// Takes 1-based step `step` from the learner's result to the checkpoint request: version
+/// `step` is ready as `ready` describes it and every stateful role answers.
+void learn_to_checkpoint(trainer_harness& h, uint64_t step,
+                         const std::function<void(msg::VersionReady::Builder)>& ready) {
+  auto& self = h.self;
+  self->send(h.trainer, build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+               b.setStep(step - 1);
+               b.setVersion(step);
+               b.setOk(true);
+             }));
+  self->send(h.trainer, build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
+               b.setVersion(step);
+               ready(b);
+             }));
+  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
+  for (auto role : {"sagc_controller", "scheduler"}) {
+    expect<msg::RoleStateQuery>(self, [&](msg::RoleStateQuery::Reader q) {
+      CHECK(q.getStep() == step);
+    });
+    self->send(h.trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+                 b.setStep(step);
+                 b.setRole(role);
+                 b.setState("{}");
+                 b.setOk(true);
+               }));
+  }
+  expect<msg::CheckpointRequest>(self, [&](msg::CheckpointRequest::Reader r) {
+    CHECK(r.getStep() == step);
+  });
+}
+
+/// The learner's answer to the checkpoint request of `step`.
+envelope checkpoint_done(uint64_t step, bool ok, const std::string& path_or_reason) {
+  return build_envelope<msg::CheckpointDone>([&](msg::CheckpointDone::Builder b) {
+    b.setStep(step);
+    b.setOk(ok);
+    if (ok)
+      b.setPath(path_or_reason);
+    else
+      b.setReason(path_or_reason);
+  });
+}
+
+/// The steps of RUN_DIR/metrics.jsonl's records, in file order.
+std::vector<int64_t> recorded_steps(const experiment_config& exp) {
+  std::vector<int64_t> steps;
+  std::ifstream in{fs::path{exp.run.run_dir()} / "metrics.jsonl"};
+  for (std::string line; std::getline(in, line);)
+    steps.push_back(parse_metrics_line(line).step);
+  return steps;
+}
+
 /// Takes the harness's step from the learner's result to the end of the job: version 1 is
 /// ready as `ready` describes it, every stateful role answers, the checkpoint succeeds.
 /// Returns the step's metrics record, the only one written.
 metrics_record finish_step(trainer_harness& h,
                            const std::function<void(msg::VersionReady::Builder)>& ready) {
   auto& self = h.self;
-  self->send(h.trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
-               b.setStep(0);
-               b.setVersion(1);
-               b.setOk(true);
-             }));
-  self->send(h.trainer, build_envelope<msg::VersionReady>([&](msg::VersionReady::Builder b) {
-               b.setVersion(1);
-               ready(b);
-             }));
-  // Before its checkpoint the trainer asks each role whose state it saves (both played here).
-  for (auto role : {"sagc_controller", "scheduler"}) {
-    expect<msg::RoleStateQuery>(self, [](msg::RoleStateQuery::Reader q) {
-      CHECK(q.getStep() == 1);
-    });
-    self->send(h.trainer, build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
-                 b.setStep(1);
-                 b.setRole(role);
-                 b.setState("{}");
-                 b.setOk(true);
-               }));
-  }
-  expect<msg::CheckpointRequest>(self, [](msg::CheckpointRequest::Reader r) {
-    CHECK(r.getStep() == 1);
-  });
-  self->send(h.trainer, build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
-               b.setStep(1);
-               b.setOk(true);
-             }));
+  learn_to_checkpoint(h, 1, ready);
+  self->send(h.trainer, checkpoint_done(1, true, ""));
   auto [ok, why] = expect_shutdown(self);
   INFO(why);
   CHECK(ok);
@@ -259,4 +327,93 @@ TEST_CASE("the rollout-phase watchdog fails a stalled step naming the rollouts i
                                   "started on any worker)"));
   auto metrics = fs::path{exp.run.run_dir()} / "metrics.jsonl"; // no step was written
   CHECK((!fs::exists(metrics) || fs::file_size(metrics) == 0));
+}
+
+TEST_CASE("a train step the learner could not take ends the job with the learner's reason") {
+  trainer_harness h{"learner_failed", [](experiment_config&) {}};
+  finish_rollouts(h, h.ids);
+  const std::string reason = "every update of the step (1 of them) had a non-finite loss or "
+                             "gradient norm and was dropped";
+  h.self->send(h.trainer, failed_result(0, reason));
+  // A failed result is not a step: the trainer must not wait for version 0 to be "synced".
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 1: the learner failed: " + reason + "; no checkpoint of this run was "
+               "written, so --resume has nothing to continue from");
+  CHECK(recorded_steps(h.exp).empty());
+}
+
+TEST_CASE("a failed checkpoint write ends the job naming the path and the last good checkpoint") {
+  trainer_harness h{"checkpoint_failed", [](experiment_config& e) {
+                      e.run.steps = 2;
+                      e.run.checkpoint_every = 1;
+                    }};
+  auto ok_ready = [](msg::VersionReady::Builder b) {
+    b.setWorkers(1);
+    b.setVerifiedWorkers(1);
+  };
+  const std::string step1 = h.exp.run.run_dir() + "/checkpoints/step-0000000001";
+  finish_rollouts(h, h.ids);
+  learn_to_checkpoint(h, 1, ok_ready);
+  h.self->send(h.trainer, checkpoint_done(1, true, step1));
+  finish_rollouts(h, h.rollout_phase(1));
+  learn_to_checkpoint(h, 2, ok_ready);
+  // What the learner answers when the disk is full (its reason names the path).
+  const std::string reason = h.exp.run.run_dir() + "/checkpoints/.tmp-step-0000000002-1/"
+                             "model.safetensors: write failed: No space left on device";
+  h.self->send(h.trainer, checkpoint_done(2, false, reason));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "checkpoint at step 2 failed: " + reason + "; the last complete checkpoint is " +
+               step1 + " (step 1); continue the run with --resume once the cause is fixed");
+  CHECK(recorded_steps(h.exp) == std::vector<int64_t>{1, 2}); // resume drops step 2's
+}
+
+TEST_CASE("a metrics write on a full disk ends the job naming the file") {
+  // /dev/full accepts the open and fails every write with ENOSPC, as a full disk does.
+  const std::string dev_full = "/dev/full";
+  std::string metrics;
+  trainer_harness h{"metrics_full", [&](experiment_config& e) {
+                      fs::create_directories(e.run.run_dir());
+                      metrics = e.run.run_dir() + "/metrics.jsonl";
+                      if (fs::exists(dev_full))
+                        fs::create_symlink(dev_full, metrics);
+                    }};
+  if (!fs::is_symlink(metrics)) {
+    WARN("no /dev/full on this system: the full-disk case is not tested");
+    return;
+  }
+  finish_rollouts(h, h.ids);
+  h.self->send(h.trainer, build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
+                 b.setStep(0);
+                 b.setVersion(1);
+                 b.setOk(true);
+               }));
+  h.self->send(h.trainer, build_envelope<msg::VersionReady>([](msg::VersionReady::Builder b) {
+                 b.setVersion(1);
+               }));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 1: metrics: cannot write " + metrics + ": No space left on device; no "
+               "checkpoint of this run was written, so --resume has nothing to continue from");
+}
+
+TEST_CASE("after a resume a failed step names the checkpoint the run was resumed from") {
+  trainer::trainer_snapshot saved; // three steps of two groups of G = 3 taken
+  saved.step = 3;
+  saved.counters = {6, 18, 6};
+  saved.reward_history = {0.5, 0.5, 0.5};
+  saved.roles = std::map<std::string, std::string>{{"sagc_controller", "{}"}, {"scheduler", "{}"}};
+  const std::string source = "/runs/resumed/checkpoints/step-0000000003";
+  trainer_harness h{"resumed_learner_failed", [](experiment_config& e) { e.run.steps = 5; },
+                    saved, source};
+  CHECK(h.ids == std::vector<uint64_t>{18, 19, 20, 21, 22, 23});
+  finish_rollouts(h, h.ids);
+  h.self->send(h.trainer, failed_result(3, "trajectory 18: 2 response tokens, 1 mask bytes, 2 "
+                                           "log-probs"));
+  auto [ok, why] = expect_shutdown(h.self);
+  CHECK_FALSE(ok);
+  CHECK(why == "step 4: the learner failed: trajectory 18: 2 response tokens, 1 mask bytes, 2 "
+               "log-probs; the last complete checkpoint is " + source + " (step 3); continue "
+               "the run with --resume once the cause is fixed");
 }
