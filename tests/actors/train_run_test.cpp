@@ -424,10 +424,12 @@ TEST_CASE("three processes train with the same step semantics, also when a worke
   const std::regex holds{"@rollout-b: holds (\\d+) requests"};
   size_t from = 0;
   int held = 0;
+  int freezes = 0;
   while (held == 0) {
     INFO(b.output());
     REQUIRE(b.wait_for(": holds ", 600s, from));
     b.freeze();
+    ++freezes;
     for (size_t i = from - 1; i < b.line_count(); ++i) {
       std::smatch m;
       if (std::regex_search(b.line(i), m, holds))
@@ -447,6 +449,8 @@ TEST_CASE("three processes train with the same step semantics, also when a worke
   REQUIRE(std::regex_search(out, m, std::regex{"rollout_worker#1@rollout-b is gone \\(.*\\); "
                                                "re-placing (\\d+) requests"}));
   auto replaced = std::stoi(m[1]);
+  WARN("rollout-b held at least " << held << " unfinished requests when killed (freeze "
+                                  << freezes << "); the scheduler re-placed " << replaced);
   // What it held, plus any request still on its way to it when it was killed.
   CHECK(replaced >= held);
   auto lines = jsonl("threeproc");
