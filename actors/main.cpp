@@ -406,6 +406,20 @@ int main(int argc, char** argv) {
   }
   if (node->parsed()) {
     auto cfg = load_or_exit(node_config);
+    // The address is checked before anything starts (no restart, no socket), like a
+    // `listen` address in the file.
+    if (!connect.empty()) {
+      std::string why;
+      auto ep = sorl::endpoint::parse(connect, &why);
+      if (ep)
+        why = cfg.network.plaintext_refusal(*ep, "connect to");
+      if (!why.empty()) {
+        std::cerr << "sorl node: --connect \"" << connect << "\": " << why
+                  << "; nothing started\n";
+        return 2;
+      }
+      node_opts.connect = *ep;
+    }
     pin_cpu_kernels(argv, &cfg, node_opts.node);
     print_presets(cfg);
     cfg.run.resume = resume;
@@ -430,15 +444,6 @@ int main(int argc, char** argv) {
     if (hosts_learner(cfg, node_opts.node) && !resume)
       if (int rc = ensure_warm_start(cfg))
         return rc;
-    if (!connect.empty()) {
-      std::string why;
-      auto ep = sorl::endpoint::parse(connect, &why);
-      if (!ep) {
-        std::cerr << "sorl node: --connect \"" << connect << "\": " << why << '\n';
-        return 2;
-      }
-      node_opts.connect = *ep;
-    }
     sorl::interrupt_watch interrupts;
     node_opts.interrupts = &interrupts;
     auto r = sorl::run_node(cfg, sorl::builtin_roles(), node_opts);

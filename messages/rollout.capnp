@@ -38,6 +38,9 @@ struct GenerateRequest {
   # sender; readers then fall back to the Float32 fields.
   temperature64 @13 :Float64 = nan;
   topP64 @14 :Float64 = nan;
+  # Set by the scheduler when it places the request again because the worker it was on was
+  # lost (the name of that worker); empty on the first placement.
+  replacedFrom @15 :Text;
 }
 
 enum EventKind {
@@ -88,6 +91,8 @@ struct Trajectory {
   worker @15 :Text;
   status @16 :RolloutStatus;        # ok unless the request could not be served or scored
   failure @17 :Text;                # why, when status is not ok
+  replacedFrom @18 :Text;           # the request's replacedFrom: the lost worker it was
+                                    # placed on before this one; empty if it was not re-placed
 }
 
 # Trainer → scheduler → rollout workers: stop these rollouts now and free their KV cache

@@ -76,6 +76,15 @@ std::string endpoint::to_string() const {
   return fmt::format("{}:{}", host, port);
 }
 
+std::string network_config::plaintext_refusal(const endpoint& ep, std::string_view verb) const {
+  if (ep.is_loopback() || tls_enabled() || insecure)
+    return "";
+  return fmt::format("refusing to {} non-loopback address {} without TLS: set "
+                     "network.tls_certificate, tls_key and tls_ca_file, or "
+                     "network.insecure = true to accept plaintext",
+                     verb, ep.to_string());
+}
+
 std::optional<endpoint> endpoint::parse(std::string_view text, std::string* why) {
   auto fail = [&](std::string reason) -> std::optional<endpoint> {
     if (why)
@@ -841,13 +850,9 @@ void check_topology(const toml::table& root, error_sink& sink, experiment_config
         sink.add(node_src(i, "connect"), fmt::format("node[{}].connect", i + 1),
                  fmt::format("\"{}\" is not a node with `listen`", n.connect));
     }
-    if (n.listen && !n.listen->is_loopback() && !cfg.network.tls_enabled()
-        && !cfg.network.insecure)
-      sink.add(node_src(i, "listen"), fmt::format("node[{}].listen", i + 1),
-               fmt::format("refusing to listen on non-loopback address {} without TLS: set "
-                           "network.tls_certificate, tls_key and tls_ca_file, or "
-                           "network.insecure = true to accept plaintext",
-                           n.listen->to_string()));
+    if (n.listen)
+      if (auto why = cfg.network.plaintext_refusal(*n.listen, "listen on"); !why.empty())
+        sink.add(node_src(i, "listen"), fmt::format("node[{}].listen", i + 1), why);
   }
 }
 

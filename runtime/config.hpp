@@ -211,6 +211,11 @@ struct network_config {
   bool tls_enabled() const {
     return !tls_certificate.empty();
   }
+  /// Why plaintext to `ep` is refused, e.g. "refusing to connect to non-loopback address
+  /// 10.0.0.2:4242 without TLS: set ...", or "" when it is allowed (loopback, TLS configured,
+  /// or `insecure`). `verb` is "listen on" or "connect to". The same rule for both sides
+  /// (README.md "TLS").
+  std::string plaintext_refusal(const endpoint& ep, std::string_view verb) const;
 };
 
 /// [smoke]: the ping/pong roles of configs/smoke.toml (topology smoke run).

@@ -61,6 +61,8 @@
 // |                       | of another version, decoding error); never trained on           |
 // | reward_failures       | rollouts whose scorer / environment threw or gave NaN / inf:    |
 // |                       | out of their group's statistics and masked out of the loss      |
+// | replaced_requests     | rollouts of the step the scheduler placed again on another      |
+// |                       | worker because theirs was lost (peer_down, ARCHITECTURE.md §5)  |
 // | overlong_penalty_mean | mean DAPO overlong shaping term over the batch's scored samples |
 // |                       | (per turn, learner_core.hpp; 0 unless algorithm.overlong=shape) |
 // | overlong_shaped       | samples of the batch whose overlong shaping term is < 0         |

@@ -527,12 +527,8 @@ run_result run_node(const experiment_config& cfg, const role_table& table,
       return {2, fmt::format("node {}: no hub to connect to (give one node `listen`)",
                              opts.node),
               0};
-    if (!target->is_loopback() && !tls && !cfg.network.insecure)
-      return {2,
-              fmt::format("node {}: refusing to connect to non-loopback {} without TLS: set "
-                          "network.tls_* or network.insecure = true",
-                          opts.node, target->to_string()),
-              0};
+    if (auto why = cfg.network.plaintext_refusal(*target, "connect to"); !why.empty())
+      return {2, fmt::format("node {}: {}", opts.node, why), 0};
     auto deadline = std::chrono::steady_clock::now()
                     + std::chrono::milliseconds{cfg.network.connect_timeout_ms};
     std::string last_error;

@@ -104,6 +104,7 @@ envelope encode_trajectory(const rollout::rollout_result& r, const std::string& 
                 : r.status == rollout::rollout_status::failed ? msg::RolloutStatus::FAILED
                                                                : msg::RolloutStatus::REWARD_FAILED);
     b.setFailure(r.failure);
+    b.setReplacedFrom(r.request.replaced_from);
   });
 }
 
@@ -200,7 +201,12 @@ void on_delta_bucket(worker_actor_t* self, uint64_t version, uint32_t index,
 void send_events(worker_actor_t* self) {
   auto& st = self->state;
   auto in_flight = static_cast<uint32_t>(st.core->in_flight());
-  for (auto& ev : st.core->take_events()) {
+  auto events = st.core->take_events();
+  // Logged before the events leave: a request counted here has sent no finish event yet,
+  // so the last such line bounds from below what the scheduler still sees in flight here.
+  if (!events.empty())
+    spdlog::debug("{}: holds {} requests", st.me, in_flight);
+  for (auto& ev : events) {
     auto env = encode_event(ev, st.me, in_flight);
     self->send(st.sagc, env);
     self->send(st.scheduler, env);
@@ -276,6 +282,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             req.temperature = sampling.temperature;
             req.top_p = sampling.top_p;
             req.top_k = sampling.top_k;
+            req.replaced_from = r.getReplacedFrom();
             // A request is never dropped: what cannot be served goes back to the trainer as a
             // failed rollout, so that the step completes without it.
             try {

@@ -41,6 +41,9 @@ struct rollout_request {
   double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/sampler.hpp)
   double top_p = 1.0;
   uint32_t top_k = 0;
+  /// The lost worker the scheduler placed this request on before (empty on a first
+  /// placement); the worker only passes it on to the trajectory.
+  std::string replaced_from;
 };
 
 enum class event_kind { start, chunk, finish };

@@ -1,7 +1,9 @@
 #include "actors/scheduler/scheduler_actor.hpp"
 
 #include <map>
+#include <optional>
 
+#include <capnp/message.h>
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -39,6 +41,22 @@ void place(scheduler_actor_t* self, uint64_t request_id, uint64_t group_id) {
     return;
   }
   self->send(st.workers.at(*where.worker), st.in_flight.at(request_id));
+}
+
+/// `request` with replacedFrom = `lost`, so that its trajectory says it was re-placed (the
+/// trainer counts these as `replaced_requests`).
+envelope mark_replaced(const envelope& request, const std::string& lost) {
+  std::optional<envelope> marked;
+  auto err = with_envelope<msg::GenerateRequest>(request, [&](msg::GenerateRequest::Reader r) {
+    capnp::MallocMessageBuilder builder;
+    builder.setRoot(r);
+    builder.getRoot<msg::GenerateRequest>().setReplacedFrom(lost);
+    marked = make_envelope<msg::GenerateRequest>(builder);
+  });
+  // It was opened once already when it arrived; should that fail now, send it unmarked.
+  if (err || !marked)
+    return request;
+  return *marked;
 }
 
 caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
@@ -146,8 +164,10 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
       spdlog::warn("{}: {} is gone ({}); re-placing {} requests", st.me, who.name(), why,
                    orphans.size());
       for (auto& o : orphans) {
-        if (st.in_flight.count(o.request_id) == 0)
+        auto held = st.in_flight.find(o.request_id);
+        if (held == st.in_flight.end())
           continue;
+        held->second = mark_replaced(held->second, who.name());
         place(self, o.request_id, o.group_id);
       }
     },

@@ -286,8 +286,10 @@ void end_rollouts(trainer_actor_t* self) {
   std::map<uint64_t, std::vector<double>> group_rewards;
   double tokens = 0;
   std::map<std::string, int> finish_counts;
+  double replaced = 0;
   for (auto& [id, env] : st.trajectories) {
     with_envelope<msg::Trajectory>(env, [&](msg::Trajectory::Reader t) {
+      replaced += t.getReplacedFrom().size() > 0;
       if (t.getStatus() == msg::RolloutStatus::FAILED)
         return; // nothing was generated that the statistics could describe
       double policy_tokens = 0;
@@ -338,6 +340,7 @@ void end_rollouts(trainer_actor_t* self) {
   rec.extra["deadline_cut"] = st.plan->was_cut() ? 1.0 : 0.0;
   rec.extra["failed_rollouts"] = static_cast<double>(st.plan->failed_rollouts());
   rec.extra["reward_failures"] = static_cast<double>(st.plan->reward_failures());
+  rec.extra["replaced_requests"] = replaced;
   if (chosen.empty()) {
     fail_job(self, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} "
                                "without a reward)",

@@ -106,14 +106,21 @@ struct three_process_job {
   std::optional<child_process> b;
 
   three_process_job(const std::string& name, int steps)
-    : cfg{fresh_run(name, steps)}, hub{{SORL_BIN, "node", cfg, "--node", "main"}} {
+    : three_process_job{fresh_run(name, steps), std::vector<std::string>{}} {
+  }
+
+  /// The same on the config file `config`, with `b_args` added to rollout-b's command line.
+  three_process_job(std::string config, std::vector<std::string> b_args)
+    : cfg{std::move(config)}, hub{{SORL_BIN, "node", cfg, "--node", "main"}} {
     REQUIRE(hub.wait_for("listening on 127.0.0.1:", 30s));
     std::string port = sorl::test::listening_port(hub.output());
     REQUIRE_FALSE(port.empty());
     a.emplace(std::vector<std::string>{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect",
                                        "127.0.0.1:" + port});
-    b.emplace(std::vector<std::string>{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect",
-                                       "127.0.0.1:" + port});
+    std::vector<std::string> b_argv{SORL_BIN, "node", cfg, "--node", "rollout-b", "--connect",
+                                    "127.0.0.1:" + port};
+    b_argv.insert(b_argv.end(), b_args.begin(), b_args.end());
+    b.emplace(b_argv);
   }
 
   static std::string fresh_run(const std::string& name, int steps) {
@@ -399,21 +406,125 @@ TEST_CASE("a signal to a worker node stops the job cleanly and a second one exit
 }
 
 TEST_CASE("three processes train with the same step semantics, also when a worker dies") {
-  three_process_job job{"threeproc", 4};
+  fs::remove_all(data_dir() / "runs" / "threeproc");
+  auto text = small_config("threeproc", 4, three_nodes);
+  // Should the scheduler fail to re-place what the dead worker held, the step would never
+  // complete: the watchdog then fails the job after 60 s without a finished rollout.
+  text.replace(text.find("max_batch = 16\n"), 15, "max_batch = 16\nwatchdog_s = 60\n");
+  // rollout-b at debug level logs "holds N requests" before each batch of its rollout events
+  // leaves (actors/rollout/worker_actor.cpp, send_events).
+  three_process_job job{write("threeproc.toml", text), {"--log-level", "debug"}};
   auto& hub = job.hub;
-  REQUIRE(hub.wait_for("step 2/4", 600s));
-  job.b->signal(SIGKILL); // mid-run: its in-flight requests are re-placed on rollout-a
+  auto& b = *job.b;
+  REQUIRE(hub.wait_for("step 1/4", 600s)); // one step with both workers
+  // Freeze rollout-b as it reports holding requests. It writes that line before the finish
+  // events of the rollouts it no longer counts leave, so the last such line before the freeze
+  // is a lower bound on the requests it holds unfinished, for the scheduler too. A freeze
+  // that finds 0 (it had just finished its share) thaws it and waits for the next line.
+  const std::regex holds{"@rollout-b: holds (\\d+) requests"};
+  size_t from = 0;
+  int held = 0;
+  int freezes = 0;
+  while (held == 0) {
+    INFO(b.output());
+    REQUIRE(b.wait_for(": holds ", 600s, from));
+    b.freeze();
+    ++freezes;
+    for (size_t i = from - 1; i < b.line_count(); ++i) {
+      std::smatch m;
+      if (std::regex_search(b.line(i), m, holds))
+        held = std::stoi(m[1]);
+    }
+    from = b.line_count();
+    if (held == 0)
+      b.thaw();
+  }
+  b.signal(SIGKILL); // frozen, holding `held` requests: the scheduler must re-place them
   auto rc = hub.wait_exit(600s);
   INFO(hub.output());
   REQUIRE(rc == 0);
   CHECK(job.a->wait_exit(30s) == 0);
-  CHECK(hub.wait_for("peer down: rollout_worker#1@rollout-b", 1s));
+  std::smatch m;
+  auto out = hub.output();
+  REQUIRE(std::regex_search(out, m, std::regex{"rollout_worker#1@rollout-b is gone \\(.*\\); "
+                                               "re-placing (\\d+) requests"}));
+  auto replaced = std::stoi(m[1]);
+  WARN("rollout-b held at least " << held << " unfinished requests when killed (freeze "
+                                  << freezes << "); the scheduler re-placed " << replaced);
+  // What it held, plus any request still on its way to it when it was killed.
+  CHECK(replaced >= held);
   auto lines = jsonl("threeproc");
   REQUIRE(lines.size() == 4);
+  int steps_with_replacements = 0;
   for (auto& line : lines) {
-    CHECK(field(line, "rollouts") == "16.0");
+    INFO(line);
+    CHECK(field(line, "rollouts") == "16.0"); // every group complete, re-placed ones included
     CHECK(field(line, "checksum") == "\"ok\"");
+    auto r = number(line, "replaced_requests");
+    if (r > 0) {
+      // All in the step it was killed in. Each held one can only have come from rollout-a;
+      // a re-placed request whose first trajectory had already left rollout-b is trained
+      // from that one (the copy is ignored), so it may count once fewer than re-placed.
+      ++steps_with_replacements;
+      CHECK(r >= held);
+      CHECK(r <= replaced);
+    }
   }
+  CHECK(steps_with_replacements == 1);
+  CHECK(field(lines.front(), "sync_verified_workers") == "2.0");
+  CHECK(field(lines.back(), "sync_verified_workers") == "1.0");
+}
+
+TEST_CASE("a training job over TLS has the same results at every step as over plain "
+          "loopback") {
+  if (!fs::exists("/usr/bin/openssl"))
+    FAIL("openssl is needed to make test certificates (scripts/install-deps installs it)");
+  auto pki = data_dir() / "train_pki";
+  fs::remove_all(pki);
+  sorl::test::make_pki(pki.string());
+  // The hub and rollout-a of `three_nodes`: two processes.
+  std::string hub_and_rollout_node = three_nodes;
+  hub_and_rollout_node.erase(hub_and_rollout_node.find("[[node]]\nname = \"rollout-b\""));
+  // Runs the job as two processes and returns its metrics records.
+  auto run = [&](const std::string& name, bool tls) {
+    fs::remove_all(data_dir() / "runs" / name);
+    auto text = small_config(name, 3, hub_and_rollout_node);
+    // As in the resume test above: weight decay and a KL term make every step's weights
+    // (model_hash) depend on that step's prompts and sampled tokens.
+    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\nkl_coef = 0.1\n");
+    if (tls)
+      text.replace(text.find("[network]\n"), 10,
+                   "[network]\ntls_certificate = \"" + (pki / "node.pem").string()
+                     + "\"\ntls_key = \"" + (pki / "node.key").string()
+                     + "\"\ntls_ca_file = \"" + (pki / "ca.pem").string() + "\"\n");
+    auto cfg = write(name + ".toml", text);
+    child_process hub{{SORL_BIN, "node", cfg, "--node", "main"}};
+    REQUIRE(hub.wait_for("listening on 127.0.0.1:", 60s));
+    CHECK((hub.output().find(" (TLS)\n") != std::string::npos) == tls);
+    auto port = sorl::test::listening_port(hub.output());
+    REQUIRE_FALSE(port.empty());
+    child_process worker{{SORL_BIN, "node", cfg, "--node", "rollout-a", "--connect",
+                          "127.0.0.1:" + port}};
+    auto rc = hub.wait_exit(600s);
+    INFO(hub.output() << worker.output());
+    REQUIRE(rc == 0);
+    CHECK(worker.wait_exit(30s) == 0);
+    auto lines = jsonl(name);
+    REQUIRE(lines.size() == 3);
+    return lines;
+  };
+  auto plain = run("train_plain", false);
+  auto tls = run("train_tls", true);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("step " << i + 1);
+    CHECK(field(tls[i], "model_hash") == field(plain[i], "model_hash"));
+    CHECK(field(tls[i], "reward_mean") == field(plain[i], "reward_mean"));
+    CHECK(field(tls[i], "rollouts") == "16.0");
+    CHECK(field(tls[i], "checksum") == "\"ok\"");
+    CHECK(field(tls[i], "sync_verified_workers") == "1.0");
+  }
+  // Step 3's update moved the weights, so equal hashes there witness equal data.
+  CHECK(field(plain[2], "model_hash") != field(plain[1], "model_hash"));
 }
 
 TEST_CASE("DAPO refills zero-signal groups and trains on groups with signal only") {

@@ -87,12 +87,19 @@ bool child_process::pump(std::chrono::milliseconds budget) {
 
 std::optional<child_process::clock::time_point>
 child_process::wait_for(const std::string& needle, std::chrono::milliseconds timeout) {
+  size_t from = 0;
+  return wait_for(needle, timeout, from);
+}
+
+std::optional<child_process::clock::time_point>
+child_process::wait_for(const std::string& needle, std::chrono::milliseconds timeout,
+                        size_t& from) {
   auto deadline = clock::now() + timeout;
-  size_t checked = 0;
+  size_t& checked = from;
   for (;;) {
     for (; checked < lines_.size(); ++checked)
       if (lines_[checked].second.find(needle) != std::string::npos)
-        return lines_[checked].first;
+        return lines_[checked++].first;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
     if (left.count() <= 0)
       return std::nullopt;
@@ -119,6 +126,26 @@ std::optional<int> child_process::wait_exit(std::chrono::milliseconds timeout) {
   return status_;
 }
 
+void child_process::freeze() {
+  if (status_ || pid_ <= 0)
+    throw std::runtime_error("freeze: the process has exited");
+  kill(pid_, SIGSTOP);
+  int st = 0;
+  if (waitpid(pid_, &st, WUNTRACED) != pid_)
+    throw std::runtime_error(std::string{"freeze: waitpid: "} + std::strerror(errno));
+  if (!WIFSTOPPED(st)) {
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    throw std::runtime_error("freeze: the process exited before it stopped");
+  }
+  // Its writes finished before it stopped, so they are all in the pipe: one read to EAGAIN.
+  pump(std::chrono::milliseconds{0});
+}
+
+void child_process::thaw() {
+  if (!status_ && pid_ > 0)
+    kill(pid_, SIGCONT);
+}
+
 void child_process::signal(int sig) {
   if (!status_ && pid_ > 0)
     kill(pid_, sig);
@@ -137,6 +164,23 @@ std::string write_test_file(const std::string& dir, const std::string& name,
   auto path = std::filesystem::path{dir} / name;
   std::ofstream{path} << text;
   return path.string();
+}
+
+void make_pki(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  auto openssl = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/bin/openssl");
+    child_process p{args};
+    auto rc = p.wait_exit(std::chrono::seconds{60});
+    if (rc != 0)
+      throw std::runtime_error("openssl " + args.at(1) + " failed: " + p.output());
+  };
+  openssl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/ca.key", "-out",
+           dir + "/ca.pem", "-days", "2", "-subj", "/CN=sorl-test-ca"});
+  openssl({"req", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/node.key", "-out",
+           dir + "/node.csr", "-subj", "/CN=localhost"});
+  openssl({"x509", "-req", "-in", dir + "/node.csr", "-CA", dir + "/ca.pem", "-CAkey",
+           dir + "/ca.key", "-CAcreateserial", "-out", dir + "/node.pem", "-days", "2"});
 }
 
 std::string listening_port(const std::string& output) {

@@ -26,6 +26,25 @@ public:
   /// or std::nullopt after `timeout`. Lines seen earlier count too.
   std::optional<clock::time_point> wait_for(const std::string& needle,
                                             std::chrono::milliseconds timeout);
+  /// The same, counting only lines from index `from` on; on success `from` is moved past
+  /// the matching line, so that a loop sees each line once.
+  std::optional<clock::time_point> wait_for(const std::string& needle,
+                                            std::chrono::milliseconds timeout, size_t& from);
+
+  /// Complete lines read so far, and line `i` of them (0-based).
+  size_t line_count() const {
+    return lines_.size();
+  }
+  const std::string& line(size_t i) const {
+    return lines_.at(i).second;
+  }
+
+  /// SIGSTOP, then waits until the kernel reports the process stopped, and reads every
+  /// line it wrote before: what it did up to the stop is all in `output()`. Raises
+  /// std::runtime_error if it exited instead.
+  void freeze();
+  /// SIGCONT after freeze().
+  void thaw();
 
   /// Waits for exit; returns the exit status (128 + signal if killed), or nullopt on timeout.
   std::optional<int> wait_exit(std::chrono::milliseconds timeout);
@@ -52,6 +71,11 @@ private:
 /// and returns the path.
 std::string write_test_file(const std::string& dir, const std::string& name,
                             const std::string& text);
+
+/// Makes a CA and a certificate signed by it under `dir` with /usr/bin/openssl (ca.pem,
+/// node.pem, node.key; CN=localhost, valid 2 days). Raises std::runtime_error with openssl's
+/// output when a command fails.
+void make_pki(const std::string& dir);
 
 /// The port in a hub's "listening on 127.0.0.1:PORT" line of `output`, or "" if none.
 std::string listening_port(const std::string& output);
