@@ -131,6 +131,8 @@ struct algorithm_config {
   std::string on_reward_failure = "mask";
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
+  /// AdamW learning rate, in [0, 1]; 0 = a frozen policy (rollouts, rewards and loss metrics
+  /// of the starting weights, which never change: a baseline on the same prompts and seeds).
   double lr = 1e-4;
   double clip_eps_low = 0.2;      ///< in [0, 1)
   double clip_eps_high = 0.2;     ///< DAPO clip-higher uses e.g. 0.28

@@ -274,8 +274,8 @@ void learner_options::validate() const {
     throw std::invalid_argument(
       fmt::format("learner_options.{} must be {}, got {}", field, rule, v));
   };
-  if (!(std::isfinite(lr) && lr > 0.0))
-    fail("lr", lr, "> 0 and finite");
+  if (!(std::isfinite(lr) && lr >= 0.0))
+    fail("lr", lr, ">= 0 and finite");
   if (!finite_in(adam_beta1, 0.0, 1.0))
     fail("adam_beta1", adam_beta1, "in [0, 1)");
   if (!finite_in(adam_beta2, 0.0, 1.0))
@@ -561,10 +561,14 @@ void learner_core::adamw_update() {
     const at::Tensor& g = p.grad();
     if (!g.defined())
       continue; // as torch: a parameter without a gradient is not stepped (nor decayed)
-    if (options_.weight_decay != 0.0)
-      p.mul_(1.0 - lr * options_.weight_decay);
     exp_avg_[i].mul_(b1).add_(g, 1.0 - b1);
     exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
+    // lr = 0 (a frozen baseline) must keep every bit: adding a zero step would still turn a
+    // -0.0 weight into +0.0.
+    if (lr == 0.0)
+      continue;
+    if (options_.weight_decay != 0.0)
+      p.mul_(1.0 - lr * options_.weight_decay);
     const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.adam_eps);
     p.addcdiv_(exp_avg_[i], denom, -step_size);
   }

@@ -42,7 +42,9 @@ enum class overlong_mode {
 /// Hyper-parameters of the learner. Plain data: the TOML `[algorithm]` section is parsed into
 /// this at the entry point.
 struct learner_options {
-  double lr = 1e-6;           ///< AdamW learning rate (> 0)
+  /// AdamW learning rate, >= 0. 0 is a frozen policy: the loss, gradients and Adam moments are
+  /// computed as usual but no weight bit changes (a baseline on the same prompts and seeds).
+  double lr = 1e-6;
   double adam_beta1 = 0.9;    ///< first-moment decay, in [0, 1)
   double adam_beta2 = 0.999;  ///< second-moment decay, in [0, 1)
   double adam_eps = 1e-8;     ///< added to sqrt(v̂) (> 0)

@@ -10,6 +10,7 @@
 
 #include "runtime/metrics.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/run_checks.hpp"
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -20,13 +21,11 @@ TEST_CASE("a run with the sagc policy trains every step at the G the controller 
   fs::remove_all(run);
   // B = 4, G in [2, 4], first G = 3. A window of 8 durations is full after the first step
   // (12 rollouts), so every later step is decided from the straggler estimate and the queue.
+  // From the warm start (made by the ctest fixture e2e_warm_start), so every step learns.
+  sorl::test::require_warm_start(dir);
   const std::string text = "[run]\nname = \"sagc-policy\"\nseed = 3\nsteps = 3\noutput_dir = \""
-                           + (dir / "runs").string() + R"("
-[model]
-preset = "tiny"
-[task]
-name = "arithmetic"
-max_new_tokens = 4
+                           + (dir / "runs").string() + "\"\n"
+                           + sorl::test::warm_start_tables(dir) + R"(max_new_tokens = 4
 eval_prompts = 4
 [algorithm]
 prompts_per_step = 4
@@ -48,11 +47,9 @@ actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler"
   const auto rc = p.wait_exit(600s);
   INFO(p.output());
   REQUIRE(rc == 0);
-  std::ifstream in{run / "metrics.jsonl"};
-  std::vector<sorl::metrics_record> records;
-  for (std::string line; std::getline(in, line);)
-    records.push_back(sorl::parse_metrics_line(line));
+  const auto records = sorl::test::read_metrics(run);
   REQUIRE(records.size() == 3);
+  sorl::test::check_learned_every_step(records, 2);
   for (size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
     INFO("step " << r.step);

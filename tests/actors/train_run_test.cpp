@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/support/process.hpp"
+#include "tests/support/run_checks.hpp"
 
 using namespace std::chrono_literals;
 using sorl::test::child_process;
@@ -53,6 +54,17 @@ connect_timeout_ms = 20000
 join_timeout_ms = 30000
 )" << nodes;
   return s.str();
+}
+
+/// small_config, started from the warm start (tests/support/warm_start.hpp) on its prompts:
+/// groups get mixed rewards, so every step trains on signal.
+std::string warm_config(const std::string& name, int steps, const std::string& nodes,
+                        int checkpoint_every = 0, const std::string& sagc = "") {
+  sorl::test::require_warm_start(data_dir());
+  auto text = small_config(name, steps, nodes, checkpoint_every, sagc);
+  const std::string fresh = "[model]\npreset = \"tiny\"\n[task]\nname = \"arithmetic\"\n";
+  text.replace(text.find(fresh), fresh.size(), sorl::test::warm_start_tables(data_dir()));
+  return text;
 }
 
 const char* one_node = R"(
@@ -98,15 +110,15 @@ double number(const std::string& line, const std::string& key) {
 }
 
 /// A fresh run `name` of `steps` steps on the `three_nodes` topology as three processes:
-/// the hub, then the two rollout nodes.
+/// the hub, then the two rollout nodes; `warm`: from the warm start (warm_config).
 struct three_process_job {
   std::string cfg;
   child_process hub;
   std::optional<child_process> a;
   std::optional<child_process> b;
 
-  three_process_job(const std::string& name, int steps)
-    : three_process_job{fresh_run(name, steps), std::vector<std::string>{}} {
+  three_process_job(const std::string& name, int steps, bool warm = false)
+    : three_process_job{fresh_run(name, steps, warm), std::vector<std::string>{}} {
   }
 
   /// The same on the config file `config`, with `b_args` added to rollout-b's command line.
@@ -123,9 +135,10 @@ struct three_process_job {
     b.emplace(b_argv);
   }
 
-  static std::string fresh_run(const std::string& name, int steps) {
+  static std::string fresh_run(const std::string& name, int steps, bool warm) {
     fs::remove_all(data_dir() / "runs" / name);
-    return write(name + ".toml", small_config(name, steps, three_nodes));
+    return write(name + ".toml", warm ? warm_config(name, steps, three_nodes)
+                                      : small_config(name, steps, three_nodes));
   }
 };
 
@@ -134,12 +147,28 @@ std::string step_dir(const std::string& step) {
   return "step-" + std::string(10 - step.size(), '0') + step;
 }
 
-/// The step directory `latest` names in a run's checkpoints ("" when none).
-std::string latest(const std::string& run) {
-  std::ifstream in{data_dir() / "runs" / run / "checkpoints" / "latest"};
+/// The step directory `latest` names in the checkpoint root `root` ("" when none).
+std::string latest_in(const fs::path& root) {
+  std::ifstream in{root / "latest"};
   std::string name;
   std::getline(in, name);
   return name;
+}
+
+/// The step directory `latest` names in a run's checkpoints ("" when none).
+std::string latest(const std::string& run) {
+  return latest_in(data_dir() / "runs" / run / "checkpoints");
+}
+
+/// Runs `sorl train` on `text` (written as NAME.toml) as a fresh run `name` to its end and
+/// returns its metrics records.
+std::vector<sorl::metrics_record> train_fresh(const std::string& name, const std::string& text) {
+  fs::remove_all(data_dir() / "runs" / name);
+  child_process p{{SORL_BIN, "train", write(name + ".toml", text)}};
+  auto rc = p.wait_exit(600s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  return sorl::test::read_metrics(data_dir() / "runs" / name);
 }
 
 /// Runs `sorl train cfg` and kills it (SIGKILL) as soon as the learner logs the checkpoint of
@@ -179,9 +208,22 @@ interrupted_run interrupt_after_first_step(const std::string& cfg, int steps) {
 
 } // namespace
 
+// Hidden (run by name only): the ctest fixture e2e_warm_start (tests/actors/CMakeLists.txt)
+// that makes the warm start the training runs below start from, once per ctest run.
+TEST_CASE("the warm start of the end-to-end runs is made by sorl sft", "[.][warm_start]") {
+  fs::remove_all(sorl::test::warm_start_dir(data_dir()));
+  sorl::test::write_warm_start_prompts(data_dir());
+  child_process p{{SORL_BIN, "sft",
+                   write("warm-start.toml", sorl::test::warm_start_config(data_dir()))}};
+  auto rc = p.wait_exit(300s);
+  INFO(p.output());
+  REQUIRE(rc == 0);
+  CHECK(latest_in(sorl::test::warm_start_dir(data_dir())) == step_dir("80"));
+}
+
 TEST_CASE("a few synchronous steps in one process keep every invariant") {
   fs::remove_all(data_dir() / "runs" / "inproc");
-  auto cfg = write("inproc.toml", small_config("inproc", 3, one_node));
+  auto cfg = write("inproc.toml", warm_config("inproc", 3, one_node));
   child_process p{{SORL_BIN, "train", cfg}};
   auto rc = p.wait_exit(600s);
   INFO(p.output());
@@ -199,6 +241,7 @@ TEST_CASE("a few synchronous steps in one process keep every invariant") {
   CHECK(p.wait_for("held-out accuracy (before", 1s));
   CHECK(p.wait_for("held-out accuracy (after", 1s));
   CHECK(p.wait_for("job finished: 3 steps", 1s));
+  sorl::test::check_learned_every_step(sorl::test::read_metrics(data_dir() / "runs" / "inproc"), 2);
 }
 
 TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and group-size "
@@ -248,22 +291,18 @@ TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and gro
 
 TEST_CASE("a run killed or stopped with Ctrl-C and resumed has the uninterrupted run's weights "
           "after every step") {
-  // A fresh policy earns no reward here, so the policy-gradient term is zero and, on its
-  // own, the update would not depend on which prompts a step drew: a resume that lost its
-  // prompt cursor, group ids or seeds would still reach the same weights. The KL term to the
-  // reference model does depend on them once weight decay has moved the policy off the
-  // reference (from step 2's update on), and Adam turns its small gradients into full
-  // lr-sized steps, so every step's bf16 weights (model_hash) witness the prompts and
-  // sampled tokens of that step and of every earlier one.
+  // From the warm start every step trains on groups with signal, so each step's update, and
+  // so its bf16 weights (model_hash), depends on the prompts and sampled tokens of that step
+  // and of every earlier one: a resume that lost its prompt cursor, group ids or seeds would
+  // reach other weights. kl_coef > 0 keeps the reference model in the checkpointed state.
   //
   // Every run uses the same seed and two rollout workers. A rollout's tokens come from its
   // request's own seeded stream and its own logits row (runtime/ml/sampler.hpp, "Batch
   // independence"), so neither which worker serves it nor what shares its batch changes
-  // them; the learner sees the batch in request-id order. Runs of this config with 1, 2 or 3
-  // workers (max_batch 3) give the same hashes, so the comparison below is exact.
+  // them; the learner sees the batch in request-id order, so the comparison below is exact.
   auto config = [](const std::string& name) {
-    auto text = small_config(name, 6, one_node, 2);
-    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\nkl_coef = 0.1\n");
+    auto text = warm_config(name, 6, one_node, 2);
+    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-4\nkl_coef = 0.1\n");
     fs::remove_all(data_dir() / "runs" / name);
     return write(name + ".toml", text);
   };
@@ -276,9 +315,9 @@ TEST_CASE("a run killed or stopped with Ctrl-C and resumed has the uninterrupted
     for (const auto& line : jsonl("resume_ref"))
       uninterrupted.push_back(field(line, "model_hash"));
     REQUIRE(uninterrupted.size() == 6);
-    // Steps 3..6 moved the weights, so their hashes tell the steps' data apart.
-    for (size_t i = 2; i < uninterrupted.size(); ++i)
-      CHECK(uninterrupted[i] != uninterrupted[i - 1]);
+    // Every step learned (new weights each step), so the hashes tell the steps' data apart.
+    sorl::test::check_learned_every_step(
+      sorl::test::read_metrics(data_dir() / "runs" / "resume_ref"), 2);
   }
   // Resumes run `name` (config `cfg`) from the checkpoint of step `from` and compares every
   // step's model_hash with the uninterrupted run's.
@@ -407,7 +446,7 @@ TEST_CASE("a signal to a worker node stops the job cleanly and a second one exit
 
 TEST_CASE("three processes train with the same step semantics, also when a worker dies") {
   fs::remove_all(data_dir() / "runs" / "threeproc");
-  auto text = small_config("threeproc", 4, three_nodes);
+  auto text = warm_config("threeproc", 4, three_nodes);
   // Should the scheduler fail to re-place what the dead worker held, the step would never
   // complete: the watchdog then fails the job after 60 s without a finished rollout.
   text.replace(text.find("max_batch = 16\n"), 15, "max_batch = 16\nwatchdog_s = 60\n");
@@ -473,6 +512,9 @@ TEST_CASE("three processes train with the same step semantics, also when a worke
   CHECK(steps_with_replacements == 1);
   CHECK(field(lines.front(), "sync_verified_workers") == "2.0");
   CHECK(field(lines.back(), "sync_verified_workers") == "1.0");
+  // Two workers until rollout-b died, then one; every step learned from signal either way.
+  sorl::test::check_learned_every_step(sorl::test::read_metrics(data_dir() / "runs" / "threeproc"),
+                                       0);
 }
 
 TEST_CASE("a training job over TLS has the same results at every step as over plain "
@@ -488,10 +530,9 @@ TEST_CASE("a training job over TLS has the same results at every step as over pl
   // Runs the job as two processes and returns its metrics records.
   auto run = [&](const std::string& name, bool tls) {
     fs::remove_all(data_dir() / "runs" / name);
-    auto text = small_config(name, 3, hub_and_rollout_node);
-    // As in the resume test above: weight decay and a KL term make every step's weights
-    // (model_hash) depend on that step's prompts and sampled tokens.
-    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\nkl_coef = 0.1\n");
+    // From the warm start: every step has signal, so each step's weights (model_hash) depend
+    // on that step's prompts and sampled tokens.
+    auto text = warm_config(name, 3, hub_and_rollout_node);
     if (tls)
       text.replace(text.find("[network]\n"), 10,
                    "[network]\ntls_certificate = \"" + (pki / "node.pem").string()
@@ -511,6 +552,7 @@ TEST_CASE("a training job over TLS has the same results at every step as over pl
     CHECK(worker.wait_exit(30s) == 0);
     auto lines = jsonl(name);
     REQUIRE(lines.size() == 3);
+    sorl::test::check_learned_every_step(sorl::test::read_metrics(data_dir() / "runs" / name), 1);
     return lines;
   };
   auto plain = run("train_plain", false);
@@ -528,68 +570,128 @@ TEST_CASE("a training job over TLS has the same results at every step as over pl
 }
 
 TEST_CASE("DAPO refills zero-signal groups and trains on groups with signal only") {
-  fs::remove_all(data_dir() / "runs" / "dapo");
-  auto text = small_config("dapo", 2, one_node);
+  // G = 2 from the warm start: a group lacks signal (both right or both wrong) with
+  // probability ≈ 0.5, so a step whose four first groups all have signal (≈ 1/16) is rare;
+  // the run is seeded, and the check below that some step refilled says whether this one did.
+  auto text = warm_config("dapo", 2, one_node);
   text.replace(text.find("[algorithm]\n"), 12, "[algorithm]\nname = \"dapo\"\nmax_refill_rounds = 2\n");
-  auto cfg = write("dapo.toml", text);
-  child_process p{{SORL_BIN, "train", cfg}};
-  auto rc = p.wait_exit(600s);
-  INFO(p.output());
-  REQUIRE(rc == 0);
-  auto lines = jsonl("dapo");
-  REQUIRE(lines.size() == 2);
-  for (auto& line : lines) {
-    // A fresh policy never answers 1–2 digit sums right (seeded, so this is deterministic):
-    // every group lacks signal, the trainer asks for B = 4 replacement groups twice, then
-    // trains on what it has (zero advantages: a no-op update) rather than stalling.
-    CHECK(field(line, "refill_rounds") == "2.0");
-    CHECK(field(line, "rollouts") == "48.0");
-    CHECK(field(line, "trained_groups") == "12.0");
+  text.replace(text.find("group_size = 4"), 14, "group_size = 2");
+  auto steps = train_fresh("dapo", text);
+  REQUIRE(steps.size() == 2);
+  double refills = 0;
+  for (const auto& r : steps) {
+    INFO("step " << r.step);
+    // reward_per_group covers every group of the step, refills included.
+    const double groups = static_cast<double>(r.reward_per_group.size());
+    double zero_signal = 0;
+    for (double mean : r.reward_per_group)
+      zero_signal += mean == 0.0 || mean == 1.0; // G = 2: equal rewards
+    const double with_signal = groups - zero_signal;
+    CHECK(r.extra.at("zero_signal_groups_rollout") == zero_signal);
+    CHECK(r.extra.at("rollouts") == 2 * groups);
+    // Each round asks for as many groups as signal is missing, B = 4 at most.
+    const double rounds = r.extra.at("refill_rounds");
+    CHECK(rounds <= 2);
+    CHECK((rounds == 0) == (groups == 4));
+    refills += rounds;
+    // The learner gets B groups with signal when there are that many, and none without.
+    REQUIRE(with_signal >= 1);
+    CHECK(r.extra.at("trained_groups") == std::min(4.0, with_signal));
+    CHECK(r.extra.at("trained_rollouts") == 2 * r.extra.at("trained_groups"));
+    CHECK(r.extra.at("zero_signal_groups") == 0.0); // the learner's own count
     // max_new_tokens = 4 = overlong_cache: the ramp starts at 0 tokens, so every trained
     // response (≥ 1 token, a single turn) is shaped by −length / 4, in [−1, −0.25].
-    CHECK(field(line, "overlong_shaped") == "48.0");
-    auto penalty = std::stod(field(line, "overlong_penalty_mean"));
-    CHECK(penalty >= -1.0);
-    CHECK(penalty <= -0.25);
-    CHECK(field(line, "failed_rollouts") == "0.0");
-    CHECK(field(line, "reward_failures") == "0.0");
+    CHECK(r.extra.at("overlong_shaped") == r.extra.at("trained_rollouts"));
+    CHECK(r.extra.at("overlong_penalty_mean") >= -1.0);
+    CHECK(r.extra.at("overlong_penalty_mean") <= -0.25);
+    CHECK(r.extra.at("failed_rollouts") == 0.0);
+    CHECK(r.extra.at("reward_failures") == 0.0);
   }
+  CHECK(refills >= 1); // a zero-signal group was replaced at least once
+  sorl::test::check_learned_every_step(steps, 2);
 }
 
 TEST_CASE("sparse sync reaches the same rollout weights as full sync at every step") {
-  std::map<std::string, std::vector<std::string>> runs;
+  std::map<std::string, std::vector<sorl::metrics_record>> runs;
   for (std::string mode : {"full", "sparse"}) {
     auto name = "sync_" + mode;
-    fs::remove_all(data_dir() / "runs" / name);
-    auto text = small_config(name, 4, one_node);
+    // From the warm start: every step trains on signal, so the weights move by gradient
+    // steps, not by weight decay alone.
+    auto text = warm_config(name, 4, one_node);
     text.replace(text.find("[sync]\n"), 7, "[sync]\nmode = \"" + mode + "\"\n");
-    // A fresh policy earns no reward here (zero advantages), so decoupled weight decay is
-    // what moves the weights: lr × decay = 1e-4 relative per step flips a few % of bf16 bits.
-    text.replace(text.find("lr = 1e-4\n"), 10, "lr = 1e-3\nweight_decay = 0.1\n");
     // Small buckets: hundreds per version, for both payloads.
     text.replace(text.find("bucket_bytes = 65536"), 20, "bucket_bytes = 4096");
-    child_process p{{SORL_BIN, "train", write(name + ".toml", text)}};
-    auto rc = p.wait_exit(600s);
-    INFO(p.output());
-    REQUIRE(rc == 0);
-    runs[mode] = jsonl(name);
+    runs[mode] = train_fresh(name, text);
     REQUIRE(runs[mode].size() == 4);
+    INFO(mode);
+    sorl::test::check_learned_every_step(runs[mode], 2);
   }
   for (size_t i = 0; i < 4; ++i) {
     INFO("step " << i + 1);
     const auto& full = runs["full"][i];
     const auto& sparse = runs["sparse"][i];
-    // Workers acknowledged exactly these hashes, so their bf16 weights are bit-identical.
-    CHECK(field(sparse, "model_hash") == field(full, "model_hash"));
-    CHECK(field(full, "sync_full_workers") == "2.0");
-    CHECK(field(sparse, "sync_sparse_workers") == "2.0"); // version 0 was the full one
-    CHECK(field(sparse, "sync_full_workers") == "0.0");
-    CHECK(std::stod(field(sparse, "sync_bytes")) < std::stod(field(sparse, "sync_dense_bytes")));
-    auto changed = std::stod(field(sparse, "sync_changed_fraction"));
+    // Workers acknowledged exactly these hashes, so their bf16 weights are bit-identical;
+    // the same rewards say the two runs sampled the same rollouts from them.
+    CHECK(sparse.extra_text.at("model_hash") == full.extra_text.at("model_hash"));
+    CHECK(sparse.reward_per_group == full.reward_per_group);
+    CHECK(full.extra.at("sync_full_workers") == 2);
+    CHECK(sparse.extra.at("sync_sparse_workers") == 2); // version 0 was the full one
+    CHECK(sparse.extra.at("sync_full_workers") == 0);
+    CHECK(sparse.extra.at("sync_resyncs") == 0);
+    CHECK(sparse.extra.at("sync_bytes") < sparse.extra.at("sync_dense_bytes"));
+    auto changed = sparse.extra.at("sync_changed_fraction");
     CHECK(changed > 0.0);
-    CHECK(changed < 0.5);
-    CHECK(field(sparse, "checksum") == "\"ok\"");
+    CHECK(changed < 1.0);
   }
+}
+
+TEST_CASE("from the warm start the sampled reward climbs with lr > 0 and lr = 0 changes no weight") {
+  // Two runs of 8 steps with the same seed, prompts and sampling streams (a rollout's seed
+  // depends on the run seed, its group and its sample index only), B = 4, G = 8: one trains
+  // at lr = 1e-3, the other is frozen (lr = 0). Each step asks the same four prompts.
+  std::map<std::string, std::vector<sorl::metrics_record>> runs;
+  for (std::string lr : {"1e-3", "0.0"}) {
+    auto name = "climb_" + std::string{lr == "0.0" ? "frozen" : "trained"};
+    auto text = warm_config(name, 8, one_node);
+    text.replace(text.find("lr = 1e-4\n"), 10, "lr = " + lr + "\n");
+    text.replace(text.find("group_size = 4"), 14, "group_size = 8");
+    text.replace(text.find("max_batch = 16"), 14, "max_batch = 32");
+    runs[lr] = train_fresh(name, text);
+    REQUIRE(runs[lr].size() == 8);
+  }
+  const auto& trained = runs["1e-3"];
+  const auto& frozen = runs["0.0"];
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i + 1);
+    // Frozen: the gradient is there, but no weight bit moves (every worker holds the warm
+    // start's weights every step).
+    CHECK(frozen[i].extra.at("grad_norm") > 0.0);
+    CHECK(frozen[i].extra_text.at("model_hash") == frozen[0].extra_text.at("model_hash"));
+    CHECK(frozen[i].extra_text.at("checksum") == "ok");
+    // Trained: new weights every step.
+    if (i > 0)
+      CHECK(trained[i].extra_text.at("model_hash") != trained[i - 1].extra_text.at("model_hash"));
+    CHECK(trained[i].extra_text.at("checksum") == "ok");
+  }
+  // Step 1 samples the warm start in both runs: the same rollouts.
+  CHECK(*trained[0].reward_mean == *frozen[0].reward_mean);
+  auto mean_reward = [](const std::vector<sorl::metrics_record>& r, size_t from, size_t to) {
+    double sum = 0;
+    for (size_t i = from; i < to; ++i)
+      sum += *r[i].reward_mean;
+    return sum / static_cast<double>(to - from);
+  };
+  // Mean sampled reward of the last 3 steps (96 rollouts each run). Measured with run seeds
+  // 1–8 (this test uses 5): trained minus frozen 0.22–0.45, and trained last 3 minus its own
+  // first 3 0.05–0.25 (the frozen warm start samples 0.28–0.69 per step). The bounds below,
+  // +0.1 over the frozen run and > 0 over the run's own start, hold for every seed measured;
+  // the first is the robust one (at least 0.12 to spare), the second is the weaker claim.
+  const double last_trained = mean_reward(trained, 5, 8);
+  const double last_frozen = mean_reward(frozen, 5, 8);
+  INFO("trained " << last_trained << ", frozen " << last_frozen << ", trained first 3 "
+                  << mean_reward(trained, 0, 3));
+  CHECK(last_trained >= last_frozen + 0.1);
+  CHECK(last_trained > mean_reward(trained, 0, 3));
 }
 
 TEST_CASE("deadline mode aborts the slowest rollouts and trains on groups of at least g_min") {

@@ -145,9 +145,14 @@ TEST_CASE("an out-of-range value names the range") {
   CHECK(e.key == "algorithm.top_p");
   CHECK_THAT(e.message, Catch::Contains("out of range [0, 1]"));
 
-  auto e2 = only_error("[algorithm]\nlr = 0.0\n" + std::string{minimal});
-  CHECK(e2.key == "algorithm.lr");
+  auto e2 = only_error("[sft]\nlr = 0.0\n" + std::string{minimal});
+  CHECK(e2.key == "sft.lr");
   CHECK_THAT(e2.message, Catch::Contains("(0, 1]"));
+}
+
+TEST_CASE("algorithm.lr = 0, a frozen-policy baseline, is accepted") {
+  auto cfg = parse_config("[algorithm]\nlr = 0.0\n" + std::string{minimal}, "test.toml", roles, ".");
+  CHECK(cfg.algorithm.lr == 0.0);
 }
 
 TEST_CASE("a value outside an enumeration lists the allowed ones") {

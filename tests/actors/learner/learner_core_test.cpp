@@ -264,6 +264,33 @@ TEST_CASE("the same inputs and seed give bit-identical weights") {
   CHECK_FALSE(same_weights(a, c));
 }
 
+TEST_CASE("lr = 0 leaves every weight bit as it was while the loss and gradients are computed") {
+  at::set_num_threads(1);
+  learner_options o = test_options(); // weight decay 0.01: a zero lr must not apply it either
+  o.lr = 0.0;
+  const auto batch = synthetic_batch(2, 4, small_dims().vocab);
+  ml::policy_model model(small_dims(), 5), untouched(small_dims(), 5);
+  {
+    // A -0.0 weight: adding a zero step would make it +0.0, a different bit pattern.
+    at::NoGradGuard no_grad;
+    model.parameters()[0].second.view({-1})[0] = -0.0f;
+    untouched.parameters()[0].second.view({-1})[0] = -0.0f;
+  }
+  learner_core learner(model, o, 1);
+  const step_metrics m = learner.train_step(batch);
+  CHECK(m.grad_norm > 0.0);
+  CHECK(m.advantage_abs_mean > 0.0);
+  CHECK(m.updates == 1);
+  CHECK(same_weights(model, untouched));
+  CHECK(std::signbit(model.parameters()[0].second.view({-1})[0].item<float>()));
+  // The same step with lr > 0 moves them: the comparison above can fail.
+  o.lr = 1e-3;
+  ml::policy_model moved(small_dims(), 5);
+  learner_core trained(moved, o, 1);
+  trained.train_step(batch);
+  CHECK_FALSE(same_weights(moved, untouched));
+}
+
 TEST_CASE("an optimizer state round trip through safetensors is bit-exact") {
   at::set_num_threads(1);
   learner_options o = test_options();
