@@ -325,23 +325,27 @@ TEST_CASE("acknowledgements of another version, of an unknown worker or repeated
 
 TEST_CASE("a worker lost mid-version does not hold it back, and losing the last fails the "
           "job") {
-  publisher p{{"a", "b", "c"}};
+  publisher p{{"a", "b", "c", "d"}};
   auto r = p.core.on_snapshot(snapshot(model_v0(), 0));
-  REQUIRE(r.sends.size() == 3);
+  REQUIRE(r.sends.size() == 4);
   weight_ack ok;
   ok.version = 0;
   ok.ok = true;
   ok.model_hash = p.core.model_hash();
   CHECK_FALSE(p.core.on_ack("a", ok).ready);
-  r = p.core.on_worker_down("c"); // still owed an acknowledgement
+  CHECK_FALSE(p.core.on_ack("c", ok).ready);
+  r = p.core.on_worker_down("c"); // acknowledged, then gone
+  CHECK_FALSE(r.ready);
+  CHECK_FALSE(r.fail);
+  r = p.core.on_worker_down("d"); // still owed an acknowledgement
   CHECK_FALSE(r.ready);
   CHECK_FALSE(r.fail);
   r = p.core.on_ack("b", ok);
   REQUIRE(r.ready);
   CHECK(r.ready->workers == 2);
-  CHECK(r.ready->full_workers == 3);
-  CHECK(r.ready->bytes_sent == 3 * 420 / 2); // c's bytes count, over the live workers
-  CHECK(r.ready->verified_workers == 2);
+  CHECK(r.ready->full_workers == 4);
+  CHECK(r.ready->bytes_sent == 4 * 420 / 2); // the lost workers' bytes count, over the live
+  CHECK(r.ready->verified_workers == 2);     // c's acknowledgement no longer counts
 
   // The last owed acknowledgement leaves with its worker: that completes the version.
   r = p.core.on_snapshot(snapshot(nudged(model_v0(), 2), 1));
