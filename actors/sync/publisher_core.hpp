@@ -11,6 +11,7 @@
 // Not thread-safe: owned by the sync_publisher actor.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
