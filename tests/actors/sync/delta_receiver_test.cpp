@@ -6,38 +6,13 @@
 #include <random>
 
 #include "actors/sync/delta_receiver.hpp"
+#include "tests/actors/sync/toy_model.hpp"
 
 using namespace sorl::sync;
 
 namespace {
 
-struct model_bits {
-  std::vector<std::vector<uint16_t>> tensors;
-
-  std::vector<tensor_meta> metas() const {
-    std::vector<tensor_meta> out;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      tensor_meta m;
-      m.name = "t" + std::to_string(i);
-      m.shape = {static_cast<int64_t>(tensors[i].size())};
-      m.hash = hash_bytes(tensors[i].data(), tensors[i].size() * 2);
-      out.push_back(m);
-    }
-    return out;
-  }
-  uint64_t hash() const {
-    std::vector<uint64_t> h;
-    for (auto& m : metas())
-      h.push_back(m.hash);
-    return model_hash(h);
-  }
-  std::vector<delta_target> targets() {
-    std::vector<delta_target> out;
-    for (size_t i = 0; i < tensors.size(); ++i)
-      out.push_back({static_cast<uint32_t>(i), tensors[i].data(), tensors[i].size()});
-    return out;
-  }
-};
+using model_bits = sorl::sync::test::toy_model;
 
 model_bits random_model(uint64_t seed) {
   std::mt19937_64 rng{seed};

@@ -1,0 +1,47 @@
+#pragma once
+
+// Translation between the weight-sync messages (messages/sync.capnp, WeightSnapshot of
+// messages/train.capnp) and their decoded forms (sync_messages.hpp, publisher_core.hpp), for
+// the sync publisher's and the rollout worker's shells. Each encoder sets the fields in the
+// order the shells always did, so the bytes on the wire do not depend on which side of this
+// file the values were computed (tests/actors/sync/sync_wire_test.cpp compares them).
+// Decoded forms borrow the message's bytes: keep the envelope alive while using them.
+
+#include <string>
+
+#include "actors/sync/publisher_core.hpp"
+#include "actors/sync/sync_messages.hpp"
+#include "messages/sync.capnp.h"
+#include "messages/train.capnp.h"
+#include "runtime/envelope.hpp"
+
+namespace sorl::sync {
+
+/// msg::WeightVersion of `h`.
+envelope encode_version_header(const version_header& h);
+
+/// msg::WeightBucket of `b`: its chunks (full) or its delta (sparse).
+envelope encode_bucket(const weight_bucket& b);
+
+/// msg::WeightAck of `a`, sent by `worker`.
+envelope encode_ack(const weight_ack& a, const std::string& worker);
+
+/// msg::VersionReady of `v`.
+envelope encode_version_ready(const version_ready& v);
+
+/// A WeightVersion's fields.
+version_header decode_version_header(msg::WeightVersion::Reader v);
+
+/// A WeightBucket's fields; chunks and delta borrow the message.
+bucket_view decode_bucket(msg::WeightBucket::Reader b);
+
+/// A WeightAck's fields (the worker name is the caller's to read).
+weight_ack decode_ack(msg::WeightAck::Reader a);
+
+/// A WeightSnapshot's fields; `keep_alive` (the envelope's words) owns the borrowed bytes.
+/// Reads each tensor blob once (every blob access counts its size against the reader's
+/// traversal limit).
+snapshot_view decode_snapshot(msg::WeightSnapshot::Reader s,
+                              std::shared_ptr<const void> keep_alive);
+
+} // namespace sorl::sync
