@@ -70,6 +70,8 @@ void step_driver::on(out& o, const ev::learner_ready& r) {
     counters_ = saved.counters;
     reward_history_ = saved.reward_history;
     acc_before_ = saved.accuracy_before;
+    last_checkpoint_ = resume_source_;
+    last_checkpoint_step_ = step_;
     resume_after = step_;
     o.push_back(cmd::log{cmd::log_level::info,
                          fmt::format("resuming after step {} from {}", step_, resume_source_)});
@@ -229,7 +231,8 @@ void step_driver::on(out& o, const ev::rollout_finished& t) {
   }
   progress_ns_ = now_ns_;
   rollouts_.emplace(t.request_id,
-                    kept_rollout{t.group_id, t.reward, t.outcome, t.policy_tokens, t.finish});
+                    kept_rollout{t.group_id, t.reward, t.outcome, t.policy_tokens, t.finish,
+                                 t.replaced});
   o.push_back(cmd::keep_trajectory{t.request_id});
   if (t.outcome != rollout_outcome::ok || !std::isfinite(t.reward)) {
     auto why = t.outcome == rollout_outcome::ok ? fmt::format("reward {} is not finite", t.reward)
@@ -322,7 +325,9 @@ void step_driver::end_rollouts(out& o) {
   std::map<uint64_t, std::vector<double>> group_rewards;
   double tokens = 0;
   std::map<std::string, int> finish_counts;
+  double replaced = 0;
   for (const auto& [id, t] : rollouts_) {
+    replaced += t.replaced ? 1 : 0;
     if (t.outcome == rollout_outcome::failed)
       continue; // nothing was generated that the statistics could describe
     lengths.push_back(t.policy_tokens);
@@ -369,6 +374,7 @@ void step_driver::end_rollouts(out& o) {
   rec.extra["deadline_cut"] = plan_->was_cut() ? 1.0 : 0.0;
   rec.extra["failed_rollouts"] = static_cast<double>(plan_->failed_rollouts());
   rec.extra["reward_failures"] = static_cast<double>(plan_->reward_failures());
+  rec.extra["replaced_requests"] = replaced;
   if (chosen.empty()) {
     fail(o, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} without a "
                         "reward)",
@@ -397,6 +403,11 @@ void step_driver::on(out&, const ev::step_timing& t) {
 void step_driver::on(out& o, const ev::train_result& r) {
   if (phase_ != phase::learn)
     return;
+  if (!r.ok) {
+    fail(o, fmt::format("step {}: the learner failed: {}; {}", step_ + 1, r.reason,
+                        resume_hint()));
+    return;
+  }
   learn_end_ns_ = now_ns_;
   for (size_t i = 0; i < r.metric_names.size() && i < r.metric_values.size(); ++i)
     record_.extra[r.metric_names[i]] = r.metric_values[i];
@@ -467,7 +478,8 @@ void step_driver::on(out& o, const ev::metrics_written& r) {
     return;
   awaiting_ = awaiting::nothing;
   if (r.error) {
-    fail(o, fmt::format("cannot write metrics: {}", *r.error));
+    // step_ already counts the step whose record failed.
+    fail(o, fmt::format("step {}: {}; {}", step_, *r.error, resume_hint()));
     return;
   }
   o.push_back(cmd::print_line{progress_line(record_, opts_.steps)});
@@ -523,15 +535,27 @@ void step_driver::send_checkpoint(out& o) {
 
 void step_driver::on(out& o, const ev::checkpoint_done& d) {
   if (!d.ok) {
-    fail(o, fmt::format("checkpoint at step {} failed: {}", d.step, d.reason));
+    fail(o, fmt::format("checkpoint at step {} failed: {}; {}", d.step, d.reason, resume_hint()));
     return;
   }
   o.push_back(cmd::log{cmd::log_level::info, fmt::format("checkpoint {}", d.path)});
+  last_checkpoint_ = d.path;
+  last_checkpoint_step_ = static_cast<int64_t>(d.step);
   if (!stop_request_.empty()) {
     stop_on_request(o, fmt::format("checkpoint {}", d.path));
     return;
   }
   begin_step(o);
+}
+
+/// What survives a failed step and how to continue, appended to the failure's reason: the
+/// step in progress is lost, never half-saved (runtime/ml/checkpoint.hpp).
+std::string step_driver::resume_hint() const {
+  if (last_checkpoint_.empty())
+    return "no checkpoint of this run was written, so --resume has nothing to continue from";
+  return fmt::format("the last complete checkpoint is {} (step {}); continue the run with "
+                     "--resume once the cause is fixed",
+                     last_checkpoint_, last_checkpoint_step_);
 }
 
 // -- the end ---------------------------------------------------------------------------------

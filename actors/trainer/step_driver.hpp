@@ -18,6 +18,9 @@
 // waits for `ev::metrics_opened` / `ev::metrics_written` (the outcome of the file operation)
 // before it goes on, so the shell must feed that event back before any other one.
 //
+// A failed train step, checkpoint or metrics write ends the job with a reason that names the
+// run's last complete checkpoint (written or resumed from), which --resume continues from.
+//
 // Time enters only as the `now_ns` argument (the shell's steady clock, ns); delays in
 // commands are relative to that `now_ns`.
 
@@ -151,6 +154,9 @@ struct rollout_finished {
   std::string worker;
   double policy_tokens = 0; ///< tokens sampled by the policy: the sum of the loss mask
   finish_reason finish = finish_reason::eos;
+  /// [replacedFrom] non-empty: the scheduler placed the request again on another worker
+  /// because its first one was lost; counted in the record's replaced_requests.
+  bool replaced = false;
 };
 
 /// [StepTiming] the controller's timing summary of the step.
@@ -165,11 +171,15 @@ struct step_timing {
   uint32_t aborted = 0;
 };
 
-/// [TrainResult] the learner's update produced `version`; its loss metrics by name.
+/// [TrainResult] the learner's update produced `version`; its loss metrics by name. With
+/// `ok` false the learner could not take the step (a malformed batch, every update
+/// non-finite) and says why in `reason`; the job then ends.
 struct train_result {
   uint64_t version = 0;
   std::vector<std::string> metric_names;
   std::vector<double> metric_values;
+  bool ok = true;
+  std::string reason{}; ///< initialised so that {version, names, values} stays warning-free
 };
 
 /// [CheckpointDone]
@@ -400,6 +410,7 @@ private:
     rollout_outcome outcome = rollout_outcome::ok;
     double policy_tokens = 0;
     ev::finish_reason finish = ev::finish_reason::eos;
+    bool replaced = false;
   };
   enum class awaiting { nothing, open, write };
 
@@ -432,6 +443,7 @@ private:
   void start_checkpoint(out& o);
   void send_checkpoint(out& o);
   void stop_on_request(out& o, const std::string& where);
+  std::string resume_hint() const;
   void finish(out& o);
   std::string missing_rollouts() const;
 
@@ -468,6 +480,11 @@ private:
   size_t restores_pending_ = 0;
   std::string resume_source_;
   std::string stop_request_; ///< "SIGINT on node main"; "" while no signal asked to stop
+  /// The run's newest complete checkpoint (written or resumed from) and its step; "" while
+  /// there is none. Named when a failed step ends the job, so the user knows what --resume
+  /// finds.
+  std::string last_checkpoint_;
+  int64_t last_checkpoint_step_ = 0;
 };
 
 } // namespace sorl::trainer

@@ -1,11 +1,19 @@
+// The trainer's actor shell: every decision of the synchronous step is the step driver's
+// (actors/trainer/step_driver.hpp, ARCHITECTURE.md §3). This file only decodes each message
+// into the driver's `ev::` event, hands it over with the steady-clock time and carries out the
+// returned commands: encoding and sending, timers, the metrics file, printing, logging and
+// ending the job. It also keeps the trajectories' envelopes, so the TrainBatch forwards them
+// without copying them into the driver.
+
 #include "actors/trainer/trainer_actor.hpp"
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <numeric>
+#include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -14,9 +22,7 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/request_sampling.hpp"
-#include "actors/sagc/timing.hpp"
-#include "actors/trainer/step_plan.hpp"
-#include "actors/trainer/trainer_checkpoint.hpp"
+#include "actors/trainer/step_driver.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
@@ -27,7 +33,8 @@ namespace sorl {
 
 namespace {
 
-enum class phase { starting, eval_before, rollout, learn, sync, checkpoint, eval_after, done };
+namespace ev = trainer::ev;
+namespace cmd = trainer::cmd;
 
 struct trainer_state {
   static inline const char* name = "sorl.trainer";
@@ -37,399 +44,259 @@ struct trainer_state {
   caf::actor scheduler;
   caf::actor learner;
   caf::actor sagc;
-  phase now = phase::starting;
-  bool learner_ready = false;
-  bool weights_ready = false;
-  bool resumed = false;
-  uint64_t version = 0;
-  std::optional<uint64_t> task_size;
-  trainer::trainer_counters counters;
-  int64_t step = 0;
-  uint32_t group_size = 0;
-  std::string group_reason;
-  /// Deadline mode: the rollout budget of this step (0 = none), and whether it is spent.
-  int64_t deadline_ns = 0;
-  uint32_t min_finished = 0;
-  bool deadline_passed = false;
-  std::unique_ptr<trainer::step_plan> plan;
-  std::map<uint64_t, envelope> trajectories; ///< by request id, this step
-  std::map<uint64_t, std::string> started_on; ///< request id → worker (start events)
-  /// Rollout-phase watchdog: the last time the step made progress (group size decided, a
-  /// rollout finished).
-  int64_t progress_ns = 0;
-  int64_t step_start_ns = 0;
-  int64_t rollout_end_ns = 0;
-  int64_t learn_end_ns = 0;
-  metrics_record record;       ///< the step's JSONL record, filled as the step goes
+  /// Built once the roster is in: its options need the task's size.
+  std::unique_ptr<trainer::step_driver> driver;
+  /// Events that arrived before the roster, with their envelope, handed over once the
+  /// driver exists.
+  std::vector<std::pair<trainer::event, envelope>> early;
   std::unique_ptr<metrics_sink> sink;
-  std::vector<double> reward_history;
-  std::optional<double> acc_before;
-  std::optional<double> acc_after;
-  int64_t run_start_ns = 0;
-  /// A VersionReady that overtook the TrainResult of the same step (different senders).
-  std::optional<envelope> early_ready;
-  /// Checkpoint in progress: the stateful roles' replies so far, by role.
-  std::map<std::string, std::string> role_states;
-  /// Resume: roles that have not yet confirmed their restored state; the run starts at 0.
-  size_t restores_pending = 0;
-  std::string resume_source;
-  /// A signal asked the job to stop ("SIGINT on node main"); "" while none did.
-  std::string stop_request;
-  /// The run's newest complete checkpoint (written or resumed from) and its step; "" while
-  /// there is none. Named when a failure ends the job, so the user knows what --resume finds.
-  std::string last_checkpoint;
-  int64_t last_checkpoint_step = 0;
+  std::map<uint64_t, envelope> trajectories; ///< kept for the TrainBatch, by request id
 };
 
 using trainer_actor_t = caf::stateful_actor<trainer_state>;
 
-void begin_step(trainer_actor_t* self);
+/// Carries out one command of the driver; `current` is the envelope of the event being
+/// handled, and `next` receives the outcome of a barrier command (metrics file operations).
+struct executor {
+  trainer_actor_t* self;
+  trainer_state& st;
+  const envelope& current;
+  std::optional<trainer::event>& next;
 
-std::chrono::nanoseconds watchdog_period(const experiment_config& cfg) {
-  return std::chrono::nanoseconds{static_cast<int64_t>(cfg.rollout.watchdog_s * 1e9)};
-}
-
-trainer::rollout_outcome outcome_of(msg::Trajectory::Reader t) {
-  switch (t.getStatus()) {
-    case msg::RolloutStatus::OK:
-      return trainer::rollout_outcome::ok;
-    case msg::RolloutStatus::FAILED:
-      return trainer::rollout_outcome::failed;
-    default:
-      return trainer::rollout_outcome::reward_failed;
+  const caf::actor& role(const std::string& name) const {
+    return name == "scheduler" ? st.scheduler : st.sagc;
   }
-}
 
-/// What a stalled rollout phase still waits for, for the watchdog's message.
-std::string missing_rollouts(const trainer_state& st) {
-  if (!st.plan)
-    return "the group-size decision of the sagc_controller";
-  auto missing = st.plan->outstanding();
-  std::string out = fmt::format("{} of {} rollouts:", missing.size(), st.plan->requested().size());
-  constexpr size_t shown = 10;
-  for (size_t i = 0; i < missing.size() && i < shown; ++i) {
-    const auto& r = missing[i];
-    auto w = st.started_on.find(r.request_id);
-    out += fmt::format("{} request {} (group {}, sample {}, {})", i == 0 ? "" : ";",
-                       r.request_id, r.group_id, r.sample_index,
-                       w == st.started_on.end() ? "not started on any worker"
-                                                : "started on " + w->second);
+  void operator()(const cmd::query_group_size& c) const {
+    self->send(st.sagc, build_envelope<msg::GroupSizeQuery>(
+                            [&](msg::GroupSizeQuery::Builder b) { b.setStep(c.step); }));
   }
-  if (missing.size() > shown)
-    out += fmt::format("; and {} more", missing.size() - shown);
-  return out;
-}
-
-void fail_job(trainer_actor_t* self, std::string why) {
-  self->state.now = phase::done;
-  sorl::fail_job(self->state.directory, self->state.me, std::move(why));
-}
-
-/// What survives a failed step and how to continue, appended to the failure's reason: the
-/// step in progress is lost, never half-saved (runtime/ml/checkpoint.hpp).
-std::string resume_hint(const trainer_state& st) {
-  if (st.last_checkpoint.empty())
-    return "no checkpoint of this run was written, so --resume has nothing to continue from";
-  return fmt::format("the last complete checkpoint is {} (step {}); continue the run with "
-                     "--resume once the cause is fixed",
-                     st.last_checkpoint, st.last_checkpoint_step);
-}
-
-trainer::trainer_snapshot snapshot_of(const trainer_state& st) {
-  trainer::trainer_snapshot s;
-  s.step = st.step;
-  s.counters = st.counters;
-  s.reward_history = st.reward_history;
-  s.accuracy_before = st.acc_before;
-  s.roles = st.role_states;
-  return s;
-}
-
-/// A checkpoint is due: ask every stateful role for its state first (send_checkpoint follows
-/// once all have answered).
-void start_checkpoint(trainer_actor_t* self) {
-  auto& st = self->state;
-  st.now = phase::checkpoint;
-  st.role_states.clear();
-  for (const auto& role : trainer::stateful_roles())
-    self->send(role == "scheduler" ? st.scheduler : st.sagc,
-               build_envelope<msg::RoleStateQuery>([&](msg::RoleStateQuery::Builder b) {
-                 b.setStep(static_cast<uint64_t>(st.step));
+  void operator()(const cmd::generate& c) const {
+    for (const auto& r : c.requests)
+      self->send(st.scheduler,
+                 build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
+                   b.setRequestId(r.request_id);
+                   b.setStep(r.step);
+                   b.setGroupId(r.group_id);
+                   b.setSampleIndex(r.sample_index);
+                   b.setGroupSize(r.group_size);
+                   b.setSplit(msg::TaskSplit::TRAIN);
+                   b.setTaskIndex(r.task_index);
+                   b.setSeed(r.seed);
+                   b.setWeightVersion(c.weight_version);
+                   b.setMaxNewTokens(c.max_new_tokens);
+                   rollout::write_sampling(b, {c.temperature, c.top_p, c.top_k});
+                 }));
+  }
+  void operator()(const cmd::abort_rollouts& c) const {
+    self->send(st.scheduler,
+               build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
+                 b.setStep(c.step);
+                 auto list = b.initRequestIds(static_cast<unsigned>(c.request_ids.size()));
+                 for (size_t i = 0; i < c.request_ids.size(); ++i)
+                   list.set(static_cast<unsigned>(i), c.request_ids[i]);
+                 b.setReason(c.reason);
                }));
-}
-
-void send_checkpoint(trainer_actor_t* self) {
-  auto& st = self->state;
-  std::string state;
-  try {
-    state = trainer::to_json(snapshot_of(st));
-  } catch (const std::exception& ex) {
-    fail_job(self, fmt::format("checkpoint at step {}: {}", st.step, ex.what()));
-    return;
   }
-  self->send(st.learner,
-             build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
-               b.setStep(static_cast<uint64_t>(st.step));
-               b.setDir(st.cfg->run.run_dir());
-               b.setTrainerState(state);
-             }));
-}
-
-/// Ends the job after a signal asked it to stop; `where` says what was saved.
-void stop_on_request(trainer_actor_t* self, const std::string& where) {
-  auto& st = self->state;
-  fail_job(self, fmt::format("stopped by {} after step {}/{}; {}", st.stop_request, st.step,
-                             st.cfg->run.steps, where));
-}
-
-void request_eval(trainer_actor_t* self, const char* tag) {
-  auto& st = self->state;
-  st.now = std::string{tag} == "before" ? phase::eval_before : phase::eval_after;
-  self->send(st.learner, build_envelope<msg::EvalRequest>([&](msg::EvalRequest::Builder b) {
-               b.setTag(tag);
-               b.setCount(static_cast<uint32_t>(st.cfg->task.eval_prompts));
-             }));
-}
-
-void finish_job(trainer_actor_t* self) {
-  auto& st = self->state;
-  st.now = phase::done;
-  auto mean = [](std::vector<double>::const_iterator a, std::vector<double>::const_iterator b) {
-    return a == b ? 0.0 : std::accumulate(a, b, 0.0) / static_cast<double>(b - a);
-  };
-  const auto& h = st.reward_history;
-  auto k = std::min<size_t>(10, h.size());
-  std::string summary = fmt::format("{} steps; mean reward first {} steps {:.3f}, last {} "
-                                    "steps {:.3f}",
-                                    h.size(), k, mean(h.begin(), h.begin() + k), k,
-                                    mean(h.end() - k, h.end()));
-  if (st.acc_before || st.acc_after)
-    summary += fmt::format("; held-out accuracy {} → {}",
-                           st.acc_before ? fmt::format("{:.3f}", *st.acc_before) : "n/a",
-                           st.acc_after ? fmt::format("{:.3f}", *st.acc_after) : "n/a");
-  summary += fmt::format("; {:.1f} s", (steady_now_ns() - st.run_start_ns) / 1e9);
-  self->send(st.directory, shutdown_atom::value, true, summary);
-}
-
-void maybe_start(trainer_actor_t* self) {
-  auto& st = self->state;
-  if (st.now != phase::starting || !st.learner_ready || !st.weights_ready
-      || st.restores_pending > 0)
-    return;
-  st.run_start_ns = steady_now_ns();
-  if (st.cfg->task.eval_prompts > 0 && !st.resumed)
-    request_eval(self, "before");
-  else
-    begin_step(self);
-}
-
-void send_requests(trainer_actor_t* self) {
-  auto& st = self->state;
-  const auto& a = st.cfg->algorithm;
-  for (const auto& r : st.plan->take_new_requests()) {
-    auto env = build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
-      b.setRequestId(r.request_id);
-      b.setStep(r.step);
-      b.setGroupId(r.group_id);
-      b.setSampleIndex(r.sample_index);
-      b.setGroupSize(r.group_size);
-      b.setSplit(msg::TaskSplit::TRAIN);
-      b.setTaskIndex(r.task_index);
-      b.setSeed(r.seed);
-      b.setWeightVersion(st.version);
-      b.setMaxNewTokens(static_cast<uint32_t>(st.cfg->task.max_new_tokens));
-      rollout::write_sampling(b, {a.temperature, a.top_p, static_cast<uint32_t>(a.top_k)});
+  void operator()(const cmd::query_step_timing& c) const {
+    self->send(st.sagc, build_envelope<msg::StepTimingQuery>(
+                            [&](msg::StepTimingQuery::Builder b) { b.setStep(c.step); }));
+  }
+  void operator()(const cmd::keep_trajectory& c) const {
+    st.trajectories.emplace(c.request_id, current);
+  }
+  void operator()(const cmd::train& c) const {
+    auto batch = build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
+      b.setStep(c.step);
+      auto list = b.initTrajectories(static_cast<unsigned>(c.request_ids.size()));
+      for (size_t i = 0; i < c.request_ids.size(); ++i)
+        with_envelope<msg::Trajectory>(
+          st.trajectories.at(c.request_ids[i]),
+          [&](msg::Trajectory::Reader t) { list.setWithCaveats(static_cast<unsigned>(i), t); });
     });
-    self->send(st.scheduler, env);
+    st.trajectories.clear();
+    self->send(st.learner, batch);
+  }
+  void operator()(const cmd::request_eval& c) const {
+    self->send(st.learner, build_envelope<msg::EvalRequest>([&](msg::EvalRequest::Builder b) {
+                 b.setTag(c.tag);
+                 b.setCount(c.count);
+               }));
+  }
+  void operator()(const cmd::query_role_state& c) const {
+    self->send(role(c.role), build_envelope<msg::RoleStateQuery>(
+                               [&](msg::RoleStateQuery::Builder b) { b.setStep(c.step); }));
+  }
+  void operator()(const cmd::restore_role_state& c) const {
+    self->send(role(c.role),
+               build_envelope<msg::RoleStateRestore>([&](msg::RoleStateRestore::Builder b) {
+                 b.setState(c.state);
+                 b.setSource(c.source);
+               }));
+  }
+  void operator()(const cmd::request_checkpoint& c) const {
+    self->send(st.learner,
+               build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
+                 b.setStep(c.step);
+                 b.setDir(c.dir);
+                 b.setTrainerState(c.trainer_state);
+               }));
+  }
+  void operator()(const cmd::open_metrics& c) const {
+    ev::metrics_opened r;
+    try {
+      st.sink = std::make_unique<metrics_sink>(std::filesystem::path{st.cfg->run.run_dir()},
+                                                 c.mode, c.keep_through_step);
+    } catch (const std::exception& ex) {
+      r.error = ex.what();
+    }
+    next = r;
+  }
+  void operator()(const cmd::write_metrics& c) const {
+    ev::metrics_written r;
+    try {
+      st.sink->write(c.record);
+    } catch (const std::exception& ex) {
+      r.error = ex.what();
+    }
+    next = r;
+  }
+  void operator()(const cmd::print_line& c) const {
+    fmt::print("{}\n", c.text);
+    std::fflush(stdout);
+  }
+  void operator()(const cmd::log& c) const {
+    constexpr spdlog::level::level_enum level[] = {spdlog::level::debug, spdlog::level::info,
+                                                   spdlog::level::warn};
+    spdlog::log(level[static_cast<int>(c.level)], "{}: {}", st.me, c.text);
+  }
+  void operator()(const cmd::schedule_watchdog& c) const {
+    self->delayed_send(self, std::chrono::nanoseconds{c.delay_ns}, watchdog_atom::value, c.step);
+  }
+  void operator()(const cmd::schedule_deadline& c) const {
+    self->delayed_send(self, std::chrono::nanoseconds{c.delay_ns}, deadline_atom::value, c.step);
+  }
+  void operator()(const cmd::fail_job& c) const {
+    sorl::fail_job(st.directory, st.me, c.why);
+  }
+  void operator()(const cmd::finish_job& c) const {
+    self->send(st.directory, shutdown_atom::value, true, c.summary);
+  }
+};
+
+/// Hands `e` (decoded from `current`, or empty for timers and signals) to the driver and
+/// carries out its commands, feeding a barrier's outcome back before anything else.
+void feed(trainer_actor_t* self, trainer::event e, const envelope& current = envelope{}) {
+  auto& st = self->state;
+  if (!st.driver) {
+    st.early.emplace_back(std::move(e), current);
+    return;
+  }
+  std::optional<trainer::event> next = std::move(e);
+  while (next) {
+    auto commands = st.driver->handle(steady_now_ns(), *next);
+    next.reset();
+    for (const auto& c : commands)
+      std::visit(executor{self, st, current, next}, c);
   }
 }
 
-void begin_step(trainer_actor_t* self) {
-  auto& st = self->state;
-  if (st.step >= st.cfg->run.steps) {
-    if (st.cfg->task.eval_prompts > 0)
-      request_eval(self, "after");
-    else
-      finish_job(self);
-    return;
-  }
-  st.now = phase::rollout;
-  st.step_start_ns = steady_now_ns();
-  st.deadline_ns = 0;
-  st.deadline_passed = false;
-  st.trajectories.clear();
-  st.started_on.clear();
-  st.plan.reset();
-  st.record = metrics_record{};
-  st.record.step = st.step + 1;
-  st.progress_ns = st.step_start_ns;
-  self->delayed_send(self, watchdog_period(*st.cfg), watchdog_atom::value,
-                     static_cast<int64_t>(st.step));
-  self->send(st.sagc, build_envelope<msg::GroupSizeQuery>([&](msg::GroupSizeQuery::Builder b) {
-               b.setStep(static_cast<uint64_t>(st.step));
-             }));
+// -- decoding: one `decode` per message the driver reads -------------------------------------
+
+ev::learner_ready decode(msg::LearnerReady::Reader r) {
+  return {r.getVersion(), r.getResumed(), r.getSource().cStr(), r.getTrainerState().cStr()};
 }
 
-/// Every group is in: fill the record's rollout fields and hand the batch to the learner.
-void end_rollouts(trainer_actor_t* self) {
-  auto& st = self->state;
-  st.rollout_end_ns = steady_now_ns();
-  self->send(st.sagc, build_envelope<msg::StepTimingQuery>([&](msg::StepTimingQuery::Builder b) {
-               b.setStep(static_cast<uint64_t>(st.step));
-             }));
-  auto groups = st.plan->training_groups();
-  std::vector<const envelope*> chosen;
-  for (auto id : st.plan->training_requests())
-    chosen.push_back(&st.trajectories.at(id));
-  // Statistics over every rollout of the step (refills included).
-  std::vector<double> lengths;
-  std::map<uint64_t, std::vector<double>> group_rewards;
-  double tokens = 0;
-  std::map<std::string, int> finish_counts;
-  double replaced = 0;
-  for (auto& [id, env] : st.trajectories) {
-    with_envelope<msg::Trajectory>(env, [&](msg::Trajectory::Reader t) {
-      replaced += t.getReplacedFrom().size() > 0;
-      if (t.getStatus() == msg::RolloutStatus::FAILED)
-        return; // nothing was generated that the statistics could describe
-      double policy_tokens = 0;
-      for (auto m : t.getLossMask())
-        policy_tokens += m;
-      lengths.push_back(policy_tokens);
-      tokens += policy_tokens;
-      if (t.getStatus() == msg::RolloutStatus::OK && std::isfinite(t.getReward()))
-        group_rewards[t.getGroupId()].push_back(t.getReward());
-      switch (t.getFinishReason()) {
-        case msg::FinishReason::EOS:
-          ++finish_counts["eos"];
-          break;
-        case msg::FinishReason::LENGTH:
-          ++finish_counts["length"];
-          break;
-        default:
-          ++finish_counts["other"];
-      }
-    });
-  }
-  // The same nearest-rank definition the SAGC timing statistics use.
-  auto pct = [&](double p) {
-    return lengths.empty() ? 0.0 : sagc::nearest_rank_percentile(lengths, 100 * p);
-  };
-  std::vector<double> per_group;
-  for (auto& [g, rs] : group_rewards)
-    per_group.push_back(std::accumulate(rs.begin(), rs.end(), 0.0) / static_cast<double>(rs.size()));
-  double rollout_s = (st.rollout_end_ns - st.step_start_ns) / 1e9;
-  auto& rec = st.record;
-  rec.group_size = st.group_size;
-  rec.extra_text["group_reason"] = st.group_reason;
-  rec.extra["prompts"] = static_cast<double>(st.cfg->algorithm.prompts_per_step);
-  rec.extra["rollouts"] = static_cast<double>(st.trajectories.size());
-  rec.reward_mean = st.plan->mean_reward();
-  rec.reward_per_group = per_group;
-  rec.resp_len_p50 = static_cast<int64_t>(pct(0.5));
-  rec.resp_len_p99 = static_cast<int64_t>(pct(0.99));
-  rec.resp_len_max = static_cast<int64_t>(pct(1.0));
-  rec.tokens_per_s = rollout_s > 0 ? tokens / rollout_s : 0.0;
-  rec.extra["finish_eos"] = finish_counts["eos"];
-  rec.extra["finish_length"] = finish_counts["length"];
-  rec.extra["refill_rounds"] = st.plan->refill_rounds();
-  rec.extra["zero_signal_groups_rollout"] = static_cast<double>(st.plan->zero_signal_groups().size());
-  rec.extra["trained_groups"] = static_cast<double>(groups.size());
-  rec.extra["trained_rollouts"] = static_cast<double>(chosen.size());
-  rec.extra["aborted"] = static_cast<double>(st.plan->aborted());
-  rec.extra["deadline_cut"] = st.plan->was_cut() ? 1.0 : 0.0;
-  rec.extra["failed_rollouts"] = static_cast<double>(st.plan->failed_rollouts());
-  rec.extra["reward_failures"] = static_cast<double>(st.plan->reward_failures());
-  rec.extra["replaced_requests"] = replaced;
-  if (chosen.empty()) {
-    fail_job(self, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} "
-                               "without a reward)",
-                               st.step + 1, st.plan->failed_rollouts(), st.trajectories.size(),
-                               st.plan->reward_failures()));
-    return;
-  }
-  auto batch = build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
-    b.setStep(static_cast<uint64_t>(st.step));
-    auto list = b.initTrajectories(static_cast<unsigned>(chosen.size()));
-    for (size_t i = 0; i < chosen.size(); ++i)
-      with_envelope<msg::Trajectory>(*chosen[i], [&](msg::Trajectory::Reader t) {
-        list.setWithCaveats(static_cast<unsigned>(i), t);
-      });
-  });
-  st.now = phase::learn;
-  self->send(st.learner, batch);
+ev::version_ready decode(msg::VersionReady::Reader r) {
+  ev::version_ready x;
+  x.version = r.getVersion();
+  x.model_hash = r.getModelHash();
+  x.workers = r.getWorkers();
+  x.verified_workers = r.getVerifiedWorkers();
+  x.bytes_sent = r.getBytesSent();
+  x.dense_bytes = r.getDenseBytes();
+  x.sparse_bytes = r.getSparseBytes();
+  x.elements = r.getElements();
+  x.changed_elements = r.getChangedElements();
+  x.encode_ns = r.getEncodeNs();
+  x.apply_ns_max = r.getApplyNsMax();
+  x.full_workers = r.getFullWorkers();
+  x.sparse_workers = r.getSparseWorkers();
+  x.resyncs = r.getResyncs();
+  return x;
 }
 
-void end_step(trainer_actor_t* self, msg::VersionReady::Reader ready) {
-  auto& st = self->state;
-  auto now = steady_now_ns();
-  auto& rec = st.record;
-  rec.extra["version"] = static_cast<double>(ready.getVersion());
-  rec.extra["sync_bytes"] = static_cast<double>(ready.getBytesSent());
-  rec.extra["sync_dense_bytes"] = static_cast<double>(ready.getDenseBytes());
-  if (ready.getSparseWorkers() > 0 && ready.getElements() > 0) {
-    rec.extra["sync_changed_fraction"] =
-      static_cast<double>(ready.getChangedElements()) / static_cast<double>(ready.getElements());
-    rec.extra["sync_sparse_bytes"] = static_cast<double>(ready.getSparseBytes());
-  }
-  rec.extra["sync_encode_s"] = static_cast<double>(ready.getEncodeNs()) / 1e9;
-  rec.extra["sync_apply_s"] = static_cast<double>(ready.getApplyNsMax()) / 1e9;
-  rec.extra["sync_full_workers"] = ready.getFullWorkers();
-  rec.extra["sync_sparse_workers"] = ready.getSparseWorkers();
-  rec.extra["sync_resyncs"] = ready.getResyncs();
-  rec.extra_text["model_hash"] = fmt::format("{:016x}", ready.getModelHash());
-  // What the publisher verified: ok only when every live worker's acknowledgement carried
-  // the published hash (a mismatch gets a full sync, and a failed full sync stops the job).
-  auto workers = ready.getWorkers();
-  auto verified = ready.getVerifiedWorkers();
-  rec.extra["sync_verified_workers"] = verified;
-  if (workers > 0 && verified == workers)
-    rec.extra_text["checksum"] = ready.getResyncs() > 0 ? "ok after resync" : "ok";
-  else
-    rec.extra_text["checksum"] = fmt::format("unverified: {} of {} workers acknowledged {:016x}",
-                                             verified, workers, ready.getModelHash());
-  rec.rollout_s = (st.rollout_end_ns - st.step_start_ns) / 1e9;
-  rec.learn_s = (st.learn_end_ns - st.rollout_end_ns) / 1e9;
-  rec.sync_s = (now - st.learn_end_ns) / 1e9;
-  rec.wall_s = (now - st.step_start_ns) / 1e9;
-  st.reward_history.push_back(rec.reward_mean.value_or(0.0));
-  ++st.step;
-  try {
-    st.sink->write(rec);
-  } catch (const std::exception& ex) {
-    fail_job(self, fmt::format("step {}: {}; {}", st.step, ex.what(), resume_hint(st)));
-    return;
-  }
-  fmt::print("{}\n", progress_line(rec, st.cfg->run.steps));
-  std::fflush(stdout);
-  bool last = st.step >= st.cfg->run.steps;
-  auto every = st.cfg->run.checkpoint_every;
-  if (last || (every > 0 && st.step % every == 0) || !st.stop_request.empty()) {
-    start_checkpoint(self);
-    return;
-  }
-  begin_step(self);
+ev::eval_result decode(msg::EvalResult::Reader r) {
+  return {r.getTag().cStr(), r.getCount(),      r.getAccuracy(),
+          r.getMeanReward(), r.getMeanLength(), r.getSeconds()};
 }
 
-/// Deadline mode: once the budget is spent and every group has min_finished rollouts, abort
-/// the rest (the scheduler forwards the ids to the workers, which free their KV) and train
-/// on what finished.
-void try_cut(trainer_actor_t* self) {
-  auto& st = self->state;
-  if (st.now != phase::rollout || !st.plan || !st.deadline_passed ||
-      !st.plan->can_cut(st.min_finished))
-    return;
-  auto ids = st.plan->cut(st.min_finished);
-  spdlog::debug("{}: step {}: deadline passed, aborting {} rollout(s)", st.me, st.step,
-                ids.size());
-  self->send(st.scheduler, build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
-               b.setStep(static_cast<uint64_t>(st.step));
-               auto list = b.initRequestIds(static_cast<unsigned>(ids.size()));
-               for (size_t i = 0; i < ids.size(); ++i)
-                 list.set(static_cast<unsigned>(i), ids[i]);
-               b.setReason("deadline");
-             }));
-  end_rollouts(self);
+ev::group_size_decision decode(msg::GroupSizeDecision::Reader d) {
+  return {d.getStep(),       d.getGroupSize(),  d.getReason().cStr(),
+          d.getPolicy().cStr(), d.getDeadlineNs(), d.getMinFinished(),
+          d.getVirtualQueue(), d.getPStraggler(), d.getUtility()};
+}
+
+ev::rollout_finished decode(msg::Trajectory::Reader t) {
+  using trainer::rollout_outcome;
+  ev::rollout_finished x;
+  x.request_id = t.getRequestId();
+  x.step = t.getStep();
+  x.group_id = t.getGroupId();
+  x.sample_index = t.getSampleIndex();
+  x.reward = t.getReward();
+  auto status = t.getStatus();
+  x.outcome = status == msg::RolloutStatus::OK       ? rollout_outcome::ok
+              : status == msg::RolloutStatus::FAILED ? rollout_outcome::failed
+                                                     : rollout_outcome::reward_failed;
+  x.failure = t.getFailure().cStr();
+  x.worker = t.getWorker().cStr();
+  for (auto m : t.getLossMask())
+    x.policy_tokens += m;
+  auto finish = t.getFinishReason();
+  x.finish = finish == msg::FinishReason::EOS      ? ev::finish_reason::eos
+             : finish == msg::FinishReason::LENGTH ? ev::finish_reason::length
+                                                   : ev::finish_reason::other;
+  x.replaced = t.getReplacedFrom().size() > 0;
+  return x;
+}
+
+ev::step_timing decode(msg::StepTiming::Reader t) {
+  return {t.getDurationP50Ns(),  t.getDurationP90Ns(), t.getDurationMaxNs(),
+          t.getStragglers(),     t.getStragglerEvent(), t.getThresholdNs(),
+          t.getFlaggedInFlight(), t.getAborted()};
+}
+
+ev::train_result decode(msg::TrainResult::Reader r) {
+  ev::train_result x;
+  x.version = r.getVersion();
+  for (auto n : r.getMetricNames())
+    x.metric_names.emplace_back(n.cStr());
+  for (auto v : r.getMetricValues())
+    x.metric_values.push_back(v);
+  x.ok = r.getOk();
+  x.reason = r.getReason().cStr();
+  return x;
+}
+
+ev::checkpoint_done decode(msg::CheckpointDone::Reader d) {
+  return {d.getStep(), d.getPath().cStr(), d.getOk(), d.getReason().cStr()};
+}
+
+ev::role_state decode(msg::RoleState::Reader r) {
+  return {r.getStep(), r.getRole().cStr(), r.getState().cStr(), r.getOk(), r.getReason().cStr()};
+}
+
+ev::role_state_restored decode(msg::RoleStateRestored::Reader r) {
+  return {r.getRole().cStr(), r.getOk(), r.getReason().cStr()};
+}
+
+/// Feeds `e` decoded when it is one of `Schemas`; false when it is of none of them.
+template <class... Schemas>
+bool decode_any(trainer_actor_t* self, const envelope& e) {
+  return (handle_as<Schemas>(e, self->state.me,
+                             [&](typename Schemas::Reader r) { feed(self, decode(r), e); }) ||
+          ...);
 }
 
 caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
@@ -444,323 +311,48 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
       st.learner = single_peer(roster, "learner");
       st.sagc = single_peer(roster, "sagc_controller");
       std::string missing;
-      for (auto role : {"scheduler", "learner", "sagc_controller", "sync_publisher",
-                        "rollout_worker"})
+      for (auto role :
+           {"scheduler", "learner", "sagc_controller", "sync_publisher", "rollout_worker"})
         if (!single_peer(roster, role))
           missing += std::string{missing.empty() ? "" : ", "} + role;
       if (!missing.empty()) {
-        fail_job(self, "the topology lacks " + missing);
+        sorl::fail_job(st.directory, st.me, "the topology lacks " + missing);
         return;
       }
+      std::optional<uint64_t> task_size;
       try {
         auto task = make_task_from(*st.cfg);
         if (task.single_turn)
-          st.task_size = task.single_turn->size(ml::task_split::train);
+          task_size = task.single_turn->size(ml::task_split::train);
       } catch (const std::exception& ex) {
-        fail_job(self, fmt::format("cannot build the task: {}", ex.what()));
+        sorl::fail_job(st.directory, st.me, fmt::format("cannot build the task: {}", ex.what()));
+        return;
       }
+      st.driver =
+        std::make_unique<trainer::step_driver>(trainer::driver_options_from(*st.cfg, task_size));
+      for (auto& [e, env] : std::exchange(st.early, {}))
+        feed(self, std::move(e), env);
     },
     [self](const envelope& e) {
-      auto& st = self->state;
-      if (handle_as<msg::LearnerReady>(e, st.me, [&](msg::LearnerReady::Reader r) {
-            st.learner_ready = true;
-            st.version = r.getVersion();
-            st.resumed = r.getResumed();
-            std::optional<int64_t> resume_after;
-            if (st.resumed) {
-              st.resume_source = r.getSource();
-              trainer::trainer_snapshot saved;
-              try {
-                saved = trainer::parse_trainer_snapshot(r.getTrainerState().cStr());
-              } catch (const std::exception& ex) {
-                fail_job(self, fmt::format("cannot resume from {}: {}", st.resume_source,
-                                           ex.what()));
-                return;
-              }
-              st.step = saved.step;
-              st.counters = saved.counters;
-              st.reward_history = saved.reward_history;
-              st.acc_before = saved.accuracy_before;
-              st.last_checkpoint = st.resume_source;
-              st.last_checkpoint_step = st.step;
-              resume_after = st.step;
-              spdlog::info("{}: resuming after step {} from {}", st.me, st.step,
-                           st.resume_source);
-              if (!saved.roles)
-                spdlog::warn("{}: {} was written before the group-size controller and the "
-                             "scheduler saved their state: they start afresh (the first "
-                             "steps' G may differ from an uninterrupted run)",
-                             st.me, st.resume_source);
-              for (const auto& [role, state] : saved.roles.value_or(decltype(st.role_states){})) {
-                ++st.restores_pending;
-                self->send(role == "scheduler" ? st.scheduler : st.sagc,
-                           build_envelope<msg::RoleStateRestore>(
-                             [&](msg::RoleStateRestore::Builder b) {
-                               b.setState(state);
-                               b.setSource(st.resume_source);
-                             }));
-              }
-            }
-            try {
-              st.sink = std::make_unique<metrics_sink>(
-                std::filesystem::path{st.cfg->run.run_dir()},
-                st.resumed ? metrics_open_mode::resume : metrics_open_mode::fresh, resume_after);
-            } catch (const std::exception& ex) {
-              fail_job(self, fmt::format("cannot open the metrics file: {}", ex.what()));
-              return;
-            }
-            maybe_start(self);
+      if (decode_any<msg::LearnerReady, msg::VersionReady, msg::EvalResult,
+                     msg::GroupSizeDecision, msg::Trajectory, msg::StepTiming, msg::TrainResult,
+                     msg::CheckpointDone, msg::RoleState, msg::RoleStateRestored>(self, e))
+        return;
+      // Of a rollout's events the trainer only notes where it started (for the watchdog).
+      if (handle_as<msg::RolloutEvent>(e, self->state.me, [&](msg::RolloutEvent::Reader r) {
+            if (r.getKind() == msg::EventKind::START)
+              feed(self, ev::rollout_started{r.getRequestId(), r.getWorker().cStr()}, e);
           }))
         return;
-      if (handle_as<msg::VersionReady>(e, st.me, [&](msg::VersionReady::Reader r) {
-            if (st.now == phase::starting) {
-              st.weights_ready = true;
-              maybe_start(self);
-            } else if (st.now == phase::sync && r.getVersion() == st.version) {
-              end_step(self, r);
-            } else if (st.now == phase::learn) {
-              st.early_ready = e;
-            } else {
-              spdlog::warn("{}: unexpected version {} ready", st.me, r.getVersion());
-            }
-          }))
-        return;
-      if (handle_as<msg::EvalResult>(e, st.me, [&](msg::EvalResult::Reader r) {
-            std::string tag = r.getTag();
-            fmt::print("held-out accuracy ({}, greedy, {} prompts): {:.3f}  mean reward {:.3f}  "
-                       "mean length {:.1f} tokens  ({:.1f} s)\n",
-                       tag, r.getCount(), r.getAccuracy(), r.getMeanReward(),
-                       r.getMeanLength(), r.getSeconds());
-            std::fflush(stdout);
-            if (tag == "before") {
-              st.acc_before = r.getAccuracy();
-              begin_step(self);
-            } else {
-              st.acc_after = r.getAccuracy();
-              finish_job(self);
-            }
-          }))
-        return;
-      if (handle_as<msg::GroupSizeDecision>(e, st.me, [&](msg::GroupSizeDecision::Reader d) {
-            if (st.now != phase::rollout || d.getStep() != static_cast<uint64_t>(st.step))
-              return;
-            st.progress_ns = steady_now_ns();
-            st.group_size = d.getGroupSize();
-            st.group_reason = d.getReason();
-            st.deadline_ns = d.getDeadlineNs();
-            st.min_finished = d.getMinFinished();
-            auto& rec = st.record;
-            rec.extra_text["group_policy"] = d.getPolicy();
-            rec.extra["virtual_queue"] = d.getVirtualQueue();
-            if (std::isfinite(d.getPStraggler()))
-              rec.extra["p_straggler"] = d.getPStraggler();
-            rec.extra["utility"] = d.getUtility();
-            if (st.deadline_ns > 0)
-              rec.extra["deadline_s"] = static_cast<double>(st.deadline_ns) / 1e9;
-            trainer::step_options o;
-            o.step = static_cast<uint64_t>(st.step);
-            o.prompts = static_cast<uint32_t>(st.cfg->algorithm.prompts_per_step);
-            o.group_size = st.group_size;
-            o.run_seed = st.cfg->run.seed;
-            o.task_size = st.task_size;
-            o.dynamic_sampling = st.cfg->algorithm.dynamic_sampling;
-            o.max_refill_rounds = static_cast<uint32_t>(st.cfg->algorithm.max_refill_rounds);
-            try {
-              st.plan = std::make_unique<trainer::step_plan>(o, st.counters);
-            } catch (const std::exception& ex) {
-              fail_job(self, ex.what());
-              return;
-            }
-            send_requests(self);
-            if (st.deadline_ns > 0) {
-              auto left = st.deadline_ns - (steady_now_ns() - st.step_start_ns);
-              self->delayed_send(self, std::chrono::nanoseconds{std::max<int64_t>(left, 0)},
-                                 deadline_atom::value, static_cast<int64_t>(st.step));
-            }
-          }))
-        return;
-      if (handle_as<msg::Trajectory>(e, st.me, [&](msg::Trajectory::Reader t) {
-            if (st.now != phase::rollout || !st.plan)
-              return;
-            auto outcome = outcome_of(t);
-            auto verdict = st.plan->on_rollout(t.getRequestId(), t.getReward(), outcome);
-            if (verdict == trainer::rollout_verdict::after_cut)
-              return; // a straggler that finished while its abort was on the way
-            if (verdict != trainer::rollout_verdict::accepted) {
-              spdlog::warn("{}: ignored trajectory {} (step {})", st.me, t.getRequestId(),
-                           t.getStep());
-              return;
-            }
-            st.progress_ns = steady_now_ns();
-            st.trajectories.emplace(t.getRequestId(), e);
-            if (outcome != trainer::rollout_outcome::ok || !std::isfinite(t.getReward())) {
-              auto why = outcome == trainer::rollout_outcome::ok
-                           ? fmt::format("reward {} is not finite", t.getReward())
-                           : std::string{t.getFailure().cStr()};
-              auto what = fmt::format("step {}: rollout {} (group {}, sample {}) from {} {}: {}",
-                                      st.step + 1, t.getRequestId(), t.getGroupId(),
-                                      t.getSampleIndex(), t.getWorker().cStr(),
-                                      outcome == trainer::rollout_outcome::failed
-                                        ? "failed"
-                                        : "has no reward",
-                                      why);
-              if (outcome != trainer::rollout_outcome::failed &&
-                  st.cfg->algorithm.on_reward_failure == "fail") {
-                fail_job(self, what + " (algorithm.on_reward_failure = \"fail\")");
-                return;
-              }
-              spdlog::warn("{}: {}; not trained on", st.me, what);
-            }
-            try_cut(self);
-            if (st.now != phase::rollout || !st.plan->rollouts_complete())
-              return;
-            if (st.plan->refill(st.counters)) {
-              send_requests(self);
-              return;
-            }
-            end_rollouts(self);
-          }))
-        return;
-      if (handle_as<msg::RolloutEvent>(e, st.me, [&](msg::RolloutEvent::Reader ev) {
-            if (ev.getKind() == msg::EventKind::START && st.now == phase::rollout)
-              st.started_on[ev.getRequestId()] = ev.getWorker();
-          }))
-        return;
-      if (handle_as<msg::StepTiming>(e, st.me, [&](msg::StepTiming::Reader t) {
-            auto& rec = st.record;
-            rec.extra["duration_p50_s"] = t.getDurationP50Ns() / 1e9;
-            rec.extra["duration_p90_s"] = t.getDurationP90Ns() / 1e9;
-            rec.extra["duration_max_s"] = t.getDurationMaxNs() / 1e9;
-            rec.stragglers = t.getStragglers();
-            rec.extra["straggler_event"] = t.getStragglerEvent() ? 1.0 : 0.0;
-            rec.extra["straggler_threshold_s"] = t.getThresholdNs() / 1e9;
-            rec.extra["flagged_in_flight"] = t.getFlaggedInFlight();
-            rec.extra["rollouts_aborted_timing"] = t.getAborted();
-          }))
-        return;
-      if (handle_as<msg::TrainResult>(e, st.me, [&](msg::TrainResult::Reader r) {
-            if (st.now != phase::learn)
-              return;
-            if (!r.getOk()) {
-              fail_job(self, fmt::format("step {}: the learner failed: {}; {}", st.step + 1,
-                                         r.getReason().cStr(), resume_hint(st)));
-              return;
-            }
-            st.learn_end_ns = steady_now_ns();
-            auto names = r.getMetricNames();
-            auto values = r.getMetricValues();
-            for (unsigned i = 0; i < names.size() && i < values.size(); ++i)
-              st.record.extra[std::string{names[i].cStr()}] = values[i];
-            st.version = r.getVersion();
-            st.now = phase::sync;
-            if (st.early_ready) {
-              auto early = std::move(*st.early_ready);
-              st.early_ready.reset();
-              with_envelope<msg::VersionReady>(early, [&](msg::VersionReady::Reader ready) {
-                if (ready.getVersion() == st.version)
-                  end_step(self, ready);
-                else
-                  spdlog::warn("{}: unexpected version {} ready", st.me, ready.getVersion());
-              });
-            }
-          }))
-        return;
-      if (handle_as<msg::CheckpointDone>(e, st.me, [&](msg::CheckpointDone::Reader d) {
-            if (!d.getOk()) {
-              fail_job(self, fmt::format("checkpoint at step {} failed: {}; {}", d.getStep(),
-                                         d.getReason().cStr(), resume_hint(st)));
-              return;
-            }
-            spdlog::info("{}: checkpoint {}", st.me, d.getPath().cStr());
-            st.last_checkpoint = d.getPath();
-            st.last_checkpoint_step = static_cast<int64_t>(d.getStep());
-            if (!st.stop_request.empty()) {
-              stop_on_request(self, fmt::format("checkpoint {}", d.getPath().cStr()));
-              return;
-            }
-            begin_step(self);
-          }))
-        return;
-      if (handle_as<msg::RoleState>(e, st.me, [&](msg::RoleState::Reader r) {
-            if (st.now != phase::checkpoint || r.getStep() != static_cast<uint64_t>(st.step))
-              return;
-            if (!r.getOk()) {
-              fail_job(self, fmt::format("checkpoint at step {}: the {} cannot save its state: "
-                                         "{}",
-                                         st.step, r.getRole().cStr(), r.getReason().cStr()));
-              return;
-            }
-            st.role_states[r.getRole()] = r.getState();
-            if (st.role_states.size() == trainer::stateful_roles().size())
-              send_checkpoint(self);
-          }))
-        return;
-      if (handle_as<msg::RoleStateRestored>(e, st.me, [&](msg::RoleStateRestored::Reader r) {
-            if (st.now != phase::starting || st.restores_pending == 0)
-              return;
-            if (!r.getOk()) {
-              // The reason names the role and the key ("sagc_controller state: key ...").
-              fail_job(self, fmt::format("cannot resume from {}: {}", st.resume_source,
-                                         r.getReason().cStr()));
-              return;
-            }
-            if (r.getReason().size() > 0)
-              spdlog::warn("{}: resuming the {}: {}", st.me, r.getRole().cStr(),
-                           r.getReason().cStr());
-            --st.restores_pending;
-            maybe_start(self);
-          }))
-        return;
-      log_unhandled(e, st.me);
+      log_unhandled(e, self->state.me);
     },
-    [self](watchdog_atom, int64_t step) {
-      auto& st = self->state;
-      if (st.now != phase::rollout || step != st.step)
-        return;
-      auto period = watchdog_period(*st.cfg);
-      auto idle = std::chrono::nanoseconds{steady_now_ns() - st.progress_ns};
-      if (idle < period) {
-        self->delayed_send(self, period - idle, watchdog_atom::value, step);
-        return;
-      }
-      fail_job(self, fmt::format("step {}: nothing finished for {:.1f} s (rollout.watchdog_s = "
-                                 "{}); still waiting for {}",
-                                 st.step + 1, static_cast<double>(idle.count()) / 1e9,
-                                 st.cfg->rollout.watchdog_s, missing_rollouts(st)));
-    },
+    [self](watchdog_atom, int64_t step) { feed(self, ev::watchdog_tick{step}); },
+    [self](deadline_atom, int64_t step) { feed(self, ev::deadline_tick{step}); },
     [self](interrupt_atom, int32_t signo, const std::string& node) {
-      auto& st = self->state;
-      if (st.now == phase::done || !st.stop_request.empty())
-        return;
-      st.stop_request = fmt::format("{} on node {}", signal_name(signo), node);
-      switch (st.now) {
-        case phase::starting:
-        case phase::eval_before:
-          stop_on_request(self, "no step of this run finished, nothing new to save");
-          return;
-        case phase::eval_after:
-          stop_on_request(self, "the last step's checkpoint is complete");
-          return;
-        default: // rollout, learn, sync, checkpoint: end_step / CheckpointDone stop the job
-          spdlog::warn("{}: {}: finishing step {}/{}, then writing a checkpoint and stopping",
-                       st.me, st.stop_request, st.step + (st.now == phase::checkpoint ? 0 : 1),
-                       st.cfg->run.steps);
-      }
-    },
-    [self](deadline_atom, int64_t step) {
-      auto& st = self->state;
-      if (st.now != phase::rollout || step != st.step)
-        return;
-      st.deadline_passed = true;
-      try_cut(self);
+      feed(self, ev::interrupt{signal_name(signo), node});
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {
-      auto& st = self->state;
-      if (who.role == "rollout_worker")
-        spdlog::warn("{}: {} is gone ({}); the scheduler re-places its requests", st.me,
-                     who.name(), why);
-      else if (st.now != phase::done)
-        fail_job(self, fmt::format("{} is gone ({})", who.name(), why));
+      feed(self, ev::peer_down{who.role, who.name(), why});
     },
     [self](shutdown_atom, bool, const std::string&) { self->quit(); },
   };

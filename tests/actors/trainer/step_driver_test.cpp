@@ -321,6 +321,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     {"deadline_cut", 0},
     {"failed_rollouts", 0},
     {"reward_failures", 0},
+    {"replaced_requests", 0},
     {"virtual_queue", 0},
     {"utility", 0.5},
     {"duration_p50_s", 1.5},
@@ -403,7 +404,9 @@ TEST_CASE("a failed metrics write or metrics file fails the job") {
   SECTION("write") {
     start(h);
     auto t = run_step(h, sec, 0);
-    CHECK(h.at(t, ev::metrics_written{"disk full"}) == lines{"fail: cannot write metrics: disk full"});
+    CHECK(h.at(t, ev::metrics_written{"disk full"}) ==
+          lines{"fail: step 1: disk full; no checkpoint of this run was written, so --resume "
+                "has nothing to continue from"});
   }
   CHECK(h.d.now() == phase::done);
   CHECK(h.at(100 * sec, ev::metrics_written{}).empty());
@@ -715,7 +718,8 @@ TEST_CASE("a checkpoint waits for every stateful role and fails when one cannot 
     h.at(t, ev::role_state{1, "scheduler", "{}", true, ""});
     h.at(t, ev::role_state{1, "sagc_controller", "{}", true, ""});
     CHECK(h.at(t, ev::checkpoint_done{1, "", false, "disk full"}) ==
-          lines{"fail: checkpoint at step 1 failed: disk full"});
+          lines{"fail: checkpoint at step 1 failed: disk full; no checkpoint of this run was "
+                "written, so --resume has nothing to continue from"});
   }
 }
 
@@ -792,6 +796,96 @@ TEST_CASE("a resumed run of an older checkpoint warns that the roles start afres
         lines{"log info: checkpoint c",
               "finish: 12 steps; mean reward first 10 steps 0.500, last 10 steps 0.625; held-out "
               "accuracy 0.250 → n/a; 4.0 s"});
+}
+
+TEST_CASE("a train step the learner could not take ends the job with its reason") {
+  harness h{two_steps()};
+  to_learn(h);
+  ev::train_result failed_step{0, {}, {}, false, "every update had a non-finite loss"};
+  // Not a step: no version to wait for, no record.
+  CHECK(h.at(4 * sec, failed_step) ==
+        lines{"fail: step 1: the learner failed: every update had a non-finite loss; no "
+              "checkpoint of this run was written, so --resume has nothing to continue from"});
+  CHECK(h.d.now() == phase::done);
+  CHECK(h.at(5 * sec, ready(1)).size() == 1); // only the "unexpected version" warning
+}
+
+TEST_CASE("a failed step, checkpoint or metrics write names the last complete checkpoint") {
+  auto o = two_steps();
+  o.steps = 3;
+  o.checkpoint_every = 1;
+  harness h{o};
+  start(h);
+  auto t = run_step(h, sec, 0);
+  h.at(t, ev::metrics_written{});
+  h.at(t, ev::role_state{1, "sagc_controller", "{}", true, ""});
+  h.at(t, ev::role_state{1, "scheduler", "{}", true, ""});
+  REQUIRE(h.at(t, ev::checkpoint_done{1, "runs/t/checkpoints/step-1", true, ""}).size() == 3);
+  const std::string hint = "; the last complete checkpoint is runs/t/checkpoints/step-1 (step "
+                           "1); continue the run with --resume once the cause is fixed";
+  SECTION("the learner fails step 2") {
+    h.at(t += sec, static_g(1, 2));
+    for (uint64_t i = 4; i < 8; ++i)
+      h.at(t, rollout(i, i / 2, static_cast<uint32_t>(i % 2), i % 2 == 0 ? 1.0 : 0.0));
+    REQUIRE(h.d.now() == phase::learn);
+    CHECK(h.at(t, ev::train_result{1, {}, {}, false, "bad batch"}) ==
+          lines{"fail: step 2: the learner failed: bad batch" + hint});
+  }
+  SECTION("step 2's record cannot be written") {
+    t = run_step(h, t, 1);
+    CHECK(h.at(t, ev::metrics_written{"metrics: cannot write m: No space left on device"}) ==
+          lines{"fail: step 2: metrics: cannot write m: No space left on device" + hint});
+  }
+  SECTION("step 2's checkpoint fails, then the newest one is still step 1's") {
+    t = run_step(h, t, 1);
+    h.at(t, ev::metrics_written{});
+    h.at(t, ev::role_state{2, "sagc_controller", "{}", true, ""});
+    h.at(t, ev::role_state{2, "scheduler", "{}", true, ""});
+    CHECK(h.at(t, ev::checkpoint_done{2, "", false, "disk full"}) ==
+          lines{"fail: checkpoint at step 2 failed: disk full" + hint});
+  }
+  CHECK(h.d.now() == phase::done);
+}
+
+TEST_CASE("after a resume a failed step names the checkpoint the run was resumed from") {
+  auto o = two_steps();
+  o.steps = 3;
+  harness h{o};
+  const std::string src = "runs/t/checkpoints/step-1";
+  const std::string state =
+    R"({"step":1,"next_group_id":2,"next_request_id":4,"task_cursor":2,"reward_history":[0.5],)"
+    R"("accuracy_before":null,"roles":{"sagc_controller":{},"scheduler":{}}})";
+  REQUIRE(h.at(0, ev::learner_ready{1, true, src, state}).size() == 4); // log, 2 restores, open
+  h.at(0, ev::metrics_opened{});
+  h.at(0, ev::version_ready{1});
+  h.at(sec, ev::role_state_restored{"sagc_controller", true, ""});
+  REQUIRE(h.at(sec, ev::role_state_restored{"scheduler", true, ""}).size() == 2);
+  h.at(2 * sec, static_g(1, 2));
+  for (uint64_t i = 4; i < 8; ++i)
+    h.at(3 * sec, rollout(i, i / 2, static_cast<uint32_t>(i % 2), i % 2 == 0 ? 1.0 : 0.0));
+  CHECK(h.at(4 * sec, ev::train_result{1, {}, {}, false, "trajectory 4: 2 response tokens, 1 "
+                                                         "mask bytes"}) ==
+        lines{"fail: step 2: the learner failed: trajectory 4: 2 response tokens, 1 mask bytes; "
+              "the last complete checkpoint is runs/t/checkpoints/step-1 (step 1); continue "
+              "the run with --resume once the cause is fixed"});
+}
+
+TEST_CASE("replaced_requests counts the step's rollouts the scheduler placed again") {
+  harness h{two_steps()};
+  start(h);
+  h.at(2 * sec, static_g(0, 2));
+  auto r0 = rollout(0, 0, 0, 1.0);
+  r0.replaced = true;
+  auto r3 = failed(3, 1, 1, rollout_outcome::failed, "worker lost twice");
+  r3.replaced = true; // counted although it failed
+  h.at(3 * sec, r0);
+  h.at(3 * sec, rollout(1, 0, 1, 0.0));
+  h.at(3 * sec, rollout(2, 1, 0, 1.0));
+  h.at(3 * sec, r3);
+  h.at(4 * sec, ev::train_result{1, {}, {}});
+  h.at(5 * sec, ready(1));
+  CHECK(h.record().extra.at("replaced_requests") == 2);
+  CHECK(h.record().extra.at("failed_rollouts") == 1);
 }
 
 TEST_CASE("a resume from a corrupt trainer state fails the job") {
