@@ -5,7 +5,7 @@
 // here is a `SORL_HD` inline function over plain integers and pointers: compiled by nvcc it is
 // `__host__ __device__`, compiled by a plain C++ compiler it is ordinary host code. The CPU twin
 // runs these same functions in an emulated launch (blocks, then threads, in order), so a CPU
-// test pins the GPU algorithm to the CPU codec (actors/sync/delta_codec.hpp) byte for byte.
+// test pins the GPU algorithm to the CPU codec (runtime/sync/delta_codec.hpp) byte for byte.
 //
 // The encoder pipeline, per version (all segments of all tensors in one launch each):
 //   K1 count     one block per tile of tile_elements elements of one segment; each thread

@@ -1,9 +1,9 @@
 // The CPU twin of the GPU delta codec (gpu/delta_twin.hpp) runs the kernels' own per-thread
-// functions; these tests pin it to the CPU codec (actors/sync/delta_codec.hpp) byte for byte.
+// functions; these tests pin it to the CPU codec (runtime/sync/delta_codec.hpp) byte for byte.
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/delta_twin.hpp"
 #include "gpu/sparse_sync_kernels.cuh"
+#include "runtime/sync/delta_codec.hpp"
 #include "tests/gpu/delta_test_data.hpp"
 
 #include <catch2/catch.hpp>

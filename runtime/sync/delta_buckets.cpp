@@ -1,4 +1,4 @@
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <algorithm>
 #include <condition_variable>
