@@ -45,7 +45,9 @@ standalone() {
   mkdir -p "$out"
   local flags=(-std=c++17 -O2 -arch=sm_90 -DFMT_HEADER_ONLY -I. -isystem "$deps"
                -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter)
-  local units=(actors/sync/delta_codec.cpp gpu/delta_framing.cpp gpu/delta_twin.cpp
+  local units=(runtime/sync/delta_scan.cpp runtime/sync/delta_codes.cpp
+               runtime/sync/delta_buckets.cpp runtime/sync/delta_pipeline.cpp
+               gpu/delta_framing.cpp gpu/delta_twin.cpp
                gpu/sparse_sync.cu tests/catch_main.cpp tests/gpu/gpu_sync_test.cpp
                tests/gpu/gpu_twin_test.cpp gpu/gpu_sync_bench.cu)
   local pids=()
@@ -53,7 +55,8 @@ standalone() {
     nvcc "${flags[@]}" -c "$u" -o "$out/$(basename "$u").o" & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  local lib=("$out/delta_codec.cpp.o" "$out/delta_framing.cpp.o" "$out/delta_twin.cpp.o"
+  local lib=("$out/delta_scan.cpp.o" "$out/delta_codes.cpp.o" "$out/delta_buckets.cpp.o"
+             "$out/delta_pipeline.cpp.o" "$out/delta_framing.cpp.o" "$out/delta_twin.cpp.o"
              "$out/sparse_sync.cu.o")
   nvcc -arch=sm_90 -o "$out/gpu_sync_test" "$out/gpu_sync_test.cpp.o" "$out/catch_main.cpp.o" "${lib[@]}"
   nvcc -arch=sm_90 -o "$out/gpu_twin_test" "$out/gpu_twin_test.cpp.o" "$out/catch_main.cpp.o" "${lib[@]}"

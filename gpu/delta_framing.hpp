@@ -6,8 +6,8 @@
 // checked bucket for the decoder. Shared by the CUDA backend (gpu/sparse_sync.cu) and its CPU
 // twin (gpu/delta_twin.cpp).
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/sparse_sync_kernels.cuh"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <cstddef>
 #include <cstdint>

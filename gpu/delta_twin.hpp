@@ -6,7 +6,7 @@
 // CUB does on the device are sequential sums here, which give the same integers. Slow (one
 // core, no SIMD); it exists so that tests without a GPU pin the GPU algorithm to the CPU codec.
 
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -7,9 +7,9 @@
 //
 // Usage: gpu_sync_bench [elements] [repeats]
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/check.hpp"
 #include "gpu/sparse_sync.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <algorithm>
 #include <chrono>

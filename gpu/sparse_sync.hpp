@@ -2,14 +2,14 @@
 
 // CUDA backend of the sparse bf16 weight-delta codec (ARCHITECTURE.md §6, SparseRL-Sync): encode on
 // the publisher's device, apply on a worker's device. The buckets are byte-identical to
-// sync::encode_delta (actors/sync/delta_codec.hpp, which specifies the format); the kernels'
+// sync::encode_delta (runtime/sync/delta_codec.hpp, which specifies the format); the kernels'
 // per-thread logic lives in gpu/sparse_sync_kernels.cuh and has a CPU twin (gpu/delta_twin.hpp)
 // tested without a GPU. Publisher-to-worker transport over NCCL is in gpu/nccl_broadcast.hpp.
 //
 // Blocking: every call here synchronises its stream before returning; run it on a detached
 // actor or the device's owning actor, never on the shared scheduler threads.
 
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -3,9 +3,11 @@
 // Per-thread logic of the GPU sparse weight-sync codec (ARCHITECTURE.md §6, SparseRL-Sync), shared
 // by the CUDA kernels (gpu/sparse_sync.cu) and their CPU twin (gpu/delta_twin.cpp). Everything
 // here is a `SORL_HD` inline function over plain integers and pointers: compiled by nvcc it is
-// `__host__ __device__`, compiled by a plain C++ compiler it is ordinary host code. The CPU twin
-// runs these same functions in an emulated launch (blocks, then threads, in order), so a CPU
-// test pins the GPU algorithm to the CPU codec (actors/sync/delta_codec.hpp) byte for byte.
+// `__host__ __device__`, compiled by a plain C++ compiler it is ordinary host code. The codes
+// themselves (zigzag, Rice, Exp-Golomb) come from runtime/sync/bit_codes.hpp, which the CPU codec
+// uses too. The CPU twin runs these same functions in an emulated launch (blocks, then
+// threads, in order), so a CPU test pins the GPU algorithm to the CPU codec
+// (runtime/sync/delta_codec.hpp) byte for byte.
 //
 // The encoder pipeline, per version (all segments of all tensors in one launch each):
 //   K1 count     one block per tile of tile_elements elements of one segment; each thread
@@ -24,13 +26,9 @@
 // format has no restart points), writing destinations and steps; a second kernel scatters
 // them (scatter_step), one thread per change.
 
-#include <cstdint>
+#include "runtime/sync/bit_codes.hpp"
 
-#ifdef __CUDACC__
-#define SORL_HD __host__ __device__ __forceinline__
-#else
-#define SORL_HD inline
-#endif
+#include <cstdint>
 
 namespace sorl::gpu {
 
@@ -51,44 +49,29 @@ constexpr uint32_t max_rice_k = 32;
 /// Zero 32-bit words after a bucket copy, so that bit_window may read past its last code.
 constexpr uint32_t decode_pad_words = 3;
 
-SORL_HD uint32_t floor_log2_u64(uint64_t v) { // v > 0
-#ifdef __CUDA_ARCH__
-  return 63u - static_cast<uint32_t>(__clzll(static_cast<long long>(v)));
-#else
-  return 63u - static_cast<uint32_t>(__builtin_clzll(v));
-#endif
-}
+// The format's codes, shared with the CPU codec.
+using sync::ctz_u64;
+using sync::escape_value;
+using sync::escaped_step;
+using sync::exp_golomb_bits;
+using sync::exp_golomb_code;
+using sync::exp_golomb_encode;
+using sync::exp_golomb_value;
+using sync::floor_log2_u64;
+using sync::rice_bits;
+using sync::rice_code;
+using sync::rice_encode;
+using sync::rice_value;
+using sync::step_code_bits;
+using sync::step_minus;
+using sync::step_plus;
 
-SORL_HD uint32_t popcount_u32(uint32_t v) {
+SORL_HD inline uint32_t popcount_u32(uint32_t v) {
 #ifdef __CUDA_ARCH__
   return static_cast<uint32_t>(__popc(v));
 #else
   return static_cast<uint32_t>(__builtin_popcount(v));
 #endif
-}
-
-SORL_HD uint32_t ctz_u64(uint64_t v) { // v > 0
-#ifdef __CUDA_ARCH__
-  return static_cast<uint32_t>(__ffsll(static_cast<long long>(v)) - 1);
-#else
-  return static_cast<uint32_t>(__builtin_ctzll(v));
-#endif
-}
-
-/// zigzag(s) = (s << 1) ^ (s >> 15) on s as int16, as a 16-bit pattern.
-SORL_HD uint32_t zigzag16(uint16_t s) {
-  const auto v = static_cast<int16_t>(s);
-  return static_cast<uint16_t>(static_cast<uint16_t>(s << 1) ^ static_cast<uint16_t>(v >> 15));
-}
-
-SORL_HD uint16_t unzigzag16(uint32_t z) {
-  return static_cast<uint16_t>((z >> 1) ^ (0u - (z & 1u)));
-}
-
-/// Bits of ExpGolomb_k(x): 2 floor(log2(x + 2^k)) − k + 1.
-SORL_HD uint32_t exp_golomb_bits(uint32_t x, uint32_t k) {
-  const uint32_t b = floor_log2_u64(uint64_t{x} + (uint64_t{1} << k));
-  return 2 * b - k + 1;
 }
 
 /// Code parameters of one sparse entry (mirror of sync::delta_sparse_params, kept POD and
@@ -99,11 +82,11 @@ struct code_params {
   uint32_t minus_first; ///< 1 when −1 (0xFFFF) is the 1-bit step
 };
 
-SORL_HD uint16_t first_step(const code_params& p) {
-  return p.minus_first ? uint16_t{0xFFFF} : uint16_t{1};
+SORL_HD inline uint16_t first_step(const code_params& p) {
+  return sync::first_step(p.minus_first != 0);
 }
-SORL_HD uint16_t second_step(const code_params& p) {
-  return p.minus_first ? uint16_t{1} : uint16_t{0xFFFF};
+SORL_HD inline uint16_t second_step(const code_params& p) {
+  return sync::second_step(p.minus_first != 0);
 }
 
 // ---- launch tables ----
@@ -118,7 +101,7 @@ struct kernel_segment {
 };
 
 /// Segment holding `tile`: binary search over the segments' tile_begin (increasing).
-SORL_HD uint32_t segment_of_tile(const kernel_segment* segs, uint32_t count, uint64_t tile) {
+SORL_HD inline uint32_t segment_of_tile(const kernel_segment* segs, uint32_t count, uint64_t tile) {
   uint32_t lo = 0, hi = count; // segs[lo].tile_begin <= tile < segs[hi].tile_begin
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
@@ -135,8 +118,8 @@ SORL_HD uint32_t segment_of_tile(const kernel_segment* segs, uint32_t count, uin
 /// Bit j (j < thread_elements) set when base[i + j] != next[i + j] for i + j < n, with
 /// i = begin. `base`/`next` point at the segment start. Uses one 16-byte load per array when
 /// both addresses are aligned and the 8 elements are all inside the segment.
-SORL_HD uint32_t thread_changed_mask(const uint16_t* base, const uint16_t* next, uint64_t n,
-                                     uint64_t begin) {
+SORL_HD inline uint32_t thread_changed_mask(const uint16_t* base, const uint16_t* next, uint64_t n,
+                                            uint64_t begin) {
   if (begin >= n)
     return 0;
   uint32_t mask = 0;
@@ -164,9 +147,9 @@ SORL_HD uint32_t thread_changed_mask(const uint16_t* base, const uint16_t* next,
 
 /// Writes the changes marked in `mask` (from thread_changed_mask at `begin`) to
 /// positions[rank...] / steps[rank...]: segment-relative positions, steps (next − base) mod 2^16.
-SORL_HD void thread_emit_changes(const uint16_t* base, const uint16_t* next, uint64_t begin,
-                                 uint32_t mask, uint32_t* positions, uint16_t* steps,
-                                 uint64_t rank) {
+SORL_HD inline void thread_emit_changes(const uint16_t* base, const uint16_t* next, uint64_t begin,
+                                        uint32_t mask, uint32_t* positions, uint16_t* steps,
+                                        uint64_t rank) {
   while (mask != 0) {
     const uint32_t j = ctz_u64(mask);
     mask &= mask - 1;
@@ -191,14 +174,14 @@ struct segment_sums {
   uint64_t v[fields];
 };
 
-SORL_HD void sums_clear(segment_sums& s) {
+SORL_HD inline void sums_clear(segment_sums& s) {
   for (uint32_t i = 0; i < segment_sums::fields; ++i)
     s.v[i] = 0;
 }
 
 /// Lowest Rice parameter of the window for `changed` changes whose last range-relative
 /// position is `last`: k0 = floor(log2(max(1, Σg / changed))) with Σg = last + 1 − changed.
-SORL_HD uint32_t rice_window_low(uint64_t changed, uint64_t last) {
+SORL_HD inline uint32_t rice_window_low(uint64_t changed, uint64_t last) {
   const uint64_t sum = last + 1 - changed;
   const uint64_t mean_raw = sum / changed;
   const uint64_t mean = mean_raw > 0 ? mean_raw : 1;
@@ -207,7 +190,7 @@ SORL_HD uint32_t rice_window_low(uint64_t changed, uint64_t last) {
 }
 
 /// Highest Rice parameter of the window.
-SORL_HD uint32_t rice_window_high(uint64_t changed, uint64_t last) {
+SORL_HD inline uint32_t rice_window_high(uint64_t changed, uint64_t last) {
   const uint64_t sum = last + 1 - changed;
   const uint64_t mean_raw = sum / changed;
   const uint64_t mean = mean_raw > 0 ? mean_raw : 1;
@@ -216,20 +199,20 @@ SORL_HD uint32_t rice_window_high(uint64_t changed, uint64_t last) {
 }
 
 /// Gap of change i: positions[i] − positions[i − 1] − 1 (positions[0] for i == 0).
-SORL_HD uint64_t change_gap(const uint32_t* positions, uint64_t i) {
+SORL_HD inline uint64_t change_gap(const uint32_t* positions, uint64_t i) {
   return i == 0 ? uint64_t{positions[0]} : uint64_t{positions[i]} - positions[i - 1] - 1;
 }
 
 /// Adds one change's contribution (gap g, nonzero step s) for the window starting at k_lo.
-SORL_HD void sums_add_element(segment_sums& acc, uint64_t g, uint16_t s, uint32_t k_lo) {
+SORL_HD inline void sums_add_element(segment_sums& acc, uint64_t g, uint16_t s, uint32_t k_lo) {
   for (uint32_t j = 0; j < rice_window; ++j)
     acc.v[segment_sums::gap_at + j] += g >> (k_lo + j); // k_lo + j ≤ 33
-  if (s == 1) {
+  if (s == step_plus) {
     ++acc.v[segment_sums::plus_at];
-  } else if (s == 0xFFFF) {
+  } else if (s == step_minus) {
     ++acc.v[segment_sums::minus_at];
   } else {
-    const uint32_t x = zigzag16(s) - 3;
+    const uint32_t x = escape_value(s);
     for (uint32_t k = 0; k < escape_orders; ++k)
       acc.v[segment_sums::escape_at + k] += exp_golomb_bits(x, k);
   }
@@ -237,7 +220,8 @@ SORL_HD void sums_add_element(segment_sums& acc, uint64_t g, uint16_t s, uint32_
 
 /// choose_delta_params from the reduced sums: the same windows, strict < (ties to the smaller
 /// parameter), minus_first when −1 is strictly more frequent than +1.
-SORL_HD code_params params_from_sums(const segment_sums& s, uint64_t changed, uint64_t last) {
+SORL_HD inline code_params params_from_sums(const segment_sums& s, uint64_t changed,
+                                            uint64_t last) {
   code_params p{0, 0, 0};
   if (changed == 0)
     return p;
@@ -263,8 +247,8 @@ SORL_HD code_params params_from_sums(const segment_sums& s, uint64_t changed, ui
 }
 
 /// delta_sparse_bits from the reduced sums and the chosen parameters.
-SORL_HD uint64_t sparse_bits_from_sums(const segment_sums& s, uint64_t changed, uint64_t last,
-                                       const code_params& p) {
+SORL_HD inline uint64_t sparse_bits_from_sums(const segment_sums& s, uint64_t changed,
+                                              uint64_t last, const code_params& p) {
   const uint32_t k_lo = rice_window_low(changed, last);
   const uint64_t plus = s.v[segment_sums::plus_at];
   const uint64_t minus = s.v[segment_sums::minus_at];
@@ -279,19 +263,14 @@ SORL_HD uint64_t sparse_bits_from_sums(const segment_sums& s, uint64_t changed, 
 // ---- K4: payload bits ----
 
 /// Bits of one change's codes: Rice(g) then the step code.
-SORL_HD uint64_t element_code_bits(uint64_t g, uint16_t s, const code_params& p) {
-  const uint64_t gap = (g >> p.rice_k) + 1 + p.rice_k;
-  if (s == first_step(p))
-    return gap + 1;
-  if (s == second_step(p))
-    return gap + 2;
-  return gap + 2 + exp_golomb_bits(zigzag16(s) - 3, p.escape_k);
+SORL_HD inline uint64_t element_code_bits(uint64_t g, uint16_t s, const code_params& p) {
+  return rice_bits(g, p.rice_k) + step_code_bits(s, p.minus_first != 0, p.escape_k);
 }
 
 /// ORs `value` (at most 33 bits) into the LSB-first bit stream `words` at bit `bit`. Touches a
 /// word only where a bit is set, so a code ending at the stream's last bit never reaches past
 /// its last word. On the device the OR is atomic: neighbouring codes share words.
-SORL_HD void or_bits(uint32_t* words, uint64_t bit, uint64_t value) {
+SORL_HD inline void or_bits(uint32_t* words, uint64_t bit, uint64_t value) {
   const uint64_t w = bit >> 5;
   const uint64_t v = value << (bit & 31u);
   const auto lo = static_cast<uint32_t>(v);
@@ -312,13 +291,12 @@ SORL_HD void or_bits(uint32_t* words, uint64_t bit, uint64_t value) {
 /// Writes one change's codes at bit `bit` of the zeroed stream `words` (bucket format:
 /// (g >> k) zeros, a 1, the k low bits of g; then 0 | 1 0 | 1 1 ExpGolomb). Only one bits are
 /// written, so a long unary run costs nothing.
-SORL_HD void emit_element_codes(uint32_t* words, uint64_t bit, uint64_t g, uint16_t s,
-                                const code_params& p) {
-  const uint32_t k = p.rice_k;
-  const uint64_t q = g >> k;
-  const uint64_t k_mask = (uint64_t{1} << k) - 1; // k ≤ 32
-  or_bits(words, bit + q, ((g & k_mask) << 1) | 1u);
-  bit += q + 1 + k;
+SORL_HD inline void emit_element_codes(uint32_t* words, uint64_t bit, uint64_t g, uint16_t s,
+                                       const code_params& p) {
+  const uint32_t k = p.rice_k; // ≤ 32
+  const rice_code gap = rice_encode(g, k);
+  or_bits(words, bit + gap.zeros, (gap.low << 1) | 1u);
+  bit += gap.zeros + 1 + k;
   if (s == first_step(p))
     return;
   if (s == second_step(p)) {
@@ -326,17 +304,15 @@ SORL_HD void emit_element_codes(uint32_t* words, uint64_t bit, uint64_t g, uint1
     return;
   }
   or_bits(words, bit, 3u);
-  const uint32_t ek = p.escape_k;
-  const uint32_t y = zigzag16(s) - 3 + (1u << ek);
-  const uint32_t b = floor_log2_u64(y);
-  or_bits(words, bit + 2 + (b - ek), ((uint64_t{y} & ((uint64_t{1} << b) - 1)) << 1) | 1u);
+  const exp_golomb_code c = exp_golomb_encode(escape_value(s), p.escape_k);
+  or_bits(words, bit + 2 + c.zeros, (uint64_t{c.low} << 1) | 1u);
 }
 
 // ---- decoding (apply) ----
 
 /// 64 stream bits starting at absolute bit `bit` of `words`, which must be readable up to
 /// word (bit >> 5) + 2 (a bucket copy carries decode_pad_words zero words at its end).
-SORL_HD uint64_t bit_window(const uint32_t* words, uint64_t bit) {
+SORL_HD inline uint64_t bit_window(const uint32_t* words, uint64_t bit) {
   const uint64_t w = bit >> 5;
   const uint32_t sh = static_cast<uint32_t>(bit & 31u);
   const uint64_t low = uint64_t{words[w]} | (uint64_t{words[w + 1]} << 32);
@@ -347,7 +323,7 @@ SORL_HD uint64_t bit_window(const uint32_t* words, uint64_t bit) {
 
 /// Counts zero bits up to the next 1 from `*bit`, consuming them and the 1. The stream must
 /// hold the 1 (checked by sync::check_delta_bucket before any decode).
-SORL_HD uint64_t read_unary(const uint32_t* words, uint64_t* bit) {
+SORL_HD inline uint64_t read_unary(const uint32_t* words, uint64_t* bit) {
   uint64_t q = 0;
   for (;;) {
     const uint64_t w = bit_window(words, *bit);
@@ -363,17 +339,17 @@ SORL_HD uint64_t read_unary(const uint32_t* words, uint64_t* bit) {
 
 /// Decodes a checked sparse entry of `changed` codes starting at absolute bit `bit` of `words`;
 /// for change j writes dst[j] = bits + position and steps_out[j]. Serial by format.
-SORL_HD void decode_entry(const uint32_t* words, uint64_t bit, const code_params& p,
-                          uint64_t changed, uint16_t* bits, uint16_t** dst, uint16_t* steps_out) {
+SORL_HD inline void decode_entry(const uint32_t* words, uint64_t bit, const code_params& p,
+                                 uint64_t changed, uint16_t* bits, uint16_t** dst,
+                                 uint16_t* steps_out) {
   const uint32_t k = p.rice_k;
   const uint32_t ek = p.escape_k;
-  const uint64_t k_mask = (uint64_t{1} << k) - 1;
   const uint16_t first = first_step(p);
   const uint16_t second = second_step(p);
   uint64_t next = 0;
   for (uint64_t j = 0; j < changed; ++j) {
     const uint64_t q = read_unary(words, &bit);
-    const uint64_t g = (q << k) | (k != 0 ? (bit_window(words, bit) & k_mask) : 0);
+    const uint64_t g = k != 0 ? rice_value(q, k, bit_window(words, bit)) : q;
     bit += k;
     const uint64_t pos = next + g;
     const uint64_t w = bit_window(words, bit);
@@ -386,10 +362,9 @@ SORL_HD void decode_entry(const uint32_t* words, uint64_t bit, const code_params
       bit += 2;
     } else {
       bit += 2;
-      const uint32_t b = static_cast<uint32_t>(read_unary(words, &bit)) + ek;
-      const uint64_t y = (uint64_t{1} << b) | (bit_window(words, bit) & ((uint64_t{1} << b) - 1));
-      bit += b;
-      s = unzigzag16(static_cast<uint32_t>(y - (uint64_t{1} << ek) + 3));
+      const auto zeros = static_cast<uint32_t>(read_unary(words, &bit));
+      s = escaped_step(exp_golomb_value(zeros, ek, bit_window(words, bit)));
+      bit += zeros + ek;
     }
     dst[j] = bits + pos;
     steps_out[j] = s;
@@ -398,7 +373,7 @@ SORL_HD void decode_entry(const uint32_t* words, uint64_t bit, const code_params
 }
 
 /// Adds a step modulo 2^16 in place.
-SORL_HD void scatter_step(uint16_t* dst, uint16_t s) {
+SORL_HD inline void scatter_step(uint16_t* dst, uint16_t s) {
   *dst = static_cast<uint16_t>(*dst + s);
 }
 

@@ -44,7 +44,7 @@ struct WeightBucket {
   chunks @2 :List(TensorChunk);
   checksum @3 :UInt64;       # XXH3-64 over the chunks' data in order (full versions)
   delta @4 :Data;            # sparse versions: one self-checking delta bucket
-                             # (actors/sync/delta_codec.hpp); `chunks` is then empty
+                             # (runtime/sync/delta_codec.hpp); `chunks` is then empty
 }
 
 # Worker → publisher, after applying every bucket of a version (or failing to).

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 #include "actors/sync/weight_sync.hpp"
 
 namespace sorl::sync {

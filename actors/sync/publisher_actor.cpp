@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 #include "actors/sync/sync_protocol.hpp"
 #include "actors/sync/weight_sync.hpp"
 #include "messages/sync.capnp.h"

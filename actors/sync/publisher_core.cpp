@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 namespace sorl::sync {
 

@@ -1,5 +1,5 @@
 // SparseRL-Sync codec bench (ARCHITECTURE.md §6): size and speed of the sparse bf16 delta codec
-// (actors/sync/delta_codec.hpp) against dense bf16, a naive sparse format (int32 index + bf16
+// (runtime/sync/delta_codec.hpp) against dense bf16, a naive sparse format (int32 index + bf16
 // value), zstd -3 and lz4 of the step stream the codec codes, of the XOR of old and new bits
 // and of the new bits alone, and memcpy measured in the same run on the same bytes with as
 // many threads as the encode it is compared with. Rows: consecutive weight versions of sorl's
@@ -8,8 +8,8 @@
 // --report-only. Run through bench/sync/sync_codec.sh.
 
 #include "actors/learner/learner_core.hpp"
-#include "actors/sync/delta_codec.hpp"
 #include "runtime/ml/model.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -556,7 +556,7 @@ int main(int argc, char** argv) {
   const int reps = quick ? 5 : 3;
   const std::string nt = std::to_string(threads) + "t";
 
-  std::printf("SparseRL-Sync codec (actors/sync/delta_codec.hpp): bytes per version and speed.\n");
+  std::printf("SparseRL-Sync codec (runtime/sync/delta_codec.hpp): bytes per version and speed.\n");
   std::printf("learner rows: sorl learner_core, AdamW (wd 0.01), GRPO batch of 2 groups x 4 "
               "synthetic samples per step, bf16 cast of the fp32 master weights before and after "
               "each step, %d warm-up steps, sums over %d measured steps; lr 2e-04 is the lr of "

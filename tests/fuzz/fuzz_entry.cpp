@@ -15,7 +15,6 @@
 #include <caf/execution_unit.hpp>
 #include <fmt/format.h>
 
-#include "actors/sync/delta_codec.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/smoke.capnp.h"
 #include "messages/sync.capnp.h"
@@ -24,6 +23,7 @@
 #include "runtime/envelope.hpp"
 #include "runtime/ml/jsonl_task.hpp"
 #include "runtime/ml/safetensors.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 namespace sorl::fuzz {
 

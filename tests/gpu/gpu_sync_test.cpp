@@ -1,10 +1,10 @@
 // The CUDA kernels of the sparse weight-sync codec (gpu/sparse_sync.hpp) against the CPU codec
-// (actors/sync/delta_codec.hpp): the same buckets byte for byte, the same applied tensors.
+// (runtime/sync/delta_codec.hpp): the same buckets byte for byte, the same applied tensors.
 // Label "gpu"; without a CUDA device every case is reported skipped (tests/gpu/gpu_skip.hpp).
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/check.hpp"
 #include "gpu/sparse_sync.hpp"
+#include "runtime/sync/delta_codec.hpp"
 #include "tests/gpu/delta_test_data.hpp"
 #include "tests/gpu/gpu_skip.hpp"
 

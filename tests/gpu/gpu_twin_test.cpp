@@ -1,10 +1,11 @@
 // The CPU twin of the GPU delta codec (gpu/delta_twin.hpp) runs the kernels' own per-thread
-// functions; these tests pin it to the CPU codec (actors/sync/delta_codec.hpp) byte for byte.
+// functions; these tests pin it to the CPU codec (runtime/sync/delta_codec.hpp) byte for byte.
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/delta_twin.hpp"
 #include "gpu/sparse_sync_kernels.cuh"
+#include "runtime/sync/delta_codec.hpp"
 #include "tests/gpu/delta_test_data.hpp"
+#include "tests/runtime/sync/same_stats.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -44,13 +45,7 @@ void check_same(const std::vector<tensor_pair>& ts, const std::vector<uint32_t>&
     INFO("bucket " << b << " of " << cpu.size());
     REQUIRE(twin[b] == cpu[b]);
   }
-  CHECK(twin_stats.elements == cpu_stats.elements);
-  CHECK(twin_stats.changed == cpu_stats.changed);
-  CHECK(twin_stats.dense_bytes == cpu_stats.dense_bytes);
-  CHECK(twin_stats.encoded_bytes == cpu_stats.encoded_bytes);
-  CHECK(twin_stats.dense_segments == cpu_stats.dense_segments);
-  CHECK(twin_stats.buckets == cpu_stats.buckets);
-  CHECK(twin_stats.entries == cpu_stats.entries);
+  sync::test::check_same_stats(twin_stats, cpu_stats);
 
   std::vector<std::vector<uint16_t>> by_cpu, by_twin;
   std::vector<sync::delta_target> cpu_targets, twin_targets;

@@ -5,10 +5,10 @@
 // would call it from the actor that owns its device); the one-rank case needs one. Without
 // them a case is reported skipped (tests/gpu/gpu_skip.hpp).
 
-#include "actors/sync/delta_codec.hpp"
 #include "gpu/check.hpp"
 #include "gpu/nccl_broadcast.hpp"
 #include "gpu/nccl_check.hpp"
+#include "runtime/sync/delta_codec.hpp"
 #include "tests/gpu/delta_test_data.hpp"
 #include "tests/gpu/gpu_skip.hpp"
 

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "actors/sync/delta_codec.hpp"
 #include "actors/sync/sync_wire.hpp"
+#include "runtime/sync/delta_codec.hpp"
 #include "tests/actors/sync/toy_model.hpp"
 
 using namespace sorl;

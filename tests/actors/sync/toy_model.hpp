@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "actors/sync/delta_codec.hpp"
 #include "actors/sync/weight_receiver.hpp"
 #include "actors/sync/weight_sync.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 namespace sorl::sync::test {
 

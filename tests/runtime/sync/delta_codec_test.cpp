@@ -14,7 +14,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "actors/sync/delta_codec.hpp"
+#include "runtime/sync/delta_codec.hpp"
+#include "tests/runtime/sync/same_stats.hpp"
 
 using namespace sorl::sync;
 
@@ -464,15 +465,6 @@ TEST_CASE("encoding is deterministic and independent of the source order", "[del
 
 TEST_CASE("encoding on several threads gives the single-threaded bytes and stats",
           "[delta_codec]") {
-  auto same_stats = [](const delta_stats& a, const delta_stats& b) {
-    CHECK(a.elements == b.elements);
-    CHECK(a.changed == b.changed);
-    CHECK(a.dense_bytes == b.dense_bytes);
-    CHECK(a.encoded_bytes == b.encoded_bytes);
-    CHECK(a.dense_segments == b.dense_segments);
-    CHECK(a.buckets == b.buckets);
-    CHECK(a.entries == b.entries);
-  };
   for (double fraction : {0.0, 1e-4, 1e-2, 0.5, 1.0}) {
     // Multi-segment tensors (one ending in a short segment), an empty one, and many small
     // tensors: tiny ones, which encode_delta groups, and ones of 2^16 elements and more, which
@@ -505,7 +497,7 @@ TEST_CASE("encoding on several threads gives the single-threaded bytes and stats
         delta_stats st;
         const auto b = encode_delta(4, 5, sources_of(ts), o, &st);
         CHECK(b == b1);
-        same_stats(st, st1);
+        sorl::sync::test::check_same_stats(st, st1);
       }
     }
   }

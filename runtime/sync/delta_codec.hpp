@@ -6,6 +6,13 @@
 // exact integer step between old and new bit patterns. A worker holding `base_version` applies
 // the buckets in place and ends bit-identical to `version`.
 //
+// Library sorl::delta_codec (runtime/sync/CMakeLists.txt): bit_codes.hpp holds the codes (zigzag,
+// Rice, Exp-Golomb), compiled for the host here and for the device by gpu/; delta_scan.cpp finds
+// the changed elements; delta_codes.cpp chooses the code parameters and writes the bit streams;
+// delta_buckets.cpp frames entries into buckets (headers, placement and cutting, checksums) and
+// reads them back; delta_pipeline.cpp runs encode_delta over tensors and threads, and the checks
+// and applies. delta_internal.hpp is what those files share, not part of this interface.
+//
 // Codes (sizes measured on uniform random positions, 96 % ±1 ULP steps, 4 % uniform random
 // other patterns: the synthetic rows of bench/sync/sync_codec.sh, which prints the full tables):
 //   positions: gap coding with one Rice parameter per entry, chosen by exact cost. At 1 %
@@ -114,6 +121,8 @@
 // steps are added modulo 2^16, dense entries overwrite. Applying twice or over another base
 // corrupts the tensor silently at this level; the whole-model hash of the version catches it.
 // ------------------------------------------------------------------------------------------
+
+#include "runtime/sync/bit_codes.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -280,7 +289,7 @@ inline uint16_t delta_step(uint16_t base, uint16_t next) {
 
 /// Bits of the Rice(k) code of gap `g`: (g >> k) + 1 + k.
 inline uint64_t delta_gap_bits(uint64_t g, uint32_t rice_k) {
-  return (g >> rice_k) + 1 + rice_k;
+  return rice_bits(g, rice_k);
 }
 
 /// Bits of the step code of a nonzero step `s` under `params`: 1, 2, or 3 + its Exp-Golomb
