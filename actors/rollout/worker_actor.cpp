@@ -1,7 +1,6 @@
 #include "actors/rollout/worker_actor.hpp"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -10,8 +9,8 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/request_sampling.hpp"
 #include "actors/rollout/worker_core.hpp"
-#include "actors/sync/delta_receiver.hpp"
-#include "actors/sync/weight_sync.hpp"
+#include "actors/sync/sync_wire.hpp"
+#include "actors/sync/weight_receiver.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 
@@ -19,23 +18,13 @@ namespace sorl {
 
 namespace {
 
-constexpr uint64_t no_version = ~uint64_t{0};
-
-/// A complete, checked version waiting for the worker to be idle.
-enum class pending_apply { none, full, delta };
+constexpr uint64_t no_version = sync::weight_receiver::no_version;
 
 struct worker_state {
   static inline const char* name = "sorl.rollout_worker";
   std::unique_ptr<rollout::worker_core> core;
-  sync::weight_assembler assembler;
-  sync::delta_receiver receiver;
-  /// The model's bf16 parameters as delta targets, in model order (tensor id = index).
-  std::vector<sync::delta_target> targets;
-  int64_t version_started_ns = 0;
-  pending_apply pending = pending_apply::none;
-  uint64_t pending_hash = 0; ///< full versions: the hash verify() computed
-  std::vector<sync::tensor_meta> expected;
-  uint64_t version = no_version;
+  /// Receives versions into the model's bf16 parameters.
+  std::unique_ptr<sync::weight_receiver> weights;
   bool ticking = false;
   caf::actor trainer;
   caf::actor scheduler;
@@ -110,89 +99,14 @@ envelope encode_trajectory(const rollout::rollout_result& r, const std::string& 
 
 using worker_actor_t = caf::stateful_actor<worker_state>;
 
-void send_ack(worker_actor_t* self, uint64_t version, bool ok, uint64_t hash,
-              const std::string& reason, bool full) {
-  auto ack = build_envelope<msg::WeightAck>([&](msg::WeightAck::Builder b) {
-    b.setVersion(version);
-    b.setWorker(self->state.me);
-    b.setOk(ok);
-    b.setModelHash(hash);
-    b.setReason(reason);
-    b.setApplyNs(steady_now_ns() - self->state.version_started_ns);
-    b.setFull(full);
-  });
-  if (!ok)
-    spdlog::error("{}: version {} not applied: {}", self->state.me, version, reason);
-  self->send(self->state.publisher, ack);
-}
-
-/// Copies a verified version into the model; only called when no rollout is in flight.
-void apply_version(worker_actor_t* self) {
+/// Does what the weight receiver asked, in its order.
+void carry_out(worker_actor_t* self, const sync::weight_receiver::result& r) {
   auto& st = self->state;
-  c10::InferenceMode guard;
-  const auto& params = st.core->model().parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto& dst = params[i].second;
-    auto& bytes = st.assembler.staged(i);
-    auto src = at::from_blob(const_cast<uint8_t*>(bytes.data()), dst.sizes(),
-                             at::TensorOptions().dtype(dst.scalar_type()));
-    dst.copy_(src);
-  }
-  st.core->weights_changed();
-}
-
-/// Applies a complete version once no rollout is in flight. A version can overtake the
-/// abort of the previous step's stragglers (they come from different actors), so a busy
-/// worker holds it until its last rollout ends instead of refusing it.
-void maybe_apply(worker_actor_t* self) {
-  auto& st = self->state;
-  if (st.pending == pending_apply::none || !st.core->idle())
-    return;
-  auto kind = st.pending;
-  st.pending = pending_apply::none;
-  if (kind == pending_apply::full) {
-    apply_version(self);
-    st.version = st.assembler.version();
-    st.assembler.reset();
-    send_ack(self, st.version, true, st.pending_hash, "", true);
-    return;
-  }
-  auto version = st.receiver.version();
-  uint64_t hash = 0;
-  std::optional<std::string> err;
-  {
-    c10::InferenceMode guard;
-    err = st.receiver.apply(st.targets, &hash);
-  }
-  st.receiver.reset();
-  st.core->weights_changed();
-  if (err) {
-    st.version = no_version; // the weights are now of unknown version until a full sync
-    send_ack(self, version, false, hash, *err, false);
-    return;
-  }
-  st.version = version;
-  send_ack(self, version, true, hash, "", false);
-}
-
-/// One bucket of a sparse version: checked now, applied with the others when all are in.
-void on_delta_bucket(worker_actor_t* self, uint64_t version, uint32_t index,
-                     capnp::Data::Reader delta) {
-  auto& st = self->state;
-  if (auto err = st.receiver.add_bucket(version, index, delta.begin(), delta.size(),
-                                        st.targets)) {
-    if (st.receiver.active() && st.receiver.version() == version) {
-      st.receiver.reset();
-      send_ack(self, version, false, 0, *err, false);
-    } else {
-      spdlog::warn("{}: {}", st.me, *err); // a version already refused or abandoned
-    }
-    return;
-  }
-  if (!st.receiver.complete())
-    return;
-  st.pending = pending_apply::delta;
-  maybe_apply(self);
+  if (r.weights_changed)
+    st.core->weights_changed();
+  sync::write_logs(r.logs);
+  if (r.ack)
+    self->send(st.publisher, sync::encode_ack(*r.ack, st.me));
 }
 
 /// Sends the core's pending timing events to the controller and the scheduler, stamped
@@ -219,7 +133,7 @@ void send_results(worker_actor_t* self, const std::vector<rollout::rollout_resul
   auto& st = self->state;
   send_events(self);
   for (auto& r : results)
-    self->send(st.trainer, encode_trajectory(r, st.me, st.version));
+    self->send(st.trainer, encode_trajectory(r, st.me, st.weights->version()));
 }
 
 void pump(worker_actor_t* self) {
@@ -241,20 +155,22 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   opts.chunk_tokens = ctx.config->rollout.chunk_tokens;
   st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
                                                    make_task_from(*ctx.config), opts);
+  std::vector<sync::tensor_meta> expected;
+  std::vector<sync::delta_target> targets; // tensor id = index in model order
   for (const auto& [name, t] : st.core->model().parameters()) {
     sync::tensor_meta m;
     m.name = name;
     m.shape.assign(t.sizes().begin(), t.sizes().end());
     m.dtype = sync::weight_dtype::bf16;
-    st.expected.push_back(std::move(m));
+    expected.push_back(std::move(m));
     if (t.scalar_type() != at::kBFloat16 || !t.is_contiguous())
       throw std::logic_error(fmt::format("rollout parameter \"{}\" is not contiguous bf16", name));
-    sync::delta_target target;
-    target.tensor = static_cast<uint32_t>(st.targets.size());
-    target.bits = reinterpret_cast<uint16_t*>(t.data_ptr());
-    target.elements = static_cast<uint64_t>(t.numel());
-    st.targets.push_back(target);
+    targets.push_back({static_cast<uint32_t>(targets.size()),
+                       reinterpret_cast<uint16_t*>(t.data_ptr()),
+                       static_cast<uint64_t>(t.numel())});
   }
+  st.weights = std::make_unique<sync::weight_receiver>(st.me, std::move(expected),
+                                                       std::move(targets), steady_now_ns);
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
@@ -286,14 +202,15 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             // A request is never dropped: what cannot be served goes back to the trainer as a
             // failed rollout, so that the step completes without it.
             try {
-              if (req.weight_version != st.version) {
-                auto why = st.version == no_version
+              auto held = st.weights->version();
+              if (req.weight_version != held) {
+                auto why = held == no_version
                              ? fmt::format("the worker holds no weights yet, the request wants "
                                            "version {}",
                                            req.weight_version)
                              : fmt::format("the worker holds weights version {}, the request "
                                            "wants version {}",
-                                           st.version, req.weight_version);
+                                           held, req.weight_version);
                 spdlog::warn("{}: request {}: {}", st.me, req.request_id, why);
                 st.core->reject(req, why);
               } else {
@@ -316,68 +233,16 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             spdlog::debug("{}: step {}: aborted {} rollout(s) ({}); {} KV blocks in use", st.me,
                           a.getStep(), aborted.size(), a.getReason().cStr(),
                           st.core->kv_blocks_in_use());
-            maybe_apply(self);
+            if (st.core->idle())
+              carry_out(self, st.weights->on_idle());
           }))
         return;
       if (handle_as<msg::WeightVersion>(e, st.me, [&](msg::WeightVersion::Reader v) {
-            std::vector<sync::tensor_meta> header;
-            for (auto t : v.getTensors()) {
-              sync::tensor_meta m;
-              m.name = t.getName();
-              for (auto d : t.getShape())
-                m.shape.push_back(d);
-              m.dtype = t.getDtype() == msg::WeightDtype::BF16 ? sync::weight_dtype::bf16
-                                                               : sync::weight_dtype::fp32;
-              m.hash = t.getHash();
-              header.push_back(std::move(m));
-            }
-            st.version_started_ns = steady_now_ns();
-            st.pending = pending_apply::none;
-            st.assembler.reset();
-            st.receiver.reset();
-            if (v.getFull()) {
-              if (auto err = st.assembler.begin(v.getVersion(), header, v.getModelHash(),
-                                                v.getBucketCount(), st.expected))
-                send_ack(self, v.getVersion(), false, 0, *err, true);
-              return;
-            }
-            std::optional<uint64_t> held;
-            if (st.version != no_version)
-              held = st.version;
-            if (auto err = st.receiver.begin(v.getVersion(), v.getBaseVersion(), held, header,
-                                             v.getModelHash(), v.getBucketCount(),
-                                             st.expected))
-              send_ack(self, v.getVersion(), false, 0, *err, false);
+            carry_out(self, st.weights->on_header(sync::decode_version_header(v)));
           }))
         return;
       if (handle_as<msg::WeightBucket>(e, st.me, [&](msg::WeightBucket::Reader b) {
-            auto version = b.getVersion();
-            if (b.hasDelta() && b.getDelta().size() > 0) {
-              on_delta_bucket(self, version, b.getIndex(), b.getDelta());
-              return;
-            }
-            std::vector<sync::chunk_view> chunks;
-            for (auto c : b.getChunks()) {
-              auto data = c.getData();
-              chunks.push_back({c.getTensor(), c.getOffset(), data.begin(), data.size()});
-            }
-            if (auto err = st.assembler.add_bucket(version, b.getIndex(), chunks,
-                                                   b.getChecksum())) {
-              st.assembler.reset();
-              send_ack(self, version, false, 0, *err, true);
-              return;
-            }
-            if (!st.assembler.complete())
-              return;
-            uint64_t hash = 0;
-            if (auto err = st.assembler.verify(&hash)) {
-              st.assembler.reset();
-              send_ack(self, version, false, hash, *err, true);
-              return;
-            }
-            st.pending = pending_apply::full;
-            st.pending_hash = hash;
-            maybe_apply(self);
+            carry_out(self, st.weights->on_bucket(sync::decode_bucket(b), st.core->idle()));
           }))
         return;
       log_unhandled(e, st.me);
@@ -405,7 +270,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
       }
       if (st.core->idle()) {
         st.ticking = false;
-        maybe_apply(self);
+        carry_out(self, st.weights->on_idle());
       } else
         self->send(self, tick_atom::value); // behind whatever arrived meanwhile
     },

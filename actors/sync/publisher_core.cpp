@@ -30,6 +30,12 @@ const payload& publisher_core::payload_of(payload_kind kind) const {
   return *p;
 }
 
+void publisher_core::add_encode_ns(payload_kind kind, int64_t ns) {
+  payload_of(kind); // raises when not built
+  encode_ns_ += ns;
+  (kind == payload_kind::full ? full_ : sparse_)->header.encode_ns = encode_ns_;
+}
+
 version_header publisher_core::header(bool full, uint64_t base_version, uint32_t bucket_count,
                                       uint64_t total_bytes) const {
   version_header h;

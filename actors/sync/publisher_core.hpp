@@ -106,6 +106,12 @@ public:
   /// not built.
   const payload& payload_of(payload_kind kind) const;
 
+  /// The shell spent `ns` putting payload(kind) into wire messages: counted as encode time
+  /// (the publisher's time to encode the buckets), so that the header of `kind`, read after
+  /// this call, and the version's VersionReady include it. Raises std::logic_error when that
+  /// payload was not built.
+  void add_encode_ns(payload_kind kind, int64_t ns);
+
   /// The version last begun and its published model hash.
   uint64_t version() const {
     return version_;

@@ -86,7 +86,7 @@ struct version_ready {
 struct log_line {
   enum class level { debug, warn, error };
   level lvl = level::debug;
-  std::string text; ///< complete, prefixed with the actor's name as the shells did
+  std::string text; ///< complete, prefixed with the actor's name
 };
 
 } // namespace sorl::sync

@@ -1,5 +1,7 @@
 #include "actors/sync/sync_wire.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace sorl::sync {
 
 namespace {
@@ -160,6 +162,22 @@ snapshot_view decode_snapshot(msg::WeightSnapshot::Reader s,
     v.data.push_back({d.begin(), d.size()});
   v.keep_alive = std::move(keep_alive);
   return v;
+}
+
+void write_logs(const std::vector<log_line>& logs) {
+  for (const auto& l : logs) {
+    switch (l.lvl) {
+      case log_line::level::debug:
+        spdlog::debug("{}", l.text);
+        break;
+      case log_line::level::warn:
+        spdlog::warn("{}", l.text);
+        break;
+      case log_line::level::error:
+        spdlog::error("{}", l.text);
+        break;
+    }
+  }
 }
 
 } // namespace sorl::sync

@@ -2,12 +2,14 @@
 
 // Translation between the weight-sync messages (messages/sync.capnp, WeightSnapshot of
 // messages/train.capnp) and their decoded forms (sync_messages.hpp, publisher_core.hpp), for
-// the sync publisher's and the rollout worker's shells. Each encoder sets the fields in the
-// order the shells always did, so the bytes on the wire do not depend on which side of this
-// file the values were computed (tests/actors/sync/sync_wire_test.cpp compares them).
+// the sync publisher's and the rollout worker's shells, and the cores' log lines to the
+// process log. Each encoder sets the fields in the order the shells set them before the
+// cores existed, so the bytes on the wire are those of the earlier shells
+// (tests/actors/sync/sync_wire_test.cpp compares them with the shells' former encoders).
 // Decoded forms borrow the message's bytes: keep the envelope alive while using them.
 
 #include <string>
+#include <vector>
 
 #include "actors/sync/publisher_core.hpp"
 #include "actors/sync/sync_messages.hpp"
@@ -43,5 +45,8 @@ weight_ack decode_ack(msg::WeightAck::Reader a);
 /// traversal limit).
 snapshot_view decode_snapshot(msg::WeightSnapshot::Reader s,
                               std::shared_ptr<const void> keep_alive);
+
+/// Writes a core's log lines to the process log (spdlog) at their levels, in order.
+void write_logs(const std::vector<log_line>& logs);
 
 } // namespace sorl::sync

@@ -66,12 +66,14 @@ struct received {
   bool full = false;
   uint64_t base = 0;
   uint32_t buckets = 0;
+  std::vector<envelope> messages; ///< the header, then the buckets
 };
 
 received receive_version(caf::scoped_actor& worker) {
   received r;
   worker->receive(
     [&](const envelope& e) {
+      r.messages.push_back(e);
       auto err = with_envelope<msg::WeightVersion>(e, [&](msg::WeightVersion::Reader h) {
         r.version = h.getVersion();
         r.full = h.getFull();
@@ -82,18 +84,24 @@ received receive_version(caf::scoped_actor& worker) {
     },
     caf::after(10s) >> [] { FAIL("no version header"); });
   for (uint32_t k = 0; k < r.buckets; ++k)
-    worker->receive([](const envelope& e) { CHECK(e.schema_id() == capnp::typeId<msg::WeightBucket>()); },
+    worker->receive(
+      [&](const envelope& e) {
+        CHECK(e.schema_id() == capnp::typeId<msg::WeightBucket>());
+        r.messages.push_back(e);
+      },
                     caf::after(10s) >> [] { FAIL("missing bucket"); });
   return r;
 }
 
-envelope ack(uint64_t v, const std::string& worker, bool ok, uint64_t hash) {
+envelope ack(uint64_t v, const std::string& worker, bool ok, uint64_t hash,
+             int64_t apply_ns = 0) {
   return build_envelope<msg::WeightAck>([&](msg::WeightAck::Builder b) {
     b.setVersion(v);
     b.setWorker(worker);
     b.setOk(ok);
     b.setModelHash(hash);
     b.setReason(ok ? "" : "apply failed on purpose");
+    b.setApplyNs(apply_ns);
   });
 }
 
@@ -277,4 +285,99 @@ TEST_CASE("a worker lost after acknowledging a version is not counted among the 
     CHECK(r.getWorkers() == 1);
     CHECK(r.getVerifiedWorkers() == 1); // b's acknowledgement no longer describes a live worker
   });
+}
+
+TEST_CASE("acknowledgements that come early, from an unknown worker, for another version or "
+          "twice complete nothing") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
+  auto name_a = roster[1].name();
+  auto name_b = roster[2].name();
+  // Each stray acknowledgement carries a large apply time: had it counted, VersionReady's
+  // applyNsMax would show it, and a version completed early would miss b's hash.
+  a->send(pub, ack(0, name_a, true, hash_of(0), 900)); // before the snapshot exists
+  h.broadcast(0);
+  a->send(pub, ack(0, "rollout_worker#7@elsewhere", true, hash_of(0), 901));
+  a->send(pub, ack(5, name_a, true, hash_of(0), 902));
+  a->send(pub, ack(0, name_a, true, hash_of(0), 5));
+  a->send(pub, ack(0, name_a, true, hash_of(0), 903)); // a repeat
+  b->send(pub, ack(0, name_b, true, hash_of(0), 7));
+  receive_ready(trainer, [](msg::VersionReady::Reader r) {
+    CHECK(r.getVersion() == 0);
+    CHECK(r.getWorkers() == 2);
+    CHECK(r.getVerifiedWorkers() == 2);
+    CHECK(r.getApplyNsMax() == 7);
+  });
+  // A late acknowledgement of version 0 does not touch version 1.
+  trainer->send(pub, snapshot(1));
+  receive_version(a);
+  receive_version(b);
+  b->send(pub, ack(0, name_b, true, hash_of(0), 904));
+  a->send(pub, ack(1, name_a, true, hash_of(1), 3));
+  b->send(pub, ack(1, name_b, true, hash_of(1), 2));
+  receive_ready(trainer, [](msg::VersionReady::Reader r) {
+    CHECK(r.getVersion() == 1);
+    CHECK(r.getVerifiedWorkers() == 2);
+    CHECK(r.getApplyNsMax() == 3);
+  });
+}
+
+TEST_CASE("both workers get the very same messages of a version: each payload is encoded "
+          "once") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
+  trainer->send(pub, snapshot(0));
+  auto ra = receive_version(a);
+  auto rb = receive_version(b);
+  REQUIRE(ra.messages.size() == 2); // 754 bytes: one bucket
+  REQUIRE(rb.messages.size() == ra.messages.size());
+  for (size_t k = 0; k < ra.messages.size(); ++k)
+    CHECK(ra.messages[k].data() == rb.messages[k].data()); // shared bytes, not copies
+  a->send(pub, ack(0, roster[1].name(), true, hash_of(0)));
+  b->send(pub, ack(0, roster[2].name(), true, hash_of(0)));
+  receive_ready(trainer, [](msg::VersionReady::Reader) {});
+
+  // Version 1: a fails its delta and gets the full payload, encoded now; b keeps the delta.
+  trainer->send(pub, snapshot(1));
+  ra = receive_version(a);
+  rb = receive_version(b);
+  CHECK_FALSE(ra.full);
+  CHECK(ra.messages[0].data() == rb.messages[0].data());
+  a->send(pub, ack(1, roster[1].name(), false, 0));
+  auto full = receive_version(a);
+  CHECK(full.full);
+  CHECK(full.version == 1);
+  CHECK(full.buckets == 1);
+}
+
+TEST_CASE("a full sync a worker fails, a snapshot during a version or an unreadable snapshot "
+          "ends the job") {
+  publisher_harness h;
+  auto [trainer, a, b, pub, roster] = std::tie(h.trainer, h.a, h.b, h.pub, h.roster);
+  std::string why;
+  bool whole = true; // false: `why` starts the reason, the envelope's own words follow
+  SECTION("a failed full sync") {
+    h.broadcast(0);
+    a->send(pub, ack(0, roster[1].name(), false, 0));
+    why = roster[1].name() + " failed a full sync of version 0: apply failed on purpose";
+  }
+  SECTION("a snapshot while a version is in flight") {
+    h.broadcast(0);
+    trainer->send(pub, snapshot(1));
+    why = "snapshot 1 arrived while version 0 is still being acknowledged";
+  }
+  SECTION("a snapshot whose segment table claims more words than it has") {
+    const uint32_t table[4] = {0, 1000, 0, 0}; // one segment of 1000 words, none sent
+    auto bad = envelope::from_bytes(capnp::typeId<msg::WeightSnapshot>(), table, sizeof table);
+    REQUIRE(bad);
+    trainer->send(pub, *bad);
+    why = "cannot read a weight snapshot: ";
+    whole = false;
+  }
+  auto [ok, got] = expect_job_end(trainer);
+  CHECK_FALSE(ok);
+  if (whole)
+    CHECK(got == why);
+  else
+    CHECK(got.rfind(why, 0) == 0);
 }

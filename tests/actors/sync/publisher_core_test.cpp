@@ -91,6 +91,15 @@ const std::vector<std::pair<std::string, payload_kind>> both_full = {
 const std::vector<std::pair<std::string, payload_kind>> both_sparse = {
   {"a", payload_kind::sparse}, {"b", payload_kind::sparse}};
 
+/// A worker's acknowledgement that it applied `version` with the published hash.
+weight_ack applied(const publisher& p, uint64_t version) {
+  weight_ack a;
+  a.version = version;
+  a.ok = true;
+  a.model_hash = p.core.model_hash();
+  return a;
+}
+
 /// Version 0 published to a and b, delivered and acknowledged.
 void publish_v0(publisher& p, worker& a, worker& b) {
   auto r = p.core.on_snapshot(snapshot(model_v0(), 0));
@@ -432,4 +441,34 @@ TEST_CASE("a snapshot during a version, a malformed snapshot or no worker fails 
   REQUIRE(r.fail);
   CHECK(*r.fail == "no rollout worker to publish to");
   CHECK(r.sends.empty());
+}
+
+TEST_CASE("the shell's time to encode a payload into messages counts into its header and "
+          "VersionReady") {
+  publisher p{{"a", "b"}};
+  worker a{make_model({100, 30, 80}, 1), "a"}, b{make_model({100, 30, 80}, 2), "b"};
+  publish_v0(p, a, b);
+  p.core.add_worker("c");
+  // c is new: it gets version 1 in full while a and b get the delta. The core's own encode
+  // time is 10 ns per payload (one clock step between its two readings).
+  auto r = p.core.on_snapshot(snapshot(nudged(model_v0(), 3), 1));
+  REQUIRE(sends(r) == (std::vector<std::pair<std::string, payload_kind>>{
+                        {"a", payload_kind::sparse},
+                        {"b", payload_kind::sparse},
+                        {"c", payload_kind::full}}));
+  CHECK(p.core.payload_of(payload_kind::sparse).header.encode_ns == 10);
+  CHECK(p.core.payload_of(payload_kind::full).header.encode_ns == 20);
+  p.core.add_encode_ns(payload_kind::sparse, 5);
+  CHECK(p.core.payload_of(payload_kind::sparse).header.encode_ns == 25);
+  CHECK(p.core.payload_of(payload_kind::full).header.encode_ns == 20); // not re-encoded
+  p.core.add_encode_ns(payload_kind::full, 100);
+  CHECK(p.core.payload_of(payload_kind::full).header.encode_ns == 125);
+  for (const auto* w : {"a", "b"})
+    CHECK_FALSE(p.core.on_ack(w, applied(p, 1)).ready);
+  r = p.core.on_ack("c", applied(p, 1));
+  REQUIRE(r.ready);
+  CHECK(r.ready->encode_ns == 125);
+
+  // With no version in flight there is no payload to encode.
+  CHECK_THROWS_AS(p.core.add_encode_ns(payload_kind::full, 1), std::logic_error);
 }
