@@ -1,7 +1,7 @@
 #pragma once
 
 // What the decode bench measures against and checks against, shared with the parity test
-// (tests/ml/test_reference_parity.cpp):
+// (tests/ml/reference_parity_test.cpp):
 //  - reference_llama: a dense Llama decoder in plain ATen written the way Hugging Face's
 //    modeling_llama.py is (rotate_half RoPE, repeat_kv, a preallocated [B, kv_heads, max_len,
 //    head_dim] KV cache per layer). It shares no code with runtime/ml/model.cpp, so agreement

@@ -7,7 +7,7 @@ conventional "skipped" code) when they are missing.
 
     check_safetensors_interop.py [FILE]
         Opens FILE with safetensors.safe_open and compares every tensor bit for bit with
-        the fixture that tests/ml/test_checkpoint.cpp ("safetensors round trip is
+        the fixture that tests/ml/checkpoint_test.cpp ("safetensors round trip is
         bit-exact ...") writes. FILE defaults to that test's output under
         build-ml-data/. Run the test first.
 
@@ -38,7 +38,7 @@ DEFAULT_FILE = (Path(__file__).resolve().parent.parent / "build-ml-data" / "test
                 "data" / "checkpoint_round_trip" / "model.safetensors")
 
 # name -> (safetensors dtype, shape, raw bit patterns as numpy array). Mirrors
-# tricky_f32(), tricky_bf16() and the list in test_checkpoint.cpp.
+# tricky_f32(), tricky_bf16() and the list in checkpoint_test.cpp.
 FIXTURE = {
     "w.f32": ("F32", [2, 3], np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000,
                                        0x7FC00001, 0x00000001], dtype=np.uint32)),
