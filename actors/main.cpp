@@ -19,6 +19,8 @@
 #include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/interrupt.hpp"
 #include "runtime/log.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/role_names.hpp"
 #include "runtime/topology.hpp"
 
 namespace {
@@ -42,26 +44,20 @@ sorl::experiment_config load_or_exit(const std::string& path) {
   try {
     auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
     // A training topology needs every training role; say so before anything starts.
-    if (cfg.count_role("trainer") > 0) {
-      std::string missing;
-      for (auto role : {"learner", "sync_publisher", "sagc_controller", "scheduler",
-                        "rollout_worker"})
-        if (cfg.count_role(role) == 0)
-          missing += std::string{missing.empty() ? "" : ", "} + role;
-      if (cfg.count_role("trainer") > 1)
-        missing += std::string{missing.empty() ? "" : "; "} + "exactly one trainer";
-      if (!missing.empty()) {
-        std::cerr << path << ": [[node]]: a topology with a trainer also needs: " << missing
-                  << '\n';
-        std::cerr << "sorl: " << path << ": nothing started\n";
-        std::exit(2);
-      }
+    const auto missing = sorl::role::missing_for_training(
+      [&](std::string_view role) { return cfg.count_role(role); });
+    if (!missing.empty()) {
+      std::cerr << path << ": [[node]]: a topology with a trainer also needs: " << missing
+                << '\n';
+      std::cerr << "sorl: " << path << ": nothing started\n";
+      std::exit(2);
     }
     // A training topology builds its task now, so a malformed dataset stops everything
     // before any actor (or the warm start) runs.
     for (const auto& n : cfg.nodes)
       for (const auto& a : n.actors)
-        if (a.role == "trainer" || a.role == "rollout_worker" || a.role == "learner") {
+        if (a.role == sorl::role::trainer || a.role == sorl::role::rollout_worker
+            || a.role == sorl::role::learner) {
           try {
             sorl::make_task_from(cfg);
           } catch (const std::exception& e) {
@@ -138,7 +134,7 @@ int run_warm_start(const sorl::experiment_config& cfg) {
 /// `sorl check`: where the warm-start checkpoint is, or that `sorl train` will make it there
 /// (the path is relative to the config file, so a copied config gets its own).
 void print_warm_start(const sorl::experiment_config& cfg) {
-  if (!cfg.model.warm_start || cfg.count_role("learner") == 0)
+  if (!cfg.model.warm_start || cfg.count_role(sorl::role::learner) == 0)
     return;
   try {
     if (auto p = sorl::ml::latest_checkpoint(cfg.model.checkpoint))
@@ -180,7 +176,7 @@ int ensure_warm_start(const sorl::experiment_config& cfg) {
 
 /// Refuses to start a fresh run over an existing one unless asked to.
 int check_run_dir(const sorl::experiment_config& cfg, bool resume, bool overwrite) {
-  if (cfg.count_role("trainer") == 0)
+  if (cfg.count_role(sorl::role::trainer) == 0)
     return 0;
   auto dir = fs::path{cfg.run.run_dir()};
   // error_code overloads: the config loader vetted the path, but a permission can change.
@@ -228,7 +224,7 @@ bool hosts_learner(const sorl::experiment_config& cfg, const std::string& node) 
   for (const auto& n : cfg.nodes)
     if (node.empty() || n.name == node)
       for (const auto& a : n.actors)
-        if (a.role == "learner")
+        if (a.role == sorl::role::learner)
           return true;
   return false;
 }
@@ -262,7 +258,8 @@ void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std:
     for (const auto& n : cfg->nodes)
       if (node.empty() || n.name == node)
         for (const auto& a : n.actors)
-          ml = ml || a.role == "trainer" || a.role == "learner" || a.role == "rollout_worker";
+          ml = ml || a.role == sorl::role::trainer || a.role == sorl::role::learner
+               || a.role == sorl::role::rollout_worker;
   if (!ml)
     return;
   sorl::pin_cpu_kernels(argv);
@@ -337,6 +334,8 @@ int main(int argc, char** argv) {
   check->add_option("config", check_config, "experiment + topology TOML")->required();
 
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
+  auto* metrics =
+    app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
 
   try {
     app.parse(argc, argv);
@@ -355,6 +354,10 @@ int main(int argc, char** argv) {
   if (roles->parsed()) {
     for (const auto& r : sorl::builtin_roles())
       fmt::print("{:<16} {}\n", r.name, r.summary);
+    return 0;
+  }
+  if (metrics->parsed()) {
+    fmt::print("{}", sorl::metric::markdown());
     return 0;
   }
   if (check->parsed()) {
@@ -389,7 +392,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (cfg.count_role("trainer") > 0)
+    if (cfg.count_role(sorl::role::trainer) > 0)
       if (int rc = save_resolved_config(cfg, resume))
         return rc;
     if (hosts_learner(cfg, "") && !resume)
@@ -434,7 +437,7 @@ int main(int argc, char** argv) {
     bool has_trainer = false;
     if (self_node)
       for (const auto& a : self_node->actors)
-        has_trainer = has_trainer || a.role == "trainer";
+        has_trainer = has_trainer || a.role == sorl::role::trainer;
     if (has_trainer) {
       if (int rc = check_run_dir(cfg, resume, overwrite))
         return rc;

@@ -7,26 +7,27 @@
 #include "actors/smoke/smoke_actors.hpp"
 #include "actors/sync/publisher_actor.hpp"
 #include "actors/trainer/trainer_actor.hpp"
+#include "runtime/role_names.hpp"
 
 namespace sorl {
 
 const role_table& builtin_roles() {
   static const role_table table{
-    {"trainer", "runs the synchronous GRPO / DAPO step loop, logs and checkpoints",
+    {role::trainer, "runs the synchronous GRPO / DAPO step loop, logs and checkpoints",
      spawn_trainer},
-    {"learner", "advantages, clipped policy loss, AdamW update; evaluation; checkpoints",
+    {role::learner, "advantages, clipped policy loss, AdamW update; evaluation; checkpoints",
      spawn_learner},
-    {"sync_publisher", "broadcasts each new bf16 weight version to the rollout workers",
+    {role::sync_publisher, "broadcasts each new bf16 weight version to the rollout workers",
      spawn_sync_publisher},
-    {"sagc_controller", "chooses the group size G and measures rollout timing / stragglers",
+    {role::sagc_controller, "chooses the group size G and measures rollout timing / stragglers",
      spawn_sagc_controller},
-    {"scheduler", "places generation requests on rollout workers, re-places on failure",
+    {role::scheduler, "places generation requests on rollout workers, re-places on failure",
      spawn_scheduler},
-    {"rollout_worker", "generates rollouts with continuous batching and scores rewards",
+    {role::rollout_worker, "generates rollouts with continuous batching and scores rewards",
      spawn_rollout_worker},
-    {"ping", "smoke test: sends rounds of Ping envelopes to every pong and ends the job",
+    {role::ping, "smoke test: sends rounds of Ping envelopes to every pong and ends the job",
      smoke::spawn_ping},
-    {"pong", "smoke test: answers each Ping with a Pong", smoke::spawn_pong},
+    {role::pong, "smoke test: answers each Ping with a Pong", smoke::spawn_pong},
   };
   return table;
 }

@@ -18,18 +18,44 @@ using json = nlohmann::ordered_json;
 
 constexpr const char* file_name = "metrics.jsonl";
 
-// Schema keys, in the order they are written.
-constexpr const char* schema_keys[] = {
-  "step",         "wall_s",       "rollout_s",    "learn_s",      "sync_s",
-  "G",            "reward_mean",  "reward_per_group", "resp_len_p50", "resp_len_p99",
-  "resp_len_max", "tokens_per_s", "stragglers",
-};
+bool is_numeric(metric::kind k) {
+  return k == metric::kind::number || k == metric::kind::count || k == metric::kind::flag;
+}
+
+bool is_member(metric::kind k) {
+  return k == metric::kind::member_int || k == metric::kind::member_number
+         || k == metric::kind::member_numbers;
+}
 
 bool is_schema_key(const std::string& key) {
-  for (const char* k : schema_keys)
-    if (key == k)
-      return true;
-  return false;
+  const auto* row = metric::find(key);
+  return row != nullptr && is_member(row->kind);
+}
+
+const char* group_title(metric::group g) {
+  switch (g) {
+    case metric::group::step: return "step";
+    case metric::group::group_control: return "group-size control";
+    case metric::group::rollout: return "rollout";
+    case metric::group::groups: return "groups (DAPO)";
+    case metric::group::timing: return "timing";
+    case metric::group::learner: return "learner loss";
+    case metric::group::sync: return "sync";
+  }
+  return "?";
+}
+
+const char* kind_title(metric::kind k) {
+  switch (k) {
+    case metric::kind::member_int: return "int";
+    case metric::kind::member_number: return "number";
+    case metric::kind::member_numbers: return "[number]";
+    case metric::kind::number: return "number";
+    case metric::kind::count: return "count";
+    case metric::kind::flag: return "0 / 1";
+    case metric::kind::text: return "text";
+  }
+  return "?";
 }
 
 json number(double v) {
@@ -78,42 +104,87 @@ std::string errno_text() {
 
 } // namespace
 
+namespace metric {
+
+const std::vector<row>& schema() {
+#define SORL_METRIC_ROW(id, key, grp, knd, unit, meaning) {key, group::grp, kind::knd, unit, meaning},
+  static const std::vector<row> rows{SORL_METRICS(SORL_METRIC_ROW)};
+#undef SORL_METRIC_ROW
+  return rows;
+}
+
+const row* find(std::string_view key) {
+  for (const auto& r : schema())
+    if (key == r.key)
+      return &r;
+  return nullptr;
+}
+
+std::string markdown() {
+  auto cell = [](std::string_view text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '|')
+        out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::string out = "| key | group | type | unit | meaning |\n|---|---|---|---|---|\n";
+  for (const auto& r : schema())
+    out += "| `" + std::string(r.key) + "` | " + group_title(r.group) + " | "
+           + kind_title(r.kind) + " | " + cell(r.unit) + " | " + cell(r.meaning) + " |\n";
+  return out;
+}
+
+} // namespace metric
+
+void metrics_record::set_numeric(std::string_view key, double v) {
+  const auto* row = metric::find(key);
+  if (row == nullptr || !is_numeric(row->kind))
+    throw std::invalid_argument("metrics record: \"" + std::string(key)
+                                + "\" is not a numeric key of the metric schema (SORL_METRICS "
+                                  "in runtime/metrics.hpp)");
+  extra[row->key] = v;
+}
+
 std::string to_json_line(const metrics_record& r) {
   json j;
-  j["step"] = r.step;
-  put(j, "wall_s", r.wall_s);
-  put(j, "rollout_s", r.rollout_s);
-  put(j, "learn_s", r.learn_s);
-  put(j, "sync_s", r.sync_s);
-  put(j, "G", r.group_size);
-  put(j, "reward_mean", r.reward_mean);
+  j[metric::step.key] = r.step;
+  put(j, metric::wall_s.key, r.wall_s);
+  put(j, metric::rollout_s.key, r.rollout_s);
+  put(j, metric::learn_s.key, r.learn_s);
+  put(j, metric::sync_s.key, r.sync_s);
+  put(j, metric::group_size.key, r.group_size);
+  put(j, metric::reward_mean.key, r.reward_mean);
   if (!r.reward_per_group.empty()) {
     json a = json::array();
     for (double v : r.reward_per_group)
       a.push_back(number(v));
-    j["reward_per_group"] = std::move(a);
+    j[metric::reward_per_group.key] = std::move(a);
   }
-  put(j, "resp_len_p50", r.resp_len_p50);
-  put(j, "resp_len_p99", r.resp_len_p99);
-  put(j, "resp_len_max", r.resp_len_max);
-  put(j, "tokens_per_s", r.tokens_per_s);
-  put(j, "stragglers", r.stragglers);
-  auto check_key = [](const std::string& key) {
-    if (key.empty())
-      throw std::invalid_argument("metrics record: empty extra key");
-    if (is_schema_key(key))
+  put(j, metric::resp_len_p50.key, r.resp_len_p50);
+  put(j, metric::resp_len_p99.key, r.resp_len_p99);
+  put(j, metric::resp_len_max.key, r.resp_len_max);
+  put(j, metric::tokens_per_s.key, r.tokens_per_s);
+  put(j, metric::stragglers.key, r.stragglers);
+  auto check_key = [](const std::string& key, bool text) {
+    const auto* row = metric::find(key);
+    if (row != nullptr && is_member(row->kind))
       throw std::invalid_argument("metrics record: extra key \"" + key
                                   + "\" repeats a schema key; set the member instead");
+    if (row == nullptr || (text ? row->kind != metric::kind::text : !is_numeric(row->kind)))
+      throw std::invalid_argument("metrics record: " + std::string(text ? "text" : "numeric")
+                                  + " key \"" + key
+                                  + "\" has no such row in the metric schema (SORL_METRICS "
+                                    "in runtime/metrics.hpp)");
   };
   for (const auto& [key, v] : r.extra) {
-    check_key(key);
+    check_key(key, false);
     j[key] = number(v);
   }
   for (const auto& [key, v] : r.extra_text) {
-    check_key(key);
-    if (r.extra.count(key) != 0)
-      throw std::invalid_argument("metrics record: key \"" + key
-                                  + "\" is in both extra and extra_text");
+    check_key(key, true);
     j[key] = v;
   }
   return j.dump();
@@ -130,12 +201,12 @@ metrics_record parse_metrics_line(std::string_view line) {
   if (!step)
     throw std::invalid_argument("metrics record: no integer \"step\"");
   r.step = *step;
-  r.wall_s = get_double(j, "wall_s");
-  r.rollout_s = get_double(j, "rollout_s");
-  r.learn_s = get_double(j, "learn_s");
-  r.sync_s = get_double(j, "sync_s");
-  r.group_size = get_int(j, "G");
-  r.reward_mean = get_double(j, "reward_mean");
+  r.wall_s = get_double(j, metric::wall_s.key);
+  r.rollout_s = get_double(j, metric::rollout_s.key);
+  r.learn_s = get_double(j, metric::learn_s.key);
+  r.sync_s = get_double(j, metric::sync_s.key);
+  r.group_size = get_int(j, metric::group_size.key);
+  r.reward_mean = get_double(j, metric::reward_mean.key);
   if (auto it = j.find("reward_per_group"); it != j.end() && !it->is_null()) {
     if (!it->is_array())
       throw std::invalid_argument("metrics record: \"reward_per_group\" must be an array");
@@ -148,11 +219,11 @@ metrics_record parse_metrics_line(std::string_view line) {
         throw std::invalid_argument("metrics record: \"reward_per_group\" holds a non-number");
     }
   }
-  r.resp_len_p50 = get_int(j, "resp_len_p50");
-  r.resp_len_p99 = get_int(j, "resp_len_p99");
-  r.resp_len_max = get_int(j, "resp_len_max");
-  r.tokens_per_s = get_double(j, "tokens_per_s");
-  r.stragglers = get_int(j, "stragglers");
+  r.resp_len_p50 = get_int(j, metric::resp_len_p50.key);
+  r.resp_len_p99 = get_int(j, metric::resp_len_p99.key);
+  r.resp_len_max = get_int(j, metric::resp_len_max.key);
+  r.tokens_per_s = get_double(j, metric::tokens_per_s.key);
+  r.stragglers = get_int(j, metric::stragglers.key);
   for (const auto& [key, v] : j.items()) {
     if (is_schema_key(key))
       continue;

@@ -6,73 +6,20 @@
 // Free of CAF and of JSON headers: the trainer fills a plain `metrics_record`; JSON lives in
 // metrics.cpp only.
 //
-// ## Record schema (one JSONL line per synchronous step)
+// ## Record schema
 //
-// Keys are written in this order; a field that is not set is omitted from the line (never
-// written as 0), so `scripts/plot` and other readers must treat every key but `step` as
-// optional. Non-finite numbers are written as `null` (JSON has no NaN) and read as missing.
+// The schema is the table SORL_METRICS below: every key a record may hold, with its group,
+// type, unit and meaning. `sorl metrics` prints it as markdown, and README.md "What a run
+// writes" holds that output (a test keeps the two equal). Writers name keys through the
+// constants it generates (`metric::sync_bytes`), never through string literals, and
+// `to_json_line` refuses a key that has no row, so the schema and the writers cannot drift.
 //
-// | key              | member              | type         | unit / meaning                          |
-// |------------------|---------------------|--------------|-----------------------------------------|
-// | step             | step                | int ≥ 1      | 1-based; = steps completed so far       |
-// | wall_s           | wall_s              | number       | s, wall time of the whole step          |
-// | rollout_s        | rollout_s           | number       | s, generation until every group is done |
-// | learn_s          | learn_s             | number       | s, learner (advantages, loss, optimizer)|
-// | sync_s           | sync_s              | number       | s, weight sync until every worker acked |
-// | G                | group_size          | int          | G_t, rollouts per prompt this step      |
-// | reward_mean      | reward_mean         | number       | mean reward over the step's rollouts    |
-// | reward_per_group | reward_per_group    | [number]     | mean reward of each group, group order  |
-// | resp_len_p50     | resp_len_p50        | int          | tokens, nearest-rank p50 of responses   |
-// | resp_len_p99     | resp_len_p99        | int          | tokens, nearest-rank p99                |
-// | resp_len_max     | resp_len_max        | int          | tokens, longest response                |
-// | tokens_per_s     | tokens_per_s        | number       | generated tokens / rollout_s            |
-// | stragglers       | stragglers          | int          | straggler rollouts (ARCHITECTURE.md §6) |
-// | (any other)      | extra / extra_text  | number / str | fields not yet members, in key order    |
-//
-// wall_s ≥ rollout_s + learn_s + sync_s; the remainder is the trainer's own bookkeeping.
-//
-// `extra` keys the trainer writes for weight sync (ARCHITECTURE.md §6 SparseRL-Sync) and group
-// control (ARCHITECTURE.md §6 SAGC), in addition to the loss terms of the learner (among them
-// skipped_updates, minibatches without an update, and nonfinite_updates, those of them dropped
-// for a non-finite loss or gradient norm; actors/learner/learner_core.hpp):
-//
-// | key                   | unit / meaning                                                  |
-// |-----------------------|-----------------------------------------------------------------|
-// | sync_bytes            | bytes, payload per worker (averaged over workers)               |
-// | sync_dense_bytes      | bytes, one dense bf16 copy of the model                         |
-// | sync_sparse_bytes     | bytes, the sparse delta (steps with a delta only)               |
-// | sync_changed_fraction | bf16 elements whose bits changed / all elements (sparse steps)  |
-// | sync_encode_s         | s, publisher encode time (delta and any full payload)           |
-// | sync_apply_s          | s, slowest worker's receive + apply + hash                      |
-// | sync_full_workers     | workers sent the full version (first version, anchors, resyncs) |
-// | sync_sparse_workers   | workers sent the delta                                          |
-// | sync_resyncs          | workers that failed the delta and got a full sync instead       |
-// | sync_verified_workers | live workers whose acknowledgement carried the published hash   |
-// | virtual_queue         | Q_t of the drift-plus-penalty controller (policy "sagc")        |
-// | p_straggler           | P̂(straggler event | G_t), when estimated                        |
-// | utility               | U(G_t) = 1 − 1/G_t                                              |
-// | straggler_event       | 1 when a rollout of the step passed the straggler threshold     |
-// | flagged_in_flight     | rollouts flagged from chunk messages while still running        |
-// | deadline_s            | s, deadline mode's rollout budget for the step                  |
-// | deadline_cut          | 1 when the step was cut at the deadline                         |
-// | aborted               | rollouts aborted by the cut (never trained on)                  |
-// | trained_rollouts      | rollouts in the learner's batch                                 |
-// | failed_rollouts       | rollouts a worker could not serve (prompt does not fit, weights |
-// |                       | of another version, decoding error); never trained on           |
-// | reward_failures       | rollouts whose scorer / environment threw or gave NaN / inf:    |
-// |                       | out of their group's statistics and masked out of the loss      |
-// | replaced_requests     | rollouts of the step the scheduler placed again on another      |
-// |                       | worker because theirs was lost (peer_down, ARCHITECTURE.md §5)  |
-// | overlong_penalty_mean | mean DAPO overlong shaping term over the batch's scored samples |
-// |                       | (per turn, learner_core.hpp; 0 unless algorithm.overlong=shape) |
-// | overlong_shaped       | samples of the batch whose overlong shaping term is < 0         |
-//
-// `extra_text` keys: model_hash (hex, the published hash), checksum ("ok" or "ok after
-// resync" when sync_verified_workers is every live worker, else "unverified: V of W workers
-// acknowledged HASH"), group_policy, group_reason.
-// New fields (speculative acceptance, cache hit rate, SALT cancellation, ...) go through
-// `extra` first, and are promoted to members when their names settle; names never change
-// meaning once written.
+// Keys are written in this order: the member fields (kind member_*) in table order, then the
+// numeric fields (`extra`) in key order, then the text fields (`extra_text`) in key order. A
+// field that is not set is omitted from the line (never written as 0), so `scripts/plot` and
+// other readers must treat every key but `step` as optional. Non-finite numbers are written as
+// `null` (JSON has no NaN) and read as missing. wall_s ≥ rollout_s + learn_s + sync_s; the
+// remainder is the trainer's own bookkeeping. Names never change meaning once written.
 
 #include <cstdint>
 #include <cstdio>
@@ -82,9 +29,133 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace sorl {
+
+// The metric schema, one X(...) row per key:
+//   X(constant, "key", group, kind, "unit", "meaning")
+// group: step, group_control, rollout, groups, timing, learner, sync (metric::group).
+// kind: member_int / member_number / member_numbers are fields of metrics_record; number,
+// count (a whole number written as a JSON number, e.g. 2.0) and flag (1.0 or 0.0) live in
+// `extra`; text lives in `extra_text`. A new field goes through `extra` first and is
+// promoted to a member when its name settles.
+// clang-format off
+#define SORL_METRICS(X) \
+  X(step,          "step",          step, member_int,    "",  "1-based step number; = steps completed so far") \
+  X(wall_s,        "wall_s",        step, member_number, "s", "wall time of the whole step") \
+  X(rollout_s,     "rollout_s",     step, member_number, "s", "generation until every group is done") \
+  X(learn_s,       "learn_s",       step, member_number, "s", "learner: advantages, loss, optimizer") \
+  X(sync_s,        "sync_s",        step, member_number, "s", "weight sync until every worker acknowledged") \
+  X(group_size,    "G",             group_control, member_int, "", "G_t, rollouts per prompt this step") \
+  X(group_policy,  "group_policy",  group_control, text,   "", "group-size policy: static, sagc or deadline") \
+  X(group_reason,  "group_reason",  group_control, text,   "", "why the policy chose this G") \
+  X(virtual_queue, "virtual_queue", group_control, number, "", "Q_t of the drift-plus-penalty controller (policy sagc)") \
+  X(p_straggler,   "p_straggler",   group_control, number, "", "estimated P(straggler event given G_t), when estimated") \
+  X(utility,       "utility",       group_control, number, "", "U(G_t) = 1 - 1/G_t") \
+  X(deadline_s,    "deadline_s",    group_control, number, "s", "deadline mode's rollout budget for the step (deadline mode only)") \
+  X(reward_mean,   "reward_mean",   rollout, member_number,  "", "mean reward over the step's rollouts") \
+  X(reward_per_group, "reward_per_group", rollout, member_numbers, "", "mean reward of each group, in group order") \
+  X(resp_len_p50,  "resp_len_p50",  rollout, member_int,    "tokens", "nearest-rank p50 of response lengths") \
+  X(resp_len_p99,  "resp_len_p99",  rollout, member_int,    "tokens", "nearest-rank p99 of response lengths") \
+  X(resp_len_max,  "resp_len_max",  rollout, member_int,    "tokens", "longest response") \
+  X(tokens_per_s,  "tokens_per_s",  rollout, member_number, "tokens/s", "generated tokens / rollout_s") \
+  X(prompts,       "prompts",       rollout, count, "", "prompts drawn per step") \
+  X(rollouts,      "rollouts",      rollout, count, "", "rollouts generated, refills included") \
+  X(finish_eos,    "finish_eos",    rollout, count, "", "rollouts that ended with end-of-sequence") \
+  X(finish_length, "finish_length", rollout, count, "", "rollouts cut at the length budget") \
+  X(aborted,       "aborted",       rollout, count, "", "rollouts aborted by a deadline cut (never trained on)") \
+  X(deadline_cut,  "deadline_cut",  rollout, flag,  "", "1 when the step was cut at the deadline") \
+  X(failed_rollouts, "failed_rollouts", rollout, count, "", "rollouts a worker could not serve (prompt does not fit, weights of another version, decoding error); never trained on") \
+  X(reward_failures, "reward_failures", rollout, count, "", "rollouts whose scorer or environment threw or gave NaN / inf: out of their group's statistics and masked out of the loss") \
+  X(replaced_requests, "replaced_requests", rollout, count, "", "rollouts the scheduler placed again on another worker because theirs was lost (peer_down, ARCHITECTURE.md §5)") \
+  X(refill_rounds, "refill_rounds", groups, count, "", "DAPO dynamic-sampling rounds that drew more prompts to replace zero-signal groups") \
+  X(zero_signal_groups_rollout, "zero_signal_groups_rollout", groups, count, "", "generated groups whose rewards are all equal (no advantage signal)") \
+  X(trained_groups,   "trained_groups",   groups, count, "", "groups in the learner's batch") \
+  X(trained_rollouts, "trained_rollouts", groups, count, "", "rollouts in the learner's batch") \
+  X(stragglers,    "stragglers",    timing, member_int, "", "straggler rollouts (ARCHITECTURE.md §6)") \
+  X(duration_p50_s, "duration_p50_s", timing, number, "s", "nearest-rank p50 of rollout durations") \
+  X(duration_p90_s, "duration_p90_s", timing, number, "s", "nearest-rank p90 of rollout durations") \
+  X(duration_max_s, "duration_max_s", timing, number, "s", "longest rollout duration") \
+  X(straggler_event, "straggler_event", timing, flag, "", "1 when a rollout of the step passed the straggler threshold") \
+  X(straggler_threshold_s, "straggler_threshold_s", timing, number, "s", "duration above which a rollout is a straggler (0 before enough history)") \
+  X(flagged_in_flight, "flagged_in_flight", timing, count, "", "rollouts flagged from chunk messages while still running") \
+  X(rollouts_aborted_timing, "rollouts_aborted_timing", timing, count, "", "aborted rollouts as the timing statistics counted them") \
+  X(loss,          "loss",          learner, number, "", "pg_loss + kl_coef * kl, mean over updates") \
+  X(pg_loss,       "pg_loss",       learner, number, "", "clipped surrogate loss, mean over updates") \
+  X(kl,            "kl",            learner, number, "nats", "k3 KL to the reference, mean over updates (0 without one)") \
+  X(clip_frac_low, "clip_frac_low", learner, number, "", "fraction of trained tokens clipped at 1 - eps_low, mean over updates") \
+  X(clip_frac_high, "clip_frac_high", learner, number, "", "fraction of trained tokens clipped at 1 + eps_high, mean over updates") \
+  X(ratio_max,     "ratio_max",     learner, number, "", "largest importance ratio of any update") \
+  X(grad_norm,     "grad_norm",     learner, number, "", "global L2 gradient norm before clipping, mean over updates") \
+  X(mismatch_mean, "mismatch_mean", learner, number, "nats", "mean over trained tokens of |sampling log-prob - learner log-prob| before any update") \
+  X(mismatch_max,  "mismatch_max",  learner, number, "nats", "max over trained tokens of the same mismatch") \
+  X(entropy,       "entropy",       learner, number, "nats", "mean token entropy of the old policy over trained tokens") \
+  X(advantage_abs_mean, "advantage_abs_mean", learner, number, "", "mean |A_i| over the batch's samples") \
+  X(zero_signal_groups, "zero_signal_groups", learner, count, "", "batch groups whose (shaped) rewards are all equal, or G = 1") \
+  X(tokens_trained, "tokens_trained", learner, count, "tokens", "trained tokens in the batch (counted once, not per epoch)") \
+  X(overlong_filtered, "overlong_filtered", learner, count, "", "samples masked out by overlong filtering") \
+  X(overlong_penalty_mean, "overlong_penalty_mean", learner, number, "", "mean DAPO overlong shaping term over the batch's scored samples (per turn, learner_core.hpp; 0 unless algorithm.overlong = shape)") \
+  X(overlong_shaped, "overlong_shaped", learner, count, "", "samples of the batch whose overlong shaping term is < 0") \
+  X(updates,       "updates",       learner, count, "", "optimizer updates applied") \
+  X(skipped_updates, "skipped_updates", learner, count, "", "minibatches without an update: no trained token, or a non-finite loss or gradient norm") \
+  X(nonfinite_updates, "nonfinite_updates", learner, count, "", "of skipped_updates, those dropped for a non-finite loss or gradient norm") \
+  X(version,       "version",       sync, count, "", "weight version published after the step") \
+  X(sync_bytes,    "sync_bytes",    sync, number, "bytes", "payload per worker (averaged over workers)") \
+  X(sync_dense_bytes, "sync_dense_bytes", sync, number, "bytes", "one dense bf16 copy of the model") \
+  X(sync_sparse_bytes, "sync_sparse_bytes", sync, number, "bytes", "the sparse delta (steps with a delta only)") \
+  X(sync_changed_fraction, "sync_changed_fraction", sync, number, "", "bf16 elements whose bits changed / all elements (steps with a delta only)") \
+  X(sync_encode_s, "sync_encode_s", sync, number, "s", "publisher encode time (delta and any full payload)") \
+  X(sync_apply_s,  "sync_apply_s",  sync, number, "s", "slowest worker's receive + apply + hash") \
+  X(sync_full_workers, "sync_full_workers", sync, count, "", "workers sent the full version (first version, anchors, resyncs)") \
+  X(sync_sparse_workers, "sync_sparse_workers", sync, count, "", "workers sent the delta") \
+  X(sync_resyncs,  "sync_resyncs",  sync, count, "", "workers that failed the delta and got a full sync instead") \
+  X(sync_verified_workers, "sync_verified_workers", sync, count, "", "live workers whose acknowledgement carried the published hash") \
+  X(model_hash,    "model_hash",    sync, text, "hex", "hash of the published weights") \
+  X(checksum,      "checksum",      sync, text, "", "ok, or ok after resync, when every live worker acknowledged the hash; else unverified: V of W workers acknowledged HASH")
+// clang-format on
+
+namespace metric {
+
+/// Where a key's value lives in metrics_record and how it is written; see SORL_METRICS.
+enum class kind { member_int, member_number, member_numbers, number, count, flag, text };
+
+/// The schema's groups, in the order the generated table lists them.
+enum class group { step, group_control, rollout, groups, timing, learner, sync };
+
+/// A key of the schema whose kind is fixed at compile time, so that
+/// metrics_record::set accepts only values of the right type.
+template <kind K>
+struct name {
+  const char* key;
+};
+
+#define SORL_METRIC_CONSTANT(id, key, grp, knd, unit, meaning) \
+  inline constexpr name<kind::knd> id{key};
+SORL_METRICS(SORL_METRIC_CONSTANT)
+#undef SORL_METRIC_CONSTANT
+
+/// One row of the schema.
+struct row {
+  const char* key;
+  metric::group group;
+  metric::kind kind;
+  const char* unit;    ///< "" when the value has no unit (counts, ratios, text)
+  const char* meaning;
+};
+
+/// Every row of SORL_METRICS, in table order.
+const std::vector<row>& schema();
+
+/// The row of `key`, or nullptr when the schema has none.
+const row* find(std::string_view key);
+
+/// The schema as a markdown table (header, one line per key, trailing newline): what
+/// `sorl metrics` prints and README.md "What a run writes" holds.
+std::string markdown();
+
+} // namespace metric
 
 /// One step's metrics; see the record schema above for keys and units.
 struct metrics_record {
@@ -101,15 +172,36 @@ struct metrics_record {
   std::optional<int64_t> resp_len_max;
   std::optional<double> tokens_per_s;
   std::optional<int64_t> stragglers;
-  /// Further numeric fields, written after the schema fields in key order. A key may not
-  /// repeat a schema key.
+  /// Numeric fields of kind number / count / flag, written after the members in key order.
+  /// Writers fill them through `set`; readers get every numeric key of a parsed line here.
   std::map<std::string, double> extra;
-  /// Further text fields (e.g. "checksum": "ok"), written after `extra`.
+  /// Text fields of kind text (e.g. "checksum": "ok"), written after `extra`.
   std::map<std::string, std::string> extra_text;
+
+  void set(metric::name<metric::kind::number> k, double v) {
+    extra[k.key] = v;
+  }
+  /// A count from any arithmetic type, stored as a double.
+  template <class T>
+  void set(metric::name<metric::kind::count> k, T n) {
+    static_assert(std::is_arithmetic_v<T>, "a count is a number");
+    extra[k.key] = static_cast<double>(n);
+  }
+  void set(metric::name<metric::kind::flag> k, bool on) {
+    extra[k.key] = on ? 1.0 : 0.0;
+  }
+  void set(metric::name<metric::kind::text> k, std::string v) {
+    extra_text[k.key] = std::move(v);
+  }
+  /// Sets a numeric field named at run time (the learner's loss terms arrive as name/value
+  /// lists). Raises std::invalid_argument naming `key` when the schema has no numeric
+  /// (number / count / flag) row for it.
+  void set_numeric(std::string_view key, double v);
 };
 
 /// The record as one line of compact JSON, without the newline. Raises
-/// std::invalid_argument when an extra key is empty or repeats a schema key.
+/// std::invalid_argument naming the key when an `extra` key is not a numeric row of the
+/// schema (a member's key: "set the member instead") or an `extra_text` key not a text row.
 std::string to_json_line(const metrics_record& record);
 
 /// Parses one line written by `to_json_line` (unknown numeric keys go to `extra`, unknown

@@ -1,4 +1,5 @@
 #include "runtime/topology.hpp"
+#include "runtime/role_names.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -240,7 +241,7 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
       st.interrupted = true;
       auto what = fmt::format("{} on node {}", signal_name(signo), node);
       auto trainer = std::find_if(st.members.begin(), st.members.end(),
-                                  [](const peer_info& p) { return p.role == "trainer"; });
+                                  [](const peer_info& p) { return p.role == role::trainer; });
       if (!st.roster_sent)
         stop(false, fmt::format("stopped by {} before every node had joined; nothing to save",
                                 what));

@@ -14,6 +14,7 @@
 
 #include "runtime/actor_types.hpp"
 #include "runtime/envelope.hpp"
+#include "runtime/role_names.hpp"
 
 namespace sorl {
 

@@ -14,6 +14,7 @@
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
+#include "runtime/metrics.hpp"
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/tokenizer.hpp"
@@ -201,8 +202,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.trainer = single_peer(roster, "trainer");
-      st.publisher = single_peer(roster, "sync_publisher");
+      st.trainer = single_peer(roster, role::trainer);
+      st.publisher = single_peer(roster, role::sync_publisher);
       try {
         st.task = make_task_from(*st.cfg);
         auto [source, trainer_state, resumed] = load_policy(self);
@@ -240,25 +241,25 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
             }
             ++st.step;
             std::vector<std::pair<const char*, double>> metrics{
-              {"loss", m.loss},
-              {"pg_loss", m.pg_loss},
-              {"kl", m.kl},
-              {"clip_frac_low", m.clip_frac_low},
-              {"clip_frac_high", m.clip_frac_high},
-              {"ratio_max", m.ratio_max},
-              {"grad_norm", m.grad_norm},
-              {"mismatch_mean", m.mismatch_mean},
-              {"mismatch_max", m.mismatch_max},
-              {"entropy", m.entropy},
-              {"advantage_abs_mean", m.advantage_abs_mean},
-              {"zero_signal_groups", static_cast<double>(m.zero_signal_groups)},
-              {"tokens_trained", static_cast<double>(m.tokens_trained)},
-              {"overlong_filtered", static_cast<double>(m.overlong_filtered)},
-              {"overlong_penalty_mean", m.overlong_penalty_mean},
-              {"overlong_shaped", static_cast<double>(m.overlong_shaped)},
-              {"updates", static_cast<double>(m.updates)},
-              {"skipped_updates", static_cast<double>(m.skipped_updates)},
-              {"nonfinite_updates", static_cast<double>(m.nonfinite_updates)},
+              {metric::loss.key, m.loss},
+              {metric::pg_loss.key, m.pg_loss},
+              {metric::kl.key, m.kl},
+              {metric::clip_frac_low.key, m.clip_frac_low},
+              {metric::clip_frac_high.key, m.clip_frac_high},
+              {metric::ratio_max.key, m.ratio_max},
+              {metric::grad_norm.key, m.grad_norm},
+              {metric::mismatch_mean.key, m.mismatch_mean},
+              {metric::mismatch_max.key, m.mismatch_max},
+              {metric::entropy.key, m.entropy},
+              {metric::advantage_abs_mean.key, m.advantage_abs_mean},
+              {metric::zero_signal_groups.key, static_cast<double>(m.zero_signal_groups)},
+              {metric::tokens_trained.key, static_cast<double>(m.tokens_trained)},
+              {metric::overlong_filtered.key, static_cast<double>(m.overlong_filtered)},
+              {metric::overlong_penalty_mean.key, m.overlong_penalty_mean},
+              {metric::overlong_shaped.key, static_cast<double>(m.overlong_shaped)},
+              {metric::updates.key, static_cast<double>(m.updates)},
+              {metric::skipped_updates.key, static_cast<double>(m.skipped_updates)},
+              {metric::nonfinite_updates.key, static_cast<double>(m.nonfinite_updates)},
             };
             auto result = build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
               b.setStep(batch.getStep());

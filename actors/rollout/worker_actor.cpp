@@ -174,10 +174,10 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.trainer = single_peer(roster, "trainer");
-      st.scheduler = single_peer(roster, "scheduler");
-      st.sagc = single_peer(roster, "sagc_controller");
-      st.publisher = single_peer(roster, "sync_publisher");
+      st.trainer = single_peer(roster, role::trainer);
+      st.scheduler = single_peer(roster, role::scheduler);
+      st.sagc = single_peer(roster, role::sagc_controller);
+      st.publisher = single_peer(roster, role::sync_publisher);
     },
     [self](const envelope& e) {
       auto& st = self->state;

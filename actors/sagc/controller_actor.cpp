@@ -139,7 +139,7 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
       if (handle_as<msg::RoleStateQuery>(e, st.me, [&](msg::RoleStateQuery::Reader q) {
             auto reply = build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
               b.setStep(q.getStep());
-              b.setRole("sagc_controller");
+              b.setRole(role::sagc_controller);
               b.setState(sagc::save_controller_state(*st.timing, *st.policy));
               b.setOk(true);
             });
@@ -160,7 +160,7 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
             }
             auto reply = build_envelope<msg::RoleStateRestored>(
               [&](msg::RoleStateRestored::Builder b) {
-                b.setRole("sagc_controller");
+                b.setRole(role::sagc_controller);
                 b.setOk(ok);
                 b.setReason(why);
               });

@@ -71,7 +71,7 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      for (auto& p : peers_with_role(roster, "rollout_worker")) {
+      for (auto& p : peers_with_role(roster, role::rollout_worker)) {
         st.workers.emplace(p.name(), p.handle);
         if (!st.placement->is_live(p.name()))
           st.placement->join(p.name());
@@ -131,7 +131,7 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             self->send(caf::actor_cast<caf::actor>(self->current_sender()),
                        build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
                          b.setStep(q.getStep());
-                         b.setRole("scheduler");
+                         b.setRole(role::scheduler);
                          b.setState(scheduler::save_placement_state(*st.placement));
                          b.setOk(true);
                        }));
@@ -146,7 +146,7 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             }
             auto reply = build_envelope<msg::RoleStateRestored>(
               [&](msg::RoleStateRestored::Builder b) {
-                b.setRole("scheduler");
+                b.setRole(role::scheduler);
                 b.setOk(why.empty());
                 b.setReason(why);
               });
@@ -157,7 +157,7 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {
       auto& st = self->state;
-      if (who.role != "rollout_worker")
+      if (who.role != role::rollout_worker)
         return;
       st.workers.erase(who.name());
       auto orphans = st.placement->worker_lost(who.name());

@@ -10,6 +10,7 @@
 #include "actors/smoke/ping_logic.hpp"
 #include "messages/smoke.capnp.h"
 #include "runtime/envelope.hpp"
+#include "runtime/role_names.hpp"
 
 namespace sorl::smoke {
 
@@ -69,7 +70,7 @@ caf::behavior ping_actor(caf::stateful_actor<ping_state>* self, role_context ctx
     [self, send_round, end_job, me](roster_atom, const std::vector<peer_info>& roster) {
       std::vector<std::string> names;
       for (const auto& p : roster) {
-        if (p.role != "pong")
+        if (p.role != role::pong)
           continue;
         names.push_back(p.name());
         self->state.pongers.emplace(p.name(), p.handle);

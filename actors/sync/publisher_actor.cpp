@@ -84,8 +84,8 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.trainer = single_peer(roster, "trainer");
-      for (auto& p : peers_with_role(roster, "rollout_worker")) {
+      st.trainer = single_peer(roster, role::trainer);
+      for (auto& p : peers_with_role(roster, role::rollout_worker)) {
         st.workers.emplace(p.name(), p.handle);
         st.core->add_worker(p.name());
       }
@@ -111,7 +111,7 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
     },
     [self](peer_down_atom, const peer_info& who, const std::string&) {
       auto& st = self->state;
-      if (who.role != "rollout_worker")
+      if (who.role != role::rollout_worker)
         return;
       st.workers.erase(who.name());
       carry_out(self, st.core->on_worker_down(who.name()));

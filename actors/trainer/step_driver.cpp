@@ -10,6 +10,7 @@
 #include "actors/sagc/timing.hpp"
 #include "actors/trainer/trainer_checkpoint.hpp"
 #include "runtime/config.hpp"
+#include "runtime/role_names.hpp"
 
 namespace sorl::trainer {
 
@@ -180,13 +181,13 @@ void step_driver::on(out& o, const ev::group_size_decision& d) {
   group_reason_ = d.reason;
   deadline_ns_ = d.deadline_ns;
   min_finished_ = d.min_finished;
-  record_.extra_text["group_policy"] = d.policy;
-  record_.extra["virtual_queue"] = d.virtual_queue;
+  record_.set(metric::group_policy, d.policy);
+  record_.set(metric::virtual_queue, d.virtual_queue);
   if (std::isfinite(d.p_straggler))
-    record_.extra["p_straggler"] = d.p_straggler;
-  record_.extra["utility"] = d.utility;
+    record_.set(metric::p_straggler, d.p_straggler);
+  record_.set(metric::utility, d.utility);
   if (deadline_ns_ > 0)
-    record_.extra["deadline_s"] = static_cast<double>(deadline_ns_) / 1e9;
+    record_.set(metric::deadline_s, static_cast<double>(deadline_ns_) / 1e9);
   step_options so;
   so.step = static_cast<uint64_t>(step_);
   so.prompts = opts_.prompts_per_step;
@@ -355,26 +356,26 @@ void step_driver::end_rollouts(out& o) {
   double rollout_s = (rollout_end_ns_ - step_start_ns_) / 1e9;
   auto& rec = record_;
   rec.group_size = group_size_;
-  rec.extra_text["group_reason"] = group_reason_;
-  rec.extra["prompts"] = static_cast<double>(opts_.prompts_per_step);
-  rec.extra["rollouts"] = static_cast<double>(rollouts_.size());
+  rec.set(metric::group_reason, group_reason_);
+  rec.set(metric::prompts, opts_.prompts_per_step);
+  rec.set(metric::rollouts, rollouts_.size());
   rec.reward_mean = plan_->mean_reward();
   rec.reward_per_group = per_group;
   rec.resp_len_p50 = static_cast<int64_t>(pct(0.5));
   rec.resp_len_p99 = static_cast<int64_t>(pct(0.99));
   rec.resp_len_max = static_cast<int64_t>(pct(1.0));
   rec.tokens_per_s = rollout_s > 0 ? tokens / rollout_s : 0.0;
-  rec.extra["finish_eos"] = finish_counts["eos"];
-  rec.extra["finish_length"] = finish_counts["length"];
-  rec.extra["refill_rounds"] = plan_->refill_rounds();
-  rec.extra["zero_signal_groups_rollout"] = static_cast<double>(plan_->zero_signal_groups().size());
-  rec.extra["trained_groups"] = static_cast<double>(groups.size());
-  rec.extra["trained_rollouts"] = static_cast<double>(chosen.size());
-  rec.extra["aborted"] = static_cast<double>(plan_->aborted());
-  rec.extra["deadline_cut"] = plan_->was_cut() ? 1.0 : 0.0;
-  rec.extra["failed_rollouts"] = static_cast<double>(plan_->failed_rollouts());
-  rec.extra["reward_failures"] = static_cast<double>(plan_->reward_failures());
-  rec.extra["replaced_requests"] = replaced;
+  rec.set(metric::finish_eos, finish_counts["eos"]);
+  rec.set(metric::finish_length, finish_counts["length"]);
+  rec.set(metric::refill_rounds, plan_->refill_rounds());
+  rec.set(metric::zero_signal_groups_rollout, plan_->zero_signal_groups().size());
+  rec.set(metric::trained_groups, groups.size());
+  rec.set(metric::trained_rollouts, chosen.size());
+  rec.set(metric::aborted, plan_->aborted());
+  rec.set(metric::deadline_cut, plan_->was_cut());
+  rec.set(metric::failed_rollouts, plan_->failed_rollouts());
+  rec.set(metric::reward_failures, plan_->reward_failures());
+  rec.set(metric::replaced_requests, replaced);
   if (chosen.empty()) {
     fail(o, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} without a "
                         "reward)",
@@ -388,14 +389,14 @@ void step_driver::end_rollouts(out& o) {
 
 void step_driver::on(out&, const ev::step_timing& t) {
   auto& rec = record_;
-  rec.extra["duration_p50_s"] = t.duration_p50_ns / 1e9;
-  rec.extra["duration_p90_s"] = t.duration_p90_ns / 1e9;
-  rec.extra["duration_max_s"] = t.duration_max_ns / 1e9;
+  rec.set(metric::duration_p50_s, t.duration_p50_ns / 1e9);
+  rec.set(metric::duration_p90_s, t.duration_p90_ns / 1e9);
+  rec.set(metric::duration_max_s, t.duration_max_ns / 1e9);
   rec.stragglers = t.stragglers;
-  rec.extra["straggler_event"] = t.straggler_event ? 1.0 : 0.0;
-  rec.extra["straggler_threshold_s"] = t.threshold_ns / 1e9;
-  rec.extra["flagged_in_flight"] = t.flagged_in_flight;
-  rec.extra["rollouts_aborted_timing"] = t.aborted;
+  rec.set(metric::straggler_event, t.straggler_event);
+  rec.set(metric::straggler_threshold_s, t.threshold_ns / 1e9);
+  rec.set(metric::flagged_in_flight, t.flagged_in_flight);
+  rec.set(metric::rollouts_aborted_timing, t.aborted);
 }
 
 // -- learn and sync --------------------------------------------------------------------------
@@ -409,8 +410,13 @@ void step_driver::on(out& o, const ev::train_result& r) {
     return;
   }
   learn_end_ns_ = now_ns_;
-  for (size_t i = 0; i < r.metric_names.size() && i < r.metric_values.size(); ++i)
-    record_.extra[r.metric_names[i]] = r.metric_values[i];
+  try {
+    for (size_t i = 0; i < r.metric_names.size() && i < r.metric_values.size(); ++i)
+      record_.set_numeric(r.metric_names[i], r.metric_values[i]);
+  } catch (const std::invalid_argument& e) {
+    fail(o, fmt::format("step {}: the learner's result: {}", step_ + 1, e.what()));
+    return;
+  }
   version_ = r.version;
   phase_ = phase::sync;
   if (early_ready_) {
@@ -440,29 +446,29 @@ void step_driver::on(out& o, const ev::version_ready& r) {
 
 void step_driver::end_step(out& o, const ev::version_ready& ready) {
   auto& rec = record_;
-  rec.extra["version"] = static_cast<double>(ready.version);
-  rec.extra["sync_bytes"] = static_cast<double>(ready.bytes_sent);
-  rec.extra["sync_dense_bytes"] = static_cast<double>(ready.dense_bytes);
+  rec.set(metric::version, ready.version);
+  rec.set(metric::sync_bytes, static_cast<double>(ready.bytes_sent));
+  rec.set(metric::sync_dense_bytes, static_cast<double>(ready.dense_bytes));
   if (ready.sparse_workers > 0 && ready.elements > 0) {
-    rec.extra["sync_changed_fraction"] =
-      static_cast<double>(ready.changed_elements) / static_cast<double>(ready.elements);
-    rec.extra["sync_sparse_bytes"] = static_cast<double>(ready.sparse_bytes);
+    rec.set(metric::sync_changed_fraction, static_cast<double>(ready.changed_elements)
+                                              / static_cast<double>(ready.elements));
+    rec.set(metric::sync_sparse_bytes, static_cast<double>(ready.sparse_bytes));
   }
-  rec.extra["sync_encode_s"] = static_cast<double>(ready.encode_ns) / 1e9;
-  rec.extra["sync_apply_s"] = static_cast<double>(ready.apply_ns_max) / 1e9;
-  rec.extra["sync_full_workers"] = ready.full_workers;
-  rec.extra["sync_sparse_workers"] = ready.sparse_workers;
-  rec.extra["sync_resyncs"] = ready.resyncs;
-  rec.extra_text["model_hash"] = fmt::format("{:016x}", ready.model_hash);
+  rec.set(metric::sync_encode_s, static_cast<double>(ready.encode_ns) / 1e9);
+  rec.set(metric::sync_apply_s, static_cast<double>(ready.apply_ns_max) / 1e9);
+  rec.set(metric::sync_full_workers, ready.full_workers);
+  rec.set(metric::sync_sparse_workers, ready.sparse_workers);
+  rec.set(metric::sync_resyncs, ready.resyncs);
+  rec.set(metric::model_hash, fmt::format("{:016x}", ready.model_hash));
   // What the publisher verified: ok only when every live worker's acknowledgement carried
   // the published hash (a mismatch gets a full sync, and a failed full sync stops the job).
-  rec.extra["sync_verified_workers"] = ready.verified_workers;
+  rec.set(metric::sync_verified_workers, ready.verified_workers);
   if (ready.workers > 0 && ready.verified_workers == ready.workers)
-    rec.extra_text["checksum"] = ready.resyncs > 0 ? "ok after resync" : "ok";
+    rec.set(metric::checksum, ready.resyncs > 0 ? "ok after resync" : "ok");
   else
-    rec.extra_text["checksum"] = fmt::format("unverified: {} of {} workers acknowledged {:016x}",
-                                             ready.verified_workers, ready.workers,
-                                             ready.model_hash);
+    rec.set(metric::checksum, fmt::format("unverified: {} of {} workers acknowledged {:016x}",
+                                          ready.verified_workers, ready.workers,
+                                          ready.model_hash));
   rec.rollout_s = (rollout_end_ns_ - step_start_ns_) / 1e9;
   rec.learn_s = (learn_end_ns_ - rollout_end_ns_) / 1e9;
   rec.sync_s = (now_ns_ - learn_end_ns_) / 1e9;
@@ -589,7 +595,7 @@ void step_driver::on(out& o, const ev::interrupt& i) {
 }
 
 void step_driver::on(out& o, const ev::peer_down& p) {
-  if (p.role == "rollout_worker")
+  if (p.role == role::rollout_worker)
     o.push_back(cmd::log{cmd::log_level::warn,
                          fmt::format("{} is gone ({}); the scheduler re-places its requests",
                                      p.name, p.why)});

@@ -64,7 +64,7 @@ struct executor {
   std::optional<trainer::event>& next;
 
   const caf::actor& role(const std::string& name) const {
-    return name == "scheduler" ? st.scheduler : st.sagc;
+    return name == role::scheduler ? st.scheduler : st.sagc;
   }
 
   void operator()(const cmd::query_group_size& c) const {
@@ -307,14 +307,12 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.scheduler = single_peer(roster, "scheduler");
-      st.learner = single_peer(roster, "learner");
-      st.sagc = single_peer(roster, "sagc_controller");
-      std::string missing;
-      for (auto role :
-           {"scheduler", "learner", "sagc_controller", "sync_publisher", "rollout_worker"})
-        if (!single_peer(roster, role))
-          missing += std::string{missing.empty() ? "" : ", "} + role;
+      st.scheduler = single_peer(roster, role::scheduler);
+      st.learner = single_peer(roster, role::learner);
+      st.sagc = single_peer(roster, role::sagc_controller);
+      const auto missing = role::missing_for_training([&](std::string_view name) {
+        return static_cast<int64_t>(peers_with_role(roster, name).size());
+      });
       if (!missing.empty()) {
         sorl::fail_job(st.directory, st.me, "the topology lacks " + missing);
         return;

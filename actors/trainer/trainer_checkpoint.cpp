@@ -1,4 +1,5 @@
 #include "actors/trainer/trainer_checkpoint.hpp"
+#include "runtime/role_names.hpp"
 
 #include <stdexcept>
 
@@ -31,7 +32,7 @@ uint64_t count(const json& j, const std::string& key) {
 } // namespace
 
 const std::vector<std::string>& stateful_roles() {
-  static const std::vector<std::string> roles{"sagc_controller", "scheduler"};
+  static const std::vector<std::string> roles{role::sagc_controller, role::scheduler};
   return roles;
 }
 

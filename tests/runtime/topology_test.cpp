@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/config.hpp"
+#include "runtime/role_names.hpp"
 #include "runtime/topology.hpp"
 
 using namespace sorl;
@@ -109,4 +111,26 @@ TEST_CASE("every shipped config in configs/ loads with the real role table") {
   CHECK(std::count(loaded.begin(), loaded.end(), "default.toml") == 1);
   CHECK(std::count(loaded.begin(), loaded.end(), "smoke.toml") == 1);
   CHECK(loaded.size() == files.size());
+}
+
+TEST_CASE("a topology with a trainer is complete only with every training role and one "
+          "trainer") {
+  std::map<std::string, int64_t> have{{"trainer", 1}, {"learner", 1}};
+  auto count = [&](std::string_view role) {
+    auto it = have.find(std::string(role));
+    return it == have.end() ? int64_t{0} : it->second;
+  };
+  CHECK(sorl::role::missing_for_training(count)
+        == "sync_publisher, sagc_controller, scheduler, rollout_worker");
+  have = {{"trainer", 2}, {"learner", 1}, {"sync_publisher", 1}, {"sagc_controller", 1},
+          {"scheduler", 1}, {"rollout_worker", 3}};
+  CHECK(sorl::role::missing_for_training(count) == "exactly one trainer");
+  have["trainer"] = 1;
+  CHECK(sorl::role::missing_for_training(count).empty());
+  have.erase("scheduler");
+  have["trainer"] = 3;
+  CHECK(sorl::role::missing_for_training(count) == "scheduler; exactly one trainer");
+  // Without a trainer nothing is required: the smoke topologies run ping and pong alone.
+  have = {{"ping", 1}, {"pong", 2}};
+  CHECK(sorl::role::missing_for_training(count).empty());
 }

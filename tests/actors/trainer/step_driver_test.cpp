@@ -351,6 +351,8 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
                                           {"model_hash", "0000000000000abc"},
                                           {"checksum", "ok"}};
   CHECK(rec.extra_text == text);
+  // Every key the driver wrote has a row in the metric schema: to_json_line refuses others.
+  CHECK_NOTHROW(sorl::to_json_line(rec));
 
   // The last step: a checkpoint, for which both stateful roles are asked first.
   CHECK(h.at(6 * sec, ev::metrics_written{}) ==
@@ -796,6 +798,15 @@ TEST_CASE("a resumed run of an older checkpoint warns that the roles start afres
         lines{"log info: checkpoint c",
               "finish: 12 steps; mean reward first 10 steps 0.500, last 10 steps 0.625; held-out "
               "accuracy 0.250 → n/a; 4.0 s"});
+}
+
+TEST_CASE("a learner metric the schema does not know ends the job naming it") {
+  harness h{two_steps()};
+  to_learn(h);
+  CHECK(h.at(4 * sec, ev::train_result{1, {"loss", "los"}, {0.25, 1.0}}) ==
+        lines{"fail: step 1: the learner's result: metrics record: \"los\" is not a numeric "
+              "key of the metric schema (SORL_METRICS in runtime/metrics.hpp)"});
+  CHECK(h.d.now() == phase::done);
 }
 
 TEST_CASE("a train step the learner could not take ends the job with its reason") {
