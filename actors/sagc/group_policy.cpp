@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "runtime/config.hpp"
+
 namespace sorl::sagc {
 
 namespace {
@@ -353,6 +355,28 @@ void deadline_group_policy::restore(const policy_memory& m, const straggler_rule
 }
 
 // -- factory ------------------------------------------------------------------------------
+
+group_policy_options group_policy_options_from(const experiment_config& cfg) {
+  const auto& c = cfg.sagc;
+  group_policy_options o;
+  o.policy = std::string{to_string(c.policy)}; // the config's names are the policies' names
+  o.group_size = c.group_size;
+  o.g_min = c.g_min;
+  o.g_max = c.g_max;
+  o.target_rate = c.target_rate;
+  o.prompts_per_step = cfg.algorithm.prompts_per_step;
+  o.v = c.v;
+  o.deadline_kappa = c.deadline_kappa;
+  return o;
+}
+
+straggler_rule_options straggler_rule_from(const experiment_config& cfg) {
+  straggler_rule_options o;
+  o.kappa = cfg.sagc.kappa;
+  o.window = static_cast<size_t>(cfg.sagc.window);
+  o.min_samples = std::min<size_t>(o.min_samples, o.window);
+  return o;
+}
 
 std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options) {
   validate(options);

@@ -92,6 +92,10 @@
 
 #include "actors/sagc/timing.hpp"
 
+namespace sorl {
+struct experiment_config;
+}
+
 namespace sorl::sagc {
 
 /// One group-size decision, logged with its reason and inputs, so that every choice of G can
@@ -205,7 +209,8 @@ private:
   int64_t group_size_;
 };
 
-/// Configuration of every policy, built by the shell from `[sagc]` and `[trainer]`.
+/// Configuration of every policy, built by `group_policy_options_from` from `[sagc]` and
+/// `[algorithm].prompts_per_step`; the defaults equal the config's.
 struct group_policy_options {
   std::string policy = "static"; ///< "static" | "sagc" | "deadline"
   /// Static and deadline: G. Sagc: the initial G, used until the window has a threshold.
@@ -214,7 +219,7 @@ struct group_policy_options {
   int64_t g_min = 2;  ///< smallest G (sagc); finished rollouts per group before a cut (deadline)
   int64_t g_max = 16; ///< largest G (sagc), ≥ g_min
   double target_rate = 0.1;      ///< ε, long-run straggler-event rate, in [0, 1]
-  int64_t prompts_per_step = 32; ///< B, prompts per step (`[trainer].prompts_per_step`), ≥ 1
+  int64_t prompts_per_step = 8;  ///< B, prompts per step (`[algorithm].prompts_per_step`), ≥ 1
   double v = 10.0;               ///< penalty weight V, finite, > 0 (see the header comment)
   double tail_prior = 0.5;       ///< a in p̂ = (k + a)/(n + 2a), finite, ≥ 0
   /// Deadline: budget = deadline_kappa × window median. Finite, > 0. The default equals the
@@ -294,6 +299,14 @@ private:
   std::optional<int64_t> last_decided_;
   std::string notes_;
 };
+
+/// The policy options from a loaded (validated) experiment. `tail_prior` keeps its default
+/// (no key sets it).
+group_policy_options group_policy_options_from(const experiment_config& cfg);
+
+/// The straggler rule from `[sagc] kappa` and `window`; `min_samples` is its default, capped
+/// at the window.
+straggler_rule_options straggler_rule_from(const experiment_config& cfg);
 
 /// Builds the configured policy. Raises std::invalid_argument naming the bad field: an
 /// unknown policy, group_size < 1, and for sagc / deadline also g_min < 1, g_max < g_min,

@@ -296,10 +296,7 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
   st.me = ctx.name();
   st.directory = ctx.directory;
   st.bucket_bytes = static_cast<uint64_t>(ctx.config->sync.bucket_bytes);
-  sync::sync_protocol_options po;
-  po.sparse = ctx.config->sync.mode == "sparse";
-  po.full_every = ctx.config->sync.full_every;
-  st.protocol = std::make_unique<sync::sync_protocol>(po);
+  st.protocol = std::make_unique<sync::sync_protocol>(sync::protocol_options_from(*ctx.config));
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;

@@ -605,7 +605,7 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
                                         : "has no reward",
                                       why);
               if (outcome != trainer::rollout_outcome::failed &&
-                  st.cfg->algorithm.on_reward_failure == "fail") {
+                  st.cfg->algorithm.on_reward_failure == reward_failure_kind::fail) {
                 fail_job(self, what + " (algorithm.on_reward_failure = \"fail\")");
                 return;
               }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/sagc/simulator.hpp"
+#include "runtime/config.hpp"
 
 using namespace sorl::sagc;
 
@@ -440,4 +441,50 @@ TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_
   group_policy_options st;
   st.group_size = 64;
   CHECK(make_group_policy(st)->decide(0).group_size == 64);
+}
+
+TEST_CASE("group policy options and the straggler rule come from [sagc], with its defaults") {
+  sorl::experiment_config cfg;
+  const group_policy_options plain;
+  const auto d = group_policy_options_from(cfg);
+  CHECK(d.policy == plain.policy);
+  CHECK(d.group_size == plain.group_size);
+  CHECK(d.g_min == plain.g_min);
+  CHECK(d.g_max == plain.g_max);
+  CHECK(d.target_rate == plain.target_rate);
+  CHECK(d.prompts_per_step == plain.prompts_per_step);
+  CHECK(d.v == plain.v);
+  CHECK(d.deadline_kappa == plain.deadline_kappa);
+  const straggler_rule_options plain_rule;
+  const auto r = straggler_rule_from(cfg);
+  CHECK(r.kappa == plain_rule.kappa);
+  CHECK(r.window == plain_rule.window);
+  CHECK(r.min_samples == plain_rule.min_samples);
+
+  auto& c = cfg.sagc;
+  c.policy = sorl::group_policy_kind::deadline;
+  c.group_size = 6;
+  c.g_min = 3;
+  c.g_max = 12;
+  c.target_rate = 0.05;
+  c.v = 2.5;
+  c.deadline_kappa = 1.5;
+  c.kappa = 4.0;
+  c.window = 5; // below the default min_samples 8: capped at the window
+  cfg.algorithm.prompts_per_step = 3;
+  const auto o = group_policy_options_from(cfg);
+  CHECK(o.policy == "deadline");
+  CHECK(o.group_size == 6);
+  CHECK(o.g_min == 3);
+  CHECK(o.g_max == 12);
+  CHECK(o.target_rate == 0.05);
+  CHECK(o.prompts_per_step == 3);
+  CHECK(o.v == 2.5);
+  CHECK(o.deadline_kappa == 1.5);
+  const auto rule = straggler_rule_from(cfg);
+  CHECK(rule.kappa == 4.0);
+  CHECK(rule.window == 5);
+  CHECK(rule.min_samples == 5);
+  c.policy = sorl::group_policy_kind::fixed;
+  CHECK(group_policy_options_from(cfg).policy == "static");
 }
