@@ -33,11 +33,9 @@ void check_step(const char* who, int64_t step) {
 }
 
 void validate(const group_policy_options& o) {
-  if (o.policy != "static" && o.policy != "sagc" && o.policy != "deadline")
-    bad_option("policy", "\"" + o.policy + "\" is not one of static, sagc, deadline");
   if (o.group_size < 1)
     bad_option("group_size", "must be >= 1, got " + std::to_string(o.group_size));
-  if (o.policy == "static")
+  if (o.policy == group_policy_kind::fixed)
     return;
   if (o.g_min < 1)
     bad_option("g_min", "must be >= 1, got " + std::to_string(o.g_min));
@@ -58,7 +56,7 @@ void validate(const group_policy_options& o) {
     bad_option("deadline_kappa", "must be finite and > 0, got " + num(o.deadline_kappa));
 }
 
-group_policy_options checked(group_policy_options o, const char* policy) {
+group_policy_options checked(group_policy_options o, group_policy_kind policy) {
   o.policy = policy;
   validate(o);
   return o;
@@ -214,7 +212,7 @@ policy_memory static_group_policy::memory() const {
 // -- sagc ---------------------------------------------------------------------------------
 
 sagc_group_policy::sagc_group_policy(group_policy_options options)
-  : options_(checked(std::move(options), "sagc")) {
+  : options_(checked(std::move(options), group_policy_kind::sagc)) {
 }
 
 double sagc_group_policy::score(int64_t g) const {
@@ -305,7 +303,7 @@ void sagc_group_policy::restore(const policy_memory& m, const straggler_rule& ru
 // -- deadline -----------------------------------------------------------------------------
 
 deadline_group_policy::deadline_group_policy(group_policy_options options)
-  : options_(checked(std::move(options), "deadline")) {
+  : options_(checked(std::move(options), group_policy_kind::deadline)) {
 }
 
 group_decision deadline_group_policy::decide(int64_t step) {
@@ -359,7 +357,7 @@ void deadline_group_policy::restore(const policy_memory& m, const straggler_rule
 group_policy_options group_policy_options_from(const experiment_config& cfg) {
   const auto& c = cfg.sagc;
   group_policy_options o;
-  o.policy = std::string{to_string(c.policy)}; // the config's names are the policies' names
+  o.policy = c.policy;
   o.group_size = c.group_size;
   o.g_min = c.g_min;
   o.g_max = c.g_max;
@@ -380,10 +378,14 @@ straggler_rule_options straggler_rule_from(const experiment_config& cfg) {
 
 std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options) {
   validate(options);
-  if (options.policy == "sagc")
-    return std::make_unique<sagc_group_policy>(options);
-  if (options.policy == "deadline")
-    return std::make_unique<deadline_group_policy>(options);
+  switch (options.policy) {
+    case group_policy_kind::sagc:
+      return std::make_unique<sagc_group_policy>(options);
+    case group_policy_kind::deadline:
+      return std::make_unique<deadline_group_policy>(options);
+    case group_policy_kind::fixed:
+      break;
+  }
   return std::make_unique<static_group_policy>(options.group_size);
 }
 

@@ -91,10 +91,7 @@
 #include <string>
 
 #include "actors/sagc/timing.hpp"
-
-namespace sorl {
-struct experiment_config;
-}
+#include "runtime/config.hpp"
 
 namespace sorl::sagc {
 
@@ -212,7 +209,8 @@ private:
 /// Configuration of every policy, built by `group_policy_options_from` from `[sagc]` and
 /// `[algorithm].prompts_per_step`; the defaults equal the config's.
 struct group_policy_options {
-  std::string policy = "static"; ///< "static" | "sagc" | "deadline"
+  /// Which policy (the config's `[sagc] policy`; its spelling, to_string, names decisions).
+  group_policy_kind policy = group_policy_kind::fixed;
   /// Static and deadline: G. Sagc: the initial G, used until the window has a threshold.
   /// ≥ 1; for sagc and deadline within [g_min, g_max].
   int64_t group_size = 8;
@@ -308,8 +306,8 @@ group_policy_options group_policy_options_from(const experiment_config& cfg);
 /// at the window.
 straggler_rule_options straggler_rule_from(const experiment_config& cfg);
 
-/// Builds the configured policy. Raises std::invalid_argument naming the bad field: an
-/// unknown policy, group_size < 1, and for sagc / deadline also g_min < 1, g_max < g_min,
+/// Builds the configured policy. Raises std::invalid_argument naming the bad field:
+/// group_size < 1, and for sagc / deadline also g_min < 1, g_max < g_min,
 /// group_size outside [g_min, g_max], target_rate outside [0, 1], prompts_per_step < 1, v not
 /// finite or ≤ 0, tail_prior not finite or < 0, deadline_kappa not finite or ≤ 0.
 std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options);

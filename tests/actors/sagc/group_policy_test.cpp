@@ -45,7 +45,7 @@ straggler_rule rule_with(const std::vector<double>& durations, double kappa, siz
 group_policy_options sagc_options(int64_t g_min, int64_t g_max, int64_t initial, int64_t b,
                                   double v, double eps, double prior) {
   group_policy_options o;
-  o.policy = "sagc";
+  o.policy = sorl::group_policy_kind::sagc;
   o.g_min = g_min;
   o.g_max = g_max;
   o.group_size = initial;
@@ -376,7 +376,7 @@ TEST_CASE("odd timing data is explained in the reason, never thrown on, and G st
 TEST_CASE("the deadline policy sets a deadline once the window has a threshold",
           "[group_policy]") {
   group_policy_options o;
-  o.policy = "deadline";
+  o.policy = sorl::group_policy_kind::deadline;
   o.group_size = 8;
   o.g_min = 3;
   o.g_max = 16;
@@ -409,9 +409,9 @@ TEST_CASE("the deadline policy sets a deadline once the window has a threshold",
 TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_policy]") {
   group_policy_options o;
   CHECK(make_group_policy(o)->decide(0).policy == "static");
-  o.policy = "sagc";
+  o.policy = sorl::group_policy_kind::sagc;
   CHECK(make_group_policy(o)->decide(0).policy == "sagc");
-  o.policy = "deadline";
+  o.policy = sorl::group_policy_kind::deadline;
   CHECK(make_group_policy(o)->decide(0).policy == "deadline");
 
   auto fails = [](group_policy_options bad, const std::string& field) {
@@ -419,13 +419,12 @@ TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_
                       Catch::StartsWith("group_policy_options." + field + ":"));
   };
   group_policy_options s;
-  s.policy = "sagc";
+  s.policy = sorl::group_policy_kind::sagc;
   auto with = [&](auto change) {
     group_policy_options x = s;
     change(x);
     return x;
   };
-  fails(with([](auto& x) { x.policy = "adaptive"; }), "policy");
   fails(with([](auto& x) { x.group_size = 0; }), "group_size");
   fails(with([](auto& x) { x.group_size = 17; }), "group_size");
   fails(with([](auto& x) { x.g_min = 0; }), "g_min");
@@ -473,7 +472,7 @@ TEST_CASE("group policy options and the straggler rule come from [sagc], with it
   c.window = 5; // below the default min_samples 8: capped at the window
   cfg.algorithm.prompts_per_step = 3;
   const auto o = group_policy_options_from(cfg);
-  CHECK(o.policy == "deadline");
+  CHECK(o.policy == sorl::group_policy_kind::deadline);
   CHECK(o.group_size == 6);
   CHECK(o.g_min == 3);
   CHECK(o.g_max == 12);
@@ -486,5 +485,5 @@ TEST_CASE("group policy options and the straggler rule come from [sagc], with it
   CHECK(rule.window == 5);
   CHECK(rule.min_samples == 5);
   c.policy = sorl::group_policy_kind::fixed;
-  CHECK(group_policy_options_from(cfg).policy == "static");
+  CHECK(group_policy_options_from(cfg).policy == sorl::group_policy_kind::fixed);
 }
