@@ -23,7 +23,10 @@ struct GenerateRequest {
   requestId @0 :UInt64;      # unique within the run
   step @1 :UInt64;
   groupId @2 :UInt64;        # unique within the run; siblings share it
-  sampleIndex @3 :UInt32;    # 0 ≤ sampleIndex < groupSize
+  sampleIndex @3 :UInt32;    # 0 ≤ sampleIndex < G: the rollout's sampler stream
+  # G of the group. No reader depends on it: a worker needs only sampleIndex, and G stays
+  # with the trainer and the sagc_controller ([sagc].group_size, validated in runtime/config).
+  # Kept because fields are never removed; informational for whoever reads captures.
   groupSize @4 :UInt32;
   split @5 :TaskSplit;       # which split of the task the prompt comes from
   taskIndex @6 :UInt64;      # prompt (or environment episode) index within the split

@@ -5,6 +5,7 @@
 //
 // Free of CAF: the loader is a pure function from text to structs or a list of errors.
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace sorl {
@@ -54,6 +56,53 @@ struct endpoint {
   static std::optional<endpoint> parse(std::string_view text, std::string* why = nullptr);
 };
 
+/// The enumerated settings: each is parsed once, here, from its config spelling; roles map
+/// them onto their own options (`*_options_from` next to each role's core), never re-reading
+/// the string. `config_names<E>::values` lists each value with its spelling, in the order error
+/// messages name them; `to_string` gives the spelling back (config.resolved.toml, messages).
+enum class algorithm_kind { grpo, dapo };               ///< [algorithm].name
+enum class overlong_kind { none, filter, shape };       ///< [algorithm].overlong
+enum class reward_failure_kind { mask, fail };          ///< [algorithm].on_reward_failure
+enum class loss_norm_kind { token, sequence };          ///< [algorithm].loss_norm
+enum class group_policy_kind { fixed, sagc, deadline }; ///< [sagc].policy; `fixed` is "static"
+enum class sync_kind { full, sparse };                  ///< [sync].mode
+/// [scheduler].policy. "cache_aware" is a designed value the config refuses, so it has no
+/// member: nothing past the config needs to refuse it again.
+enum class placement_kind { round_robin, least_loaded };
+enum class match_kind { exact, integer };               ///< [task].match
+
+template <class E>
+struct config_names {};
+
+#define SORL_CONFIG_NAMES(E, N, ...)                                                              \
+  template <>                                                                                 \
+  struct config_names<E> {                                                                    \
+    static constexpr std::array<std::pair<E, std::string_view>, N> values{{__VA_ARGS__}};     \
+  };
+SORL_CONFIG_NAMES(algorithm_kind, 2, {algorithm_kind::grpo, "grpo"}, {algorithm_kind::dapo, "dapo"})
+SORL_CONFIG_NAMES(overlong_kind, 3, {overlong_kind::none, "none"},
+                  {overlong_kind::filter, "filter"}, {overlong_kind::shape, "shape"})
+SORL_CONFIG_NAMES(reward_failure_kind, 2, {reward_failure_kind::mask, "mask"},
+                  {reward_failure_kind::fail, "fail"})
+SORL_CONFIG_NAMES(loss_norm_kind, 2, {loss_norm_kind::token, "token"},
+                  {loss_norm_kind::sequence, "sequence"})
+SORL_CONFIG_NAMES(group_policy_kind, 3, {group_policy_kind::fixed, "static"},
+                  {group_policy_kind::sagc, "sagc"}, {group_policy_kind::deadline, "deadline"})
+SORL_CONFIG_NAMES(sync_kind, 2, {sync_kind::full, "full"}, {sync_kind::sparse, "sparse"})
+SORL_CONFIG_NAMES(placement_kind, 2, {placement_kind::round_robin, "round_robin"},
+                  {placement_kind::least_loaded, "least_loaded"})
+SORL_CONFIG_NAMES(match_kind, 2, {match_kind::exact, "exact"}, {match_kind::integer, "integer"})
+#undef SORL_CONFIG_NAMES
+
+/// The config spelling of an enumerated setting, e.g. to_string(sync_kind::sparse) == "sparse".
+template <class E, class = decltype(config_names<E>::values)>
+std::string_view to_string(E value) {
+  for (const auto& item : config_names<E>::values)
+    if (item.first == value)
+      return item.second;
+  return "?";
+}
+
 /// [run]: identity and length of the experiment.
 struct run_config {
   std::string name = "sorl";
@@ -90,7 +139,7 @@ struct task_config {
   std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "jsonl"
   std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
   std::string eval_path;           ///< optional held-out JSONL
-  std::string match = "exact";     ///< jsonl answer match: "exact" | "integer"
+  match_kind match = match_kind::exact; ///< jsonl answer match: "exact" | "integer"
   int64_t min_digits = 1;          ///< arithmetic operand digits
   int64_t max_digits = 2;
   std::string operators = "+";     ///< arithmetic: non-empty subset of "+-*/"
@@ -117,18 +166,19 @@ struct sft_config {
 struct algorithm_config {
   /// "grpo" | "dapo"; "dapo" changes the defaults of clip_eps_high (0.28), dynamic_sampling
   /// (true), overlong ("shape") and loss_norm ("token") for keys the file does not set.
-  std::string name = "grpo";
+  algorithm_kind name = algorithm_kind::grpo;
   int64_t prompts_per_step = 8;   ///< B
   bool dynamic_sampling = false;  ///< DAPO: drop zero-signal groups and refill
   int64_t max_refill_rounds = 3;
-  std::string overlong = "none";  ///< truncated responses: "none" | "filter" | "shape" (DAPO)
+  /// truncated responses: "none" | "filter" | "shape" (DAPO)
+  overlong_kind overlong = overlong_kind::none;
   /// DAPO soft overlong punishment interval, tokens. Shaping is per turn: a multi-turn
   /// episode gets the penalty of its longest turn against max_new_tokens (learner_core.hpp).
   int64_t overlong_cache = 4;
   /// A rollout whose reward failed (the scorer threw, or a NaN / inf reward): "mask" leaves it
   /// out of its group's statistics and the loss and counts it in `reward_failures`; "fail"
   /// stops the job at that step, naming the rollout.
-  std::string on_reward_failure = "mask";
+  reward_failure_kind on_reward_failure = reward_failure_kind::mask;
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
   /// AdamW learning rate, in [0, 1]; 0 = a frozen policy (rollouts, rewards and loss metrics
@@ -137,7 +187,7 @@ struct algorithm_config {
   double clip_eps_low = 0.2;      ///< in [0, 1)
   double clip_eps_high = 0.2;     ///< DAPO clip-higher uses e.g. 0.28
   double kl_coef = 0.0;           ///< 0 disables the reference model
-  std::string loss_norm = "token"; ///< "token" | "sequence"
+  loss_norm_kind loss_norm = loss_norm_kind::token; ///< "token" | "sequence"
   bool scale_advantages = true;   ///< divide by the group's std (false = Dr. GRPO)
   double max_grad_norm = 1.0;
   double weight_decay = 0.0;      ///< in [0, 1], with lr × weight_decay < 1
@@ -153,7 +203,7 @@ struct algorithm_config {
 
 /// [sagc]: group-size control (ARCHITECTURE.md §6, SAGC).
 struct sagc_config {
-  std::string policy = "static"; ///< "static" | "sagc" | "deadline"
+  group_policy_kind policy = group_policy_kind::fixed; ///< "static" | "sagc" | "deadline"
   int64_t group_size = 8;        ///< G for the static policy and the first step
   int64_t g_min = 2;
   int64_t g_max = 16;
@@ -173,7 +223,7 @@ struct salt_config {
 
 /// [sync]: learner → rollout weight synchronisation (ARCHITECTURE.md §6, SparseRL-Sync).
 struct sync_config {
-  std::string mode = "sparse";   ///< "sparse" (bit-exact bf16 deltas) | "full"
+  sync_kind mode = sync_kind::sparse; ///< "sparse" (bit-exact bf16 deltas) | "full"
   int64_t bucket_bytes = 64ll << 20; ///< bytes per bucket, 4096..2^29 (an envelope is ≤ 1 GiB)
   int64_t full_every = 0;        ///< a full anchor every N versions; 0 = never forced
 };
@@ -183,7 +233,6 @@ struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
   std::string speculative = "off"; ///< "off" | "on" | "auto"
-  int64_t kv_cache_tokens = 1 << 20;
   /// s: the longest the trainer waits, in a step's rollout phase, for the next finished
   /// rollout (or the group-size decision) before it fails the job, naming the request ids,
   /// groups and samples still missing; > 0.
@@ -192,7 +241,8 @@ struct rollout_config {
 
 /// [scheduler]: request placement.
 struct scheduler_config {
-  std::string policy = "round_robin"; ///< "round_robin" | "least_loaded" | "cache_aware"
+  /// "round_robin" | "least_loaded" ("cache_aware" is refused: not implemented yet)
+  placement_kind policy = placement_kind::round_robin;
   double imbalance_threshold = 2.0;
 };
 

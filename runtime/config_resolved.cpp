@@ -60,8 +60,8 @@ struct entry_list {
   void add(const char* key, std::string value) {
     entries.push_back({table, key, std::move(value)});
   }
-  void str(const char* key, const std::string& v) {
-    add(key, quoted(v));
+  void str(const char* key, std::string_view v) {
+    add(key, quoted(std::string{v}));
   }
   void path(const char* key, const std::string& v) {
     add(key, quoted(absolute(v)));
@@ -99,7 +99,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.str("name", c.task.name);
   e.path("path", c.task.path);
   e.path("eval_path", c.task.eval_path);
-  e.str("match", c.task.match);
+  e.str("match", to_string(c.task.match));
   e.integer("min_digits", c.task.min_digits);
   e.integer("max_digits", c.task.max_digits);
   e.str("operators", c.task.operators);
@@ -121,20 +121,20 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
 
   const auto& a = c.algorithm;
   e.table = "algorithm";
-  e.str("name", a.name);
+  e.str("name", to_string(a.name));
   e.integer("prompts_per_step", a.prompts_per_step);
   e.boolean("dynamic_sampling", a.dynamic_sampling);
   e.integer("max_refill_rounds", a.max_refill_rounds);
-  e.str("overlong", a.overlong);
+  e.str("overlong", to_string(a.overlong));
   e.integer("overlong_cache", a.overlong_cache);
-  e.str("on_reward_failure", a.on_reward_failure);
+  e.str("on_reward_failure", to_string(a.on_reward_failure));
   e.integer("epochs", a.epochs);
   e.integer("minibatches", a.minibatches);
   e.number("lr", a.lr);
   e.number("clip_eps_low", a.clip_eps_low);
   e.number("clip_eps_high", a.clip_eps_high);
   e.number("kl_coef", a.kl_coef);
-  e.str("loss_norm", a.loss_norm);
+  e.str("loss_norm", to_string(a.loss_norm));
   e.boolean("scale_advantages", a.scale_advantages);
   e.number("max_grad_norm", a.max_grad_norm);
   e.number("weight_decay", a.weight_decay);
@@ -143,7 +143,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("top_k", a.top_k);
 
   e.table = "sagc";
-  e.str("policy", c.sagc.policy);
+  e.str("policy", to_string(c.sagc.policy));
   e.integer("group_size", c.sagc.group_size);
   e.integer("g_min", c.sagc.g_min);
   e.integer("g_max", c.sagc.g_max);
@@ -159,7 +159,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.number("max_amplification", c.salt.max_amplification);
 
   e.table = "sync";
-  e.str("mode", c.sync.mode);
+  e.str("mode", to_string(c.sync.mode));
   e.integer("bucket_bytes", c.sync.bucket_bytes);
   e.integer("full_every", c.sync.full_every);
 
@@ -167,11 +167,10 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("max_batch", c.rollout.max_batch);
   e.integer("chunk_tokens", c.rollout.chunk_tokens);
   e.str("speculative", c.rollout.speculative);
-  e.integer("kv_cache_tokens", c.rollout.kv_cache_tokens);
   e.number("watchdog_s", c.rollout.watchdog_s);
 
   e.table = "scheduler";
-  e.str("policy", c.scheduler.policy);
+  e.str("policy", to_string(c.scheduler.policy));
   e.number("imbalance_threshold", c.scheduler.imbalance_threshold);
 
   e.table = "network";
@@ -245,7 +244,7 @@ std::string preset_summary(const experiment_config& cfg) {
   }
   if (changes.empty())
     return "";
-  return fmt::format("algorithm = {} sets {}", cfg.algorithm.name, changes);
+  return fmt::format("algorithm = {} sets {}", to_string(cfg.algorithm.name), changes);
 }
 
 std::vector<std::string> resolved_differences(const std::string& before,

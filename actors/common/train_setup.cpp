@@ -18,7 +18,8 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.number_guess.max_turns = static_cast<int>(t.max_turns);
   o.jsonl.path = t.path;
   o.jsonl.eval_path = t.eval_path;
-  o.jsonl.match = t.match == "integer" ? ml::answer_match::integer : ml::answer_match::exact;
+  o.jsonl.match =
+    t.match == match_kind::integer ? ml::answer_match::integer : ml::answer_match::exact;
   // What the rollout workers could never serve is refused when the task is built, before
   // anything starts (`sorl check`, `sorl train`).
   o.jsonl.context_tokens = ml::preset(cfg.model.preset).max_seq;

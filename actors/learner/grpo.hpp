@@ -73,8 +73,8 @@ inline constexpr double max_log_ratio = 20.0;
 /// Hyper-parameters of policy_loss.
 struct loss_options {
   double clip_eps_low = 0.2; ///< ε_low: ratio floor 1 − ε_low for A < 0; in [0, 1)
-  double clip_eps_high =
-    0.28;               ///< ε_high: ratio ceiling 1 + ε_high for A > 0 (DAPO clip-higher); ≥ 0
+  /// ε_high: ratio ceiling 1 + ε_high for A > 0; ≥ 0. DAPO's clip-higher raises it (0.28).
+  double clip_eps_high = 0.2;
   double kl_coef = 0.0; ///< β of the k3 KL penalty to the reference; ≥ 0, 0 = off
   loss_norm norm = loss_norm::token;
 

@@ -40,29 +40,6 @@ struct learner_state {
 
 using learner_actor_t = caf::stateful_actor<learner_state>;
 
-learner::learner_options options_from(const experiment_config& cfg) {
-  const auto& a = cfg.algorithm;
-  learner::learner_options o;
-  o.lr = a.lr;
-  o.weight_decay = a.weight_decay;
-  o.max_grad_norm = a.max_grad_norm;
-  o.loss.clip_eps_low = a.clip_eps_low;
-  o.loss.clip_eps_high = a.clip_eps_high;
-  o.loss.kl_coef = a.kl_coef;
-  o.loss.norm =
-    a.loss_norm == "sequence" ? learner::loss_norm::sequence : learner::loss_norm::token;
-  o.scale_advantages = a.scale_advantages;
-  o.overlong = a.overlong == "filter"  ? learner::overlong_mode::filter
-               : a.overlong == "shape" ? learner::overlong_mode::shape
-                                       : learner::overlong_mode::none;
-  o.overlong_max_len = cfg.task.max_new_tokens;
-  o.overlong_cache_len = std::min<int64_t>(a.overlong_cache, cfg.task.max_new_tokens);
-  o.temperature = a.temperature > 0 ? a.temperature : 1.0;
-  o.epochs = static_cast<int>(a.epochs);
-  o.minibatches = static_cast<int>(a.minibatches);
-  return o;
-}
-
 /// XXH3 over every tensor's bytes in order: a fingerprint of exactly what is saved / loaded.
 uint64_t fingerprint(const std::vector<ml::named_tensor>& tensors) {
   std::vector<uint64_t> hashes;
@@ -145,7 +122,8 @@ std::tuple<std::string, std::string, bool> load_policy(learner_actor_t* self) {
     source = dir->string();
   }
   st.model->set_requires_grad(true);
-  st.core = std::make_unique<learner::learner_core>(*st.model, options_from(cfg), cfg.run.seed);
+  st.core = std::make_unique<learner::learner_core>(*st.model, learner::learner_options_from(cfg),
+                                                    cfg.run.seed);
   if (resumed) {
     learner::optimizer_state os;
     os.step = loaded.state.step;

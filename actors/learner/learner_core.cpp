@@ -1,5 +1,6 @@
 #include "actors/learner/learner_core.hpp"
 
+#include "runtime/config.hpp"
 #include "runtime/ml/sampler.hpp"
 
 #include <ATen/ATen.h>
@@ -268,6 +269,36 @@ bool finite_in(double v, double lo, double hi) {
 
 // ---------------------------------------------------------------------------------------------
 // learner_options
+
+learner_options learner_options_from(const experiment_config& cfg) {
+  const auto& a = cfg.algorithm;
+  learner_options o;
+  o.lr = a.lr;
+  o.weight_decay = a.weight_decay;
+  o.max_grad_norm = a.max_grad_norm;
+  o.loss.clip_eps_low = a.clip_eps_low;
+  o.loss.clip_eps_high = a.clip_eps_high;
+  o.loss.kl_coef = a.kl_coef;
+  o.loss.norm = a.loss_norm == loss_norm_kind::sequence ? loss_norm::sequence : loss_norm::token;
+  o.scale_advantages = a.scale_advantages;
+  switch (a.overlong) {
+    case overlong_kind::none:
+      o.overlong = overlong_mode::none;
+      break;
+    case overlong_kind::filter:
+      o.overlong = overlong_mode::filter;
+      break;
+    case overlong_kind::shape:
+      o.overlong = overlong_mode::shape;
+      break;
+  }
+  o.overlong_max_len = cfg.task.max_new_tokens;
+  o.overlong_cache_len = std::min<int64_t>(a.overlong_cache, cfg.task.max_new_tokens);
+  o.temperature = a.temperature > 0 ? a.temperature : 1.0;
+  o.epochs = static_cast<int>(a.epochs);
+  o.minibatches = static_cast<int>(a.minibatches);
+  return o;
+}
 
 void learner_options::validate() const {
   auto fail = [](const char* field, double v, const char* rule) {

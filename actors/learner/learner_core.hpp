@@ -25,6 +25,10 @@
 #include <string>
 #include <vector>
 
+namespace sorl {
+struct experiment_config;
+}
+
 namespace sorl::learner {
 
 /// DAPO's handling of responses cut off at the length limit (Yu et al. 2025 §3.4).
@@ -44,11 +48,11 @@ enum class overlong_mode {
 struct learner_options {
   /// AdamW learning rate, >= 0. 0 is a frozen policy: the loss, gradients and Adam moments are
   /// computed as usual but no weight bit changes (a baseline on the same prompts and seeds).
-  double lr = 1e-6;
+  double lr = 1e-4;
   double adam_beta1 = 0.9;    ///< first-moment decay, in [0, 1)
   double adam_beta2 = 0.999;  ///< second-moment decay, in [0, 1)
   double adam_eps = 1e-8;     ///< added to sqrt(v̂) (> 0)
-  double weight_decay = 0.01; ///< decoupled, applied to every parameter (≥ 0)
+  double weight_decay = 0.0;  ///< decoupled, applied to every parameter (≥ 0)
   /// Clip the global L2 gradient norm to this (as torch.nn.utils.clip_grad_norm_); ≤ 0 disables
   /// clipping (the norm is still measured and reported).
   double max_grad_norm = 1.0;
@@ -75,6 +79,13 @@ struct learner_options {
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
 };
+
+/// The learner's options from a loaded (validated) experiment: [algorithm] plus the per-turn
+/// token budget `task.max_new_tokens` (L_max of the overlong shaping, Yu et al. 2025 eq. 13,
+/// with L_cache = min(overlong_cache, L_max)). Greedy rollouts (temperature 0) are scored at
+/// temperature 1. The defaults above equal the config's ([algorithm] in runtime/config.hpp),
+/// so a key the file leaves out means the same here.
+learner_options learner_options_from(const experiment_config& cfg);
 
 /// What one train_step measured. Averages over "updates" are over the optimizer updates that
 /// were applied (0 when none was).

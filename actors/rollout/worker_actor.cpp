@@ -150,11 +150,9 @@ void start_ticking(worker_actor_t* self) {
 caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
-  rollout::worker_options opts;
-  opts.max_batch = ctx.config->rollout.max_batch;
-  opts.chunk_tokens = ctx.config->rollout.chunk_tokens;
   st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
-                                                   make_task_from(*ctx.config), opts);
+                                                   make_task_from(*ctx.config),
+                                                   rollout::worker_options_from(*ctx.config));
   std::vector<sync::tensor_meta> expected;
   std::vector<sync::delta_target> targets; // tensor id = index in model order
   for (const auto& [name, t] : st.core->model().parameters()) {
@@ -187,7 +185,6 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             req.step = r.getStep();
             req.group_id = r.getGroupId();
             req.sample_index = r.getSampleIndex();
-            req.group_size = r.getGroupSize();
             req.split = r.getSplit() == msg::TaskSplit::EVAL ? ml::task_split::eval
                                                               : ml::task_split::train;
             req.task_index = r.getTaskIndex();

@@ -9,9 +9,17 @@
 
 #include <fmt/format.h>
 
+#include "runtime/config.hpp"
 #include "runtime/ml/evaluate.hpp"
 
 namespace sorl::rollout {
+
+worker_options worker_options_from(const experiment_config& cfg) {
+  worker_options o;
+  o.max_batch = cfg.rollout.max_batch;
+  o.chunk_tokens = cfg.rollout.chunk_tokens;
+  return o;
+}
 
 namespace {
 

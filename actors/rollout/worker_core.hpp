@@ -24,6 +24,10 @@
 #include "runtime/ml/tasks.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
+namespace sorl {
+struct experiment_config;
+}
+
 namespace sorl::rollout {
 
 /// One rollout to generate (mirrors msg::GenerateRequest).
@@ -31,8 +35,7 @@ struct rollout_request {
   uint64_t request_id = 0;
   uint64_t step = 0;
   uint64_t group_id = 0;
-  uint32_t sample_index = 0;  ///< the sampler stream: tokens never depend on batch mates
-  uint32_t group_size = 1;
+  uint32_t sample_index = 0; ///< the sampler stream: tokens never depend on batch mates
   ml::task_split split = ml::task_split::train;
   uint64_t task_index = 0;
   uint64_t seed = 0;          ///< the group's seed
@@ -93,6 +96,10 @@ struct worker_options {
   int64_t chunk_tokens = 16;
   clock_fn clock;           ///< default: std::chrono::steady_clock
 };
+
+/// The worker's options from a loaded (validated) experiment: `[rollout] max_batch`,
+/// `chunk_tokens`; the clock stays the default.
+worker_options worker_options_from(const experiment_config& cfg);
 
 /// Owns the rollout copy of the policy (bf16 weights), a generator and the task. Called on
 /// one thread (the actor's).

@@ -33,22 +33,8 @@ using controller_actor_t = caf::stateful_actor<controller_state>;
 caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
-  sagc::straggler_rule_options rule;
-  rule.kappa = ctx.config->sagc.kappa;
-  rule.window = static_cast<size_t>(ctx.config->sagc.window);
-  rule.min_samples = std::min<size_t>(rule.min_samples, rule.window);
-  st.timing = std::make_unique<sagc::rollout_timing>(rule);
-  const auto& c = ctx.config->sagc;
-  sagc::group_policy_options po;
-  po.policy = c.policy;
-  po.group_size = c.group_size;
-  po.g_min = c.g_min;
-  po.g_max = c.g_max;
-  po.target_rate = c.target_rate;
-  po.prompts_per_step = ctx.config->algorithm.prompts_per_step;
-  po.v = c.v;
-  po.deadline_kappa = c.deadline_kappa;
-  st.policy = sagc::make_group_policy(po);
+  st.timing = std::make_unique<sagc::rollout_timing>(sagc::straggler_rule_from(*ctx.config));
+  st.policy = sagc::make_group_policy(sagc::group_policy_options_from(*ctx.config));
   return {
     [](roster_atom, const std::vector<peer_info>&) {},
     [self](const envelope& e) {

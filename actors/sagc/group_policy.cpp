@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "runtime/config.hpp"
+
 namespace sorl::sagc {
 
 namespace {
@@ -31,11 +33,9 @@ void check_step(const char* who, int64_t step) {
 }
 
 void validate(const group_policy_options& o) {
-  if (o.policy != "static" && o.policy != "sagc" && o.policy != "deadline")
-    bad_option("policy", "\"" + o.policy + "\" is not one of static, sagc, deadline");
   if (o.group_size < 1)
     bad_option("group_size", "must be >= 1, got " + std::to_string(o.group_size));
-  if (o.policy == "static")
+  if (o.policy == group_policy_kind::fixed)
     return;
   if (o.g_min < 1)
     bad_option("g_min", "must be >= 1, got " + std::to_string(o.g_min));
@@ -56,7 +56,7 @@ void validate(const group_policy_options& o) {
     bad_option("deadline_kappa", "must be finite and > 0, got " + num(o.deadline_kappa));
 }
 
-group_policy_options checked(group_policy_options o, const char* policy) {
+group_policy_options checked(group_policy_options o, group_policy_kind policy) {
   o.policy = policy;
   validate(o);
   return o;
@@ -212,7 +212,7 @@ policy_memory static_group_policy::memory() const {
 // -- sagc ---------------------------------------------------------------------------------
 
 sagc_group_policy::sagc_group_policy(group_policy_options options)
-  : options_(checked(std::move(options), "sagc")) {
+  : options_(checked(std::move(options), group_policy_kind::sagc)) {
 }
 
 double sagc_group_policy::score(int64_t g) const {
@@ -303,7 +303,7 @@ void sagc_group_policy::restore(const policy_memory& m, const straggler_rule& ru
 // -- deadline -----------------------------------------------------------------------------
 
 deadline_group_policy::deadline_group_policy(group_policy_options options)
-  : options_(checked(std::move(options), "deadline")) {
+  : options_(checked(std::move(options), group_policy_kind::deadline)) {
 }
 
 group_decision deadline_group_policy::decide(int64_t step) {
@@ -354,12 +354,38 @@ void deadline_group_policy::restore(const policy_memory& m, const straggler_rule
 
 // -- factory ------------------------------------------------------------------------------
 
+group_policy_options group_policy_options_from(const experiment_config& cfg) {
+  const auto& c = cfg.sagc;
+  group_policy_options o;
+  o.policy = c.policy;
+  o.group_size = c.group_size;
+  o.g_min = c.g_min;
+  o.g_max = c.g_max;
+  o.target_rate = c.target_rate;
+  o.prompts_per_step = cfg.algorithm.prompts_per_step;
+  o.v = c.v;
+  o.deadline_kappa = c.deadline_kappa;
+  return o;
+}
+
+straggler_rule_options straggler_rule_from(const experiment_config& cfg) {
+  straggler_rule_options o;
+  o.kappa = cfg.sagc.kappa;
+  o.window = static_cast<size_t>(cfg.sagc.window);
+  o.min_samples = std::min<size_t>(o.min_samples, o.window);
+  return o;
+}
+
 std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options) {
   validate(options);
-  if (options.policy == "sagc")
-    return std::make_unique<sagc_group_policy>(options);
-  if (options.policy == "deadline")
-    return std::make_unique<deadline_group_policy>(options);
+  switch (options.policy) {
+    case group_policy_kind::sagc:
+      return std::make_unique<sagc_group_policy>(options);
+    case group_policy_kind::deadline:
+      return std::make_unique<deadline_group_policy>(options);
+    case group_policy_kind::fixed:
+      break;
+  }
   return std::make_unique<static_group_policy>(options.group_size);
 }
 

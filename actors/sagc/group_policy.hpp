@@ -91,6 +91,7 @@
 #include <string>
 
 #include "actors/sagc/timing.hpp"
+#include "runtime/config.hpp"
 
 namespace sorl::sagc {
 
@@ -205,16 +206,18 @@ private:
   int64_t group_size_;
 };
 
-/// Configuration of every policy, built by the shell from `[sagc]` and `[trainer]`.
+/// Configuration of every policy, built by `group_policy_options_from` from `[sagc]` and
+/// `[algorithm].prompts_per_step`; the defaults equal the config's.
 struct group_policy_options {
-  std::string policy = "static"; ///< "static" | "sagc" | "deadline"
+  /// Which policy (the config's `[sagc] policy`; its spelling, to_string, names decisions).
+  group_policy_kind policy = group_policy_kind::fixed;
   /// Static and deadline: G. Sagc: the initial G, used until the window has a threshold.
   /// ≥ 1; for sagc and deadline within [g_min, g_max].
   int64_t group_size = 8;
   int64_t g_min = 2;  ///< smallest G (sagc); finished rollouts per group before a cut (deadline)
   int64_t g_max = 16; ///< largest G (sagc), ≥ g_min
   double target_rate = 0.1;      ///< ε, long-run straggler-event rate, in [0, 1]
-  int64_t prompts_per_step = 32; ///< B, prompts per step (`[trainer].prompts_per_step`), ≥ 1
+  int64_t prompts_per_step = 8;  ///< B, prompts per step (`[algorithm].prompts_per_step`), ≥ 1
   double v = 10.0;               ///< penalty weight V, finite, > 0 (see the header comment)
   double tail_prior = 0.5;       ///< a in p̂ = (k + a)/(n + 2a), finite, ≥ 0
   /// Deadline: budget = deadline_kappa × window median. Finite, > 0. The default equals the
@@ -295,8 +298,16 @@ private:
   std::string notes_;
 };
 
-/// Builds the configured policy. Raises std::invalid_argument naming the bad field: an
-/// unknown policy, group_size < 1, and for sagc / deadline also g_min < 1, g_max < g_min,
+/// The policy options from a loaded (validated) experiment. `tail_prior` keeps its default
+/// (no key sets it).
+group_policy_options group_policy_options_from(const experiment_config& cfg);
+
+/// The straggler rule from `[sagc] kappa` and `window`; `min_samples` is its default, capped
+/// at the window.
+straggler_rule_options straggler_rule_from(const experiment_config& cfg);
+
+/// Builds the configured policy. Raises std::invalid_argument naming the bad field:
+/// group_size < 1, and for sagc / deadline also g_min < 1, g_max < g_min,
 /// group_size outside [g_min, g_max], target_rate outside [0, 1], prompts_per_step < 1, v not
 /// finite or ≤ 0, tail_prior not finite or < 0, deadline_kappa not finite or ≤ 0.
 std::unique_ptr<group_policy> make_group_policy(const group_policy_options& options);

@@ -1,5 +1,7 @@
 #include "actors/scheduler/placement.hpp"
 
+#include "runtime/config.hpp"
+
 #include <cmath>
 #include <iterator>
 
@@ -13,35 +15,16 @@ std::string quoted(const std::string& s) {
 
 } // namespace
 
-placement_policy parse_placement_policy(std::string_view name) {
-  if (name == "round_robin")
-    return placement_policy::round_robin;
-  if (name == "least_loaded")
-    return placement_policy::least_loaded;
-  if (name == "cache_aware")
-    return placement_policy::cache_aware;
-  throw std::invalid_argument("scheduler policy '" + std::string(name)
-                              + "' is unknown; expected round_robin, least_loaded or "
-                                "cache_aware");
-}
-
-const char* to_string(placement_policy policy) {
-  switch (policy) {
-    case placement_policy::round_robin:
-      return "round_robin";
-    case placement_policy::least_loaded:
-      return "least_loaded";
-    case placement_policy::cache_aware:
-      return "cache_aware";
-  }
-  return "?";
+placement_options placement_options_from(const experiment_config& cfg) {
+  placement_options o;
+  o.policy = cfg.scheduler.policy == placement_kind::least_loaded ? placement_policy::least_loaded
+                                                                  : placement_policy::round_robin;
+  o.group_affinity = true;
+  o.imbalance_threshold = cfg.scheduler.imbalance_threshold;
+  return o;
 }
 
 placement::placement(placement_options options) : options_(options) {
-  if (options_.policy == placement_policy::cache_aware)
-    throw placement_not_implemented(
-      "scheduler policy 'cache_aware' is not yet implemented (cache-aware routing is designed "
-      "but not built yet, ARCHITECTURE.md §6); use 'round_robin' or 'least_loaded'");
   if (!std::isfinite(options_.queued_token_weight) || options_.queued_token_weight < 0)
     throw std::invalid_argument("placement: queued_token_weight must be finite and >= 0, got "
                                 + std::to_string(options_.queued_token_weight));
@@ -131,7 +114,7 @@ place_result placement::place(uint64_t request_id, uint64_t group_id, int64_t pr
     }
   }
   if (chosen == nullptr)
-    chosen = &choose_by_policy(group_id, prompt_tokens);
+    chosen = &choose_by_policy();
 
   // Copy before touching the maps: `chosen` may point into them.
   std::string worker = *chosen;
@@ -225,18 +208,12 @@ const std::string& placement::choose_least_loaded() const {
   return best->first;
 }
 
-const std::string& placement::choose_cache_aware(uint64_t, int64_t) const {
-  throw placement_not_implemented("scheduler policy 'cache_aware' is not yet implemented");
-}
-
-const std::string& placement::choose_by_policy(uint64_t group_id, int64_t prompt_tokens) {
+const std::string& placement::choose_by_policy() {
   switch (options_.policy) {
     case placement_policy::round_robin:
       return choose_round_robin();
     case placement_policy::least_loaded:
       return choose_least_loaded();
-    case placement_policy::cache_aware:
-      return choose_cache_aware(group_id, prompt_tokens);
   }
   throw std::logic_error("placement: invalid policy value");
 }

@@ -1,8 +1,8 @@
 #pragma once
 
-// Request placement for the scheduler role (ARCHITECTURE.md §3 step 2; cache-aware
-// scheduling, designed but not built yet, ARCHITECTURE.md §6): which rollout worker runs
-// which generation request.
+// Request placement for the scheduler role (ARCHITECTURE.md §3 step 2): which rollout worker
+// runs which generation request. Cache-aware scheduling is designed but not built yet
+// (ARCHITECTURE.md §6); the config refuses it, so it has no policy here.
 //
 // Pure bookkeeping, free of CAF: the scheduler's actor shell turns worker joins, load reports,
 // placements, completions and DOWN messages into calls on one `placement` object and sends
@@ -18,6 +18,10 @@
 #include <string_view>
 #include <vector>
 
+namespace sorl {
+struct experiment_config;
+}
+
 namespace sorl::scheduler {
 
 /// How `placement::place` picks a worker for a request with no group affinity in effect.
@@ -27,28 +31,9 @@ enum class placement_policy {
   /// The live worker with the smallest load (see `placement_options`); ties go to the
   /// worker whose name sorts first, so the choice never depends on join order.
   least_loaded,
-  /// Longest cached prefix unless imbalanced (designed, ARCHITECTURE.md §6). Not yet
-  /// implemented: the config refuses it, and constructing a `placement` with it raises
-  /// `placement_not_implemented`.
-  cache_aware,
 };
 
-/// Parses a `[scheduler].policy` value: "round_robin" | "least_loaded" | "cache_aware".
-/// Raises std::invalid_argument naming the value and the accepted names otherwise.
-placement_policy parse_placement_policy(std::string_view name);
-
-/// The config spelling of `policy` ("round_robin", ...).
-const char* to_string(placement_policy policy);
-
-/// Raised when a policy exists in the configuration vocabulary but not yet in code
-/// (`cache_aware`). A std::logic_error: the configuration asked for something this build
-/// cannot do, which no retry fixes.
-class placement_not_implemented : public std::logic_error {
-public:
-  using std::logic_error::logic_error;
-};
-
-/// Knobs of a `placement`, taken from `[scheduler]` by the entry point.
+/// Knobs of a `placement`, taken from `[scheduler]` by `placement_options_from`.
 struct placement_options {
   placement_policy policy = placement_policy::round_robin;
 
@@ -69,6 +54,10 @@ struct placement_options {
   /// loaded worker is idle, which is exactly when balance matters most. Must be ≥ 0.
   double imbalance_threshold = 2.0;
 };
+
+/// The scheduler's placement from a loaded (validated) experiment: `[scheduler] policy` and
+/// `imbalance_threshold`, with group affinity on (the shell always keeps siblings together).
+placement_options placement_options_from(const experiment_config& cfg);
 
 /// Latest load report of one worker (sent by the rollout worker, passed on by the shell).
 struct worker_load_report {
@@ -110,9 +99,9 @@ struct placement_stats {
 /// Not thread-safe: owned by the scheduler actor and called on its thread only.
 class placement {
 public:
-  /// Raises placement_not_implemented for `cache_aware`, and std::invalid_argument for a
-  /// negative or non-finite `queued_token_weight` or `imbalance_threshold`. Failing here,
-  /// at startup, beats failing on the first request of the first step.
+  /// Raises std::invalid_argument for a negative or non-finite `queued_token_weight` or
+  /// `imbalance_threshold`. Failing here, at startup, beats failing on the first request of the
+  /// first step.
   explicit placement(placement_options options = {});
 
   /// Adds a live worker with no load. Raises std::invalid_argument when `name` is empty or
@@ -218,8 +207,7 @@ private:
   /// placement_not_implemented until cache-aware routing is implemented. Unreachable today
   /// because the constructor rejects the policy, kept so the dispatch in `place` already
   /// has its final shape.
-  const std::string& choose_cache_aware(uint64_t group_id, int64_t prompt_tokens) const;
-  const std::string& choose_by_policy(uint64_t group_id, int64_t prompt_tokens);
+  const std::string& choose_by_policy();
   worker_state& live_worker(const std::string& name, const char* what);
   const worker_state& live_worker(const std::string& name, const char* what) const;
   void release(const request_state& r);

@@ -63,11 +63,8 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
   st.directory = ctx.directory;
-  scheduler::placement_options o;
-  o.policy = scheduler::parse_placement_policy(ctx.config->scheduler.policy);
-  o.group_affinity = true;
-  o.imbalance_threshold = ctx.config->scheduler.imbalance_threshold;
-  st.placement = std::make_unique<scheduler::placement>(o);
+  st.placement =
+    std::make_unique<scheduler::placement>(scheduler::placement_options_from(*ctx.config));
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;

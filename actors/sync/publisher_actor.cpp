@@ -77,8 +77,7 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
   st.me = ctx.name();
   st.directory = ctx.directory;
   sync::publisher_options po;
-  po.protocol.sparse = ctx.config->sync.mode == "sparse";
-  po.protocol.full_every = ctx.config->sync.full_every;
+  po.protocol = sync::protocol_options_from(*ctx.config);
   po.bucket_bytes = static_cast<uint64_t>(ctx.config->sync.bucket_bytes);
   st.core = std::make_unique<sync::publisher_core>(st.me, po, steady_now_ns);
   return {

@@ -1,10 +1,19 @@
 #include "actors/sync/sync_protocol.hpp"
 
+#include "runtime/config.hpp"
+
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 namespace sorl::sync {
+
+sync_protocol_options protocol_options_from(const experiment_config& cfg) {
+  sync_protocol_options o;
+  o.sparse = cfg.sync.mode == sync_kind::sparse;
+  o.full_every = cfg.sync.full_every;
+  return o;
+}
 
 const char* to_string(ack_action a) {
   switch (a) {

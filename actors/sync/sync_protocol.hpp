@@ -21,13 +21,20 @@
 #include <string>
 #include <vector>
 
+namespace sorl {
+struct experiment_config;
+}
+
 namespace sorl::sync {
 
-/// Options of the protocol (`[sync]` in the TOML).
+/// Options of the protocol (`[sync]` in the TOML, built by `protocol_options_from`).
 struct sync_protocol_options {
   bool sparse = true;     ///< `sync.mode = "sparse"`; false: every version is sent in full
   int64_t full_every = 0; ///< a full anchor for versions divisible by N; 0 = never forced
 };
+
+/// The protocol's options from a loaded (validated) experiment: `[sync] mode`, `full_every`.
+sync_protocol_options protocol_options_from(const experiment_config& cfg);
 
 /// What the publisher sends for one version.
 struct sync_plan {

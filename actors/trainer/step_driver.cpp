@@ -23,8 +23,9 @@ driver_options driver_options_from(const experiment_config& cfg,
   o.seed = cfg.run.seed;
   o.dynamic_sampling = cfg.algorithm.dynamic_sampling;
   o.max_refill_rounds = static_cast<uint32_t>(cfg.algorithm.max_refill_rounds);
-  o.on_reward_failure = cfg.algorithm.on_reward_failure == "fail" ? reward_failure_policy::fail
-                                                                  : reward_failure_policy::mask;
+  o.on_reward_failure = cfg.algorithm.on_reward_failure == reward_failure_kind::fail
+                          ? reward_failure_policy::fail
+                          : reward_failure_policy::mask;
   o.watchdog_s = cfg.rollout.watchdog_s;
   o.checkpoint_every = cfg.run.checkpoint_every;
   o.run_dir = cfg.run.run_dir();

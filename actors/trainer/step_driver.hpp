@@ -51,7 +51,7 @@ enum class reward_failure_policy {
 /// The settings the step driver reads, built from the experiment by `driver_options_from`.
 struct driver_options {
   int64_t steps = 100;                ///< run.steps: synchronous RL steps of the run
-  uint32_t eval_prompts = 0;          ///< task.eval_prompts: 0 = no held-out evaluation
+  uint32_t eval_prompts = 200;        ///< task.eval_prompts: 0 = no held-out evaluation
   uint32_t prompts_per_step = 8;      ///< algorithm.prompts_per_step: B
   uint64_t seed = 0;                  ///< run.seed: fixes prompts' sampler seeds
   bool dynamic_sampling = false;      ///< algorithm.dynamic_sampling (DAPO refills)

@@ -152,11 +152,11 @@ void run_scenario(const std::string& title, const sim_options& sim,
     print_row(statics.back());
   }
   group_policy_options d = base;
-  d.policy = "deadline";
+  d.policy = sorl::group_policy_kind::deadline;
   auto deadline = make_group_policy(d);
   print_row(simulate(*deadline, sim, "deadline " + std::to_string(d.group_size)).summary);
   group_policy_options s = base;
-  s.policy = "sagc";
+  s.policy = sorl::group_policy_kind::sagc;
   sagc_group_policy sagc(s);
   const sim_result sagc_run = simulate(sagc, sim, "sagc");
   const sim_summary& m = sagc_run.summary;

@@ -111,7 +111,7 @@ TEST_CASE("the controller answers with the configured deadline policy and its bu
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp;
-  exp.sagc.policy = "deadline";
+  exp.sagc.policy = group_policy_kind::deadline;
   exp.sagc.group_size = 8;
   auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
   // No history: no deadline yet.
@@ -144,7 +144,7 @@ TEST_CASE("a controller restored from another's saved state answers the next ste
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp;
-  exp.sagc.policy = "sagc";
+  exp.sagc.policy = group_policy_kind::sagc;
   exp.sagc.group_size = 4;
   exp.sagc.g_min = 2;
   exp.sagc.g_max = 8;
@@ -215,7 +215,7 @@ TEST_CASE("the controller runs the configured sagc policy from the queue and the
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp;
-  exp.sagc.policy = "sagc";
+  exp.sagc.policy = group_policy_kind::sagc;
   exp.sagc.g_min = 2;
   exp.sagc.g_max = 4;
   exp.sagc.group_size = 3;

@@ -121,7 +121,7 @@ struct publisher_harness {
   caf::scoped_actor trainer{sys};
   caf::scoped_actor a{sys};
   caf::scoped_actor b{sys};
-  experiment_config exp; ///< sync.mode = "sparse"; the publisher keeps a pointer to it
+  experiment_config exp; ///< sync.mode = sparse; the publisher keeps a pointer to it
   caf::actor pub;
   std::vector<peer_info> roster;
 

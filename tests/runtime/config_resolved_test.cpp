@@ -9,6 +9,7 @@
 #include "runtime/config_resolved.hpp"
 #include "tests/support/scratch_dir.hpp"
 
+using namespace sorl;
 using sorl::parse_config;
 using sorl::test::scratch_dir;
 
@@ -91,10 +92,10 @@ TEST_CASE("the resolved configuration reads back to the same settings") {
   CHECK(back.run.output_dir == (dir.path / "runs").string());
   CHECK(back.model.checkpoint == (dir.path / "ckpt").string());
   CHECK(back.task.path == (dir.path / "tasks.jsonl").string());
-  CHECK(back.task.match == "integer");
+  CHECK(back.task.match == match_kind::integer);
   CHECK(back.algorithm.clip_eps_high == 0.28);
   CHECK(back.algorithm.dynamic_sampling);
-  CHECK(back.algorithm.overlong == "filter");
+  CHECK(back.algorithm.overlong == overlong_kind::filter);
   CHECK(back.algorithm.lr == 1e-4);
   CHECK(back.algorithm.top_p == 0.8);
   CHECK(back.algorithm.temperature == 0.7);

@@ -10,6 +10,7 @@
 
 using sorl::config_error;
 using sorl::config_exception;
+using namespace sorl;
 using sorl::parse_config;
 using sorl::test::scratch_dir;
 
@@ -49,7 +50,7 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(cfg.run.name == "sorl");
   CHECK(cfg.run.steps == 100);
   CHECK(cfg.sagc.group_size == 8);
-  CHECK(cfg.sync.mode == "sparse");
+  CHECK(cfg.sync.mode == sync_kind::sparse);
   CHECK(cfg.network.heartbeat_ms == 250);
   REQUIRE(cfg.nodes.size() == 1);
   CHECK(cfg.nodes[0].name == "main");
@@ -168,12 +169,12 @@ TEST_CASE("a value outside an enumeration lists the allowed ones") {
 TEST_CASE("the rollout watchdog and the reward-failure policy are read and checked") {
   auto cfg = parse_config(minimal, "test.toml", roles);
   CHECK(cfg.rollout.watchdog_s == 600.0);
-  CHECK(cfg.algorithm.on_reward_failure == "mask");
+  CHECK(cfg.algorithm.on_reward_failure == reward_failure_kind::mask);
   cfg = parse_config("[rollout]\nwatchdog_s = 2.5\n[algorithm]\non_reward_failure = \"fail\"\n" +
                        std::string{minimal},
                      "test.toml", roles);
   CHECK(cfg.rollout.watchdog_s == 2.5);
-  CHECK(cfg.algorithm.on_reward_failure == "fail");
+  CHECK(cfg.algorithm.on_reward_failure == reward_failure_kind::fail);
   auto e = only_error("[rollout]\nwatchdog_s = 0\n" + std::string{minimal});
   CHECK(e.key == "rollout.watchdog_s");
   CHECK_THAT(e.message, Catch::Contains("out of range (0,"));
@@ -373,11 +374,11 @@ TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
                           "test.toml", roles);
   CHECK(cfg.algorithm.clip_eps_high == 0.28);
   CHECK(cfg.algorithm.dynamic_sampling);
-  CHECK(cfg.algorithm.overlong == "filter");
+  CHECK(cfg.algorithm.overlong == overlong_kind::filter);
   auto grpo = parse_config(minimal, "test.toml", roles);
   CHECK(grpo.algorithm.clip_eps_high == 0.2);
   CHECK_FALSE(grpo.algorithm.dynamic_sampling);
-  CHECK(grpo.algorithm.overlong == "none");
+  CHECK(grpo.algorithm.overlong == overlong_kind::none);
 }
 
 TEST_CASE("settings that are not implemented yet are refused, not ignored") {
@@ -385,8 +386,11 @@ TEST_CASE("settings that are not implemented yet are refused, not ignored") {
   CHECK(e.key == "rollout.speculative");
   CHECK(e.line == 2);
   CHECK(e.message == "speculative decoding is not implemented yet");
-  CHECK(only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal}).key
-        == "scheduler.policy");
+  auto cache = only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal});
+  CHECK(cache.key == "scheduler.policy");
+  CHECK(cache.line == 2);
+  CHECK(cache.column == 10);
+  CHECK(cache.message == "policy \"cache_aware\" is not implemented yet");
   CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
   CHECK(only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal}).key
         == "sagc.group_size"); // outside the default [g_min, g_max] = [2, 16]
@@ -586,4 +590,40 @@ TEST_CASE("a config file that cannot be opened says why") {
   check(dir.path.string(), "is a directory, not a file");
   std::filesystem::create_symlink("self", dir.path / "self");
   check((dir.path / "self").string(), "Too many levels of symbolic links");
+}
+
+TEST_CASE("an enumerated setting outside its values names them all and the nearest") {
+  // A designed value the build refuses is still listed among the accepted spellings.
+  CHECK(only_error("[scheduler]\npolicy = \"random\"\n" + std::string{minimal}).message
+        == "\"random\" is not one of \"round_robin\", \"least_loaded\", \"cache_aware\"");
+  CHECK(only_error("[sagc]\npolicy = \"Static\"\n" + std::string{minimal}).message
+        == "\"Static\" is not one of \"static\", \"sagc\", \"deadline\"; did you mean "
+           "\"static\"?");
+}
+
+TEST_CASE("every enumerated setting reads back as the value its spelling names") {
+  auto cfg = parse_config("[algorithm]\nname = \"dapo\"\noverlong = \"filter\"\n"
+                          "on_reward_failure = \"fail\"\nloss_norm = \"sequence\"\n"
+                          "[sagc]\npolicy = \"deadline\"\n[sync]\nmode = \"full\"\n"
+                          "[scheduler]\npolicy = \"least_loaded\"\n"
+                          "[task]\nmatch = \"integer\"\n" + std::string{minimal},
+                          "test.toml", roles);
+  CHECK(cfg.algorithm.name == algorithm_kind::dapo);
+  CHECK(cfg.algorithm.overlong == overlong_kind::filter);
+  CHECK(cfg.algorithm.on_reward_failure == reward_failure_kind::fail);
+  CHECK(cfg.algorithm.loss_norm == loss_norm_kind::sequence);
+  CHECK(cfg.sagc.policy == group_policy_kind::deadline);
+  CHECK(cfg.sync.mode == sync_kind::full);
+  CHECK(cfg.scheduler.policy == placement_kind::least_loaded);
+  CHECK(cfg.task.match == match_kind::integer);
+  CHECK(to_string(group_policy_kind::fixed) == "static");
+  CHECK(to_string(placement_kind::least_loaded) == "least_loaded");
+}
+
+TEST_CASE("the removed rollout.kv_cache_tokens is an unknown key") {
+  auto e = only_error("[rollout]\nkv_cache_tokens = 1024\n" + std::string{minimal});
+  CHECK(e.key == "rollout.kv_cache_tokens");
+  CHECK(e.line == 2);
+  CHECK_THAT(e.message, Catch::StartsWith("unknown key"));
+  CHECK(known_config_keys().at("rollout").count("kv_cache_tokens") == 0);
 }

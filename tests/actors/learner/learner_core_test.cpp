@@ -2,6 +2,7 @@
 // overlong handling, determinism and a bit-exact optimizer-state round trip.
 
 #include "actors/learner/learner_core.hpp"
+#include "runtime/config.hpp"
 #include "runtime/ml/safetensors.hpp"
 
 #include <ATen/ATen.h>
@@ -96,6 +97,7 @@ learner_options test_options() {
   o.lr = 1e-3;
   o.weight_decay = 0.01;
   o.max_grad_norm = 1.0;
+  o.loss.clip_eps_high = 0.28;
   return o;
 }
 
@@ -585,4 +587,59 @@ TEST_CASE("cost of a train step on the tiny preset", "[.bench]") {
       }
     }
   }
+}
+
+TEST_CASE("learner options come from [algorithm] and the turn budget, with the config's defaults") {
+  sorl::experiment_config cfg;
+  const learner_options plain;
+  const learner_options d = learner_options_from(cfg);
+  CHECK(d.lr == plain.lr);
+  CHECK(d.weight_decay == plain.weight_decay);
+  CHECK(d.max_grad_norm == plain.max_grad_norm);
+  CHECK(d.loss.clip_eps_low == plain.loss.clip_eps_low);
+  CHECK(d.loss.clip_eps_high == plain.loss.clip_eps_high);
+  CHECK(d.loss.kl_coef == plain.loss.kl_coef);
+  CHECK(d.loss.norm == plain.loss.norm);
+  CHECK(d.scale_advantages == plain.scale_advantages);
+  CHECK(d.overlong == plain.overlong);
+  CHECK(d.temperature == plain.temperature);
+  CHECK(d.epochs == plain.epochs);
+  CHECK(d.minibatches == plain.minibatches);
+
+  auto& a = cfg.algorithm;
+  a.lr = 3e-5;
+  a.weight_decay = 0.1;
+  a.max_grad_norm = 0.5;
+  a.clip_eps_low = 0.1;
+  a.clip_eps_high = 0.3;
+  a.kl_coef = 0.05;
+  a.loss_norm = sorl::loss_norm_kind::sequence;
+  a.scale_advantages = false;
+  a.overlong = sorl::overlong_kind::shape;
+  a.overlong_cache = 40; // more than the budget: capped at L_max
+  a.temperature = 0.7;
+  a.epochs = 2;
+  a.minibatches = 4;
+  cfg.task.max_new_tokens = 32;
+  const learner_options o = learner_options_from(cfg);
+  CHECK(o.lr == 3e-5);
+  CHECK(o.weight_decay == 0.1);
+  CHECK(o.max_grad_norm == 0.5);
+  CHECK(o.loss.clip_eps_low == 0.1);
+  CHECK(o.loss.clip_eps_high == 0.3);
+  CHECK(o.loss.kl_coef == 0.05);
+  CHECK(o.loss.norm == loss_norm::sequence);
+  CHECK_FALSE(o.scale_advantages);
+  CHECK(o.overlong == overlong_mode::shape);
+  CHECK(o.overlong_max_len == 32);
+  CHECK(o.overlong_cache_len == 32);
+  CHECK(o.temperature == 0.7);
+  CHECK(o.epochs == 2);
+  CHECK(o.minibatches == 4);
+
+  a.overlong = sorl::overlong_kind::filter;
+  a.temperature = 0.0; // greedy rollouts are scored at temperature 1
+  const learner_options g = learner_options_from(cfg);
+  CHECK(g.overlong == overlong_mode::filter);
+  CHECK(g.temperature == 1.0);
 }

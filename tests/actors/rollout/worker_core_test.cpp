@@ -53,7 +53,6 @@ rollout_request request(uint64_t id, uint64_t group, uint32_t sample, uint64_t s
   r.request_id = id;
   r.group_id = group;
   r.sample_index = sample;
-  r.group_size = 4;
   r.task_index = group;
   r.seed = seed;
   r.max_new_tokens = max_new;
@@ -497,4 +496,17 @@ TEST_CASE("a request from a sender without the Float64 fields is read from the F
   CHECK(req.temperature == 0.5);
   CHECK(req.top_p == 0.75);
   CHECK(req.top_k == 7);
+}
+
+TEST_CASE("worker options come from [rollout], with the config's defaults") {
+  experiment_config cfg;
+  const worker_options plain;
+  const auto d = worker_options_from(cfg);
+  CHECK(d.max_batch == plain.max_batch);
+  CHECK(d.chunk_tokens == plain.chunk_tokens);
+  cfg.rollout.max_batch = 5;
+  cfg.rollout.chunk_tokens = 0;
+  const auto o = worker_options_from(cfg);
+  CHECK(o.max_batch == 5);
+  CHECK(o.chunk_tokens == 0);
 }

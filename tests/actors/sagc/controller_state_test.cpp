@@ -21,7 +21,7 @@ struct controller {
   rollout_timing timing;
   std::unique_ptr<group_policy> policy;
 
-  explicit controller(const std::string& name = "sagc")
+  explicit controller(sorl::group_policy_kind name = sorl::group_policy_kind::sagc)
     : timing(rule_options()), policy(make_group_policy(options(name))) {
   }
 
@@ -33,7 +33,7 @@ struct controller {
     return o;
   }
   /// B = 4, G in [2, 8] starting at 4, V = 1 (small, so that Q visibly moves G), ε = 0.1.
-  static group_policy_options options(const std::string& name) {
+  static group_policy_options options(sorl::group_policy_kind name) {
     group_policy_options o;
     o.policy = name;
     o.group_size = 4;
@@ -129,9 +129,9 @@ TEST_CASE("a restored sagc controller decides as the uninterrupted one on the sa
 }
 
 TEST_CASE("a restored deadline controller keeps its window and deadline") {
-  controller kept("deadline");
+  controller kept(sorl::group_policy_kind::deadline);
   run_three_steps(kept);
-  controller resumed("deadline");
+  controller resumed(sorl::group_policy_kind::deadline);
   REQUIRE(restore_controller_state(save_controller_state(kept.timing, *kept.policy), resumed.timing,
                                    *resumed.policy)
             .empty());
@@ -142,9 +142,9 @@ TEST_CASE("a restored deadline controller keeps its window and deadline") {
 }
 
 TEST_CASE("a checkpoint of another policy restores the window and says so") {
-  controller kept("static");
+  controller kept(sorl::group_policy_kind::fixed);
   run_three_steps(kept);
-  controller resumed("sagc");
+  controller resumed(sorl::group_policy_kind::sagc);
   auto warning = restore_controller_state(save_controller_state(kept.timing, *kept.policy),
                                           resumed.timing, *resumed.policy);
   CHECK(warning.find("\"static\"") != std::string::npos);
@@ -200,7 +200,7 @@ TEST_CASE("a corrupt controller state is refused by key and changes nothing") {
     CHECK(save_controller_state(target.timing, *target.policy) == before);
   }
   // Also when this run's policy would not use the corrupt part.
-  controller fixed("static");
+  controller fixed(sorl::group_policy_kind::fixed);
   CHECK_THROWS_AS(
     restore_controller_state(with("\"virtual_queue\":", "\"virtual_queue\":-1,\"_\":"),
                              fixed.timing, *fixed.policy),

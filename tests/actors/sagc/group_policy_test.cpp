@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/sagc/simulator.hpp"
+#include "runtime/config.hpp"
 
 using namespace sorl::sagc;
 
@@ -44,7 +45,7 @@ straggler_rule rule_with(const std::vector<double>& durations, double kappa, siz
 group_policy_options sagc_options(int64_t g_min, int64_t g_max, int64_t initial, int64_t b,
                                   double v, double eps, double prior) {
   group_policy_options o;
-  o.policy = "sagc";
+  o.policy = sorl::group_policy_kind::sagc;
   o.g_min = g_min;
   o.g_max = g_max;
   o.group_size = initial;
@@ -375,7 +376,7 @@ TEST_CASE("odd timing data is explained in the reason, never thrown on, and G st
 TEST_CASE("the deadline policy sets a deadline once the window has a threshold",
           "[group_policy]") {
   group_policy_options o;
-  o.policy = "deadline";
+  o.policy = sorl::group_policy_kind::deadline;
   o.group_size = 8;
   o.g_min = 3;
   o.g_max = 16;
@@ -408,9 +409,9 @@ TEST_CASE("the deadline policy sets a deadline once the window has a threshold",
 TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_policy]") {
   group_policy_options o;
   CHECK(make_group_policy(o)->decide(0).policy == "static");
-  o.policy = "sagc";
+  o.policy = sorl::group_policy_kind::sagc;
   CHECK(make_group_policy(o)->decide(0).policy == "sagc");
-  o.policy = "deadline";
+  o.policy = sorl::group_policy_kind::deadline;
   CHECK(make_group_policy(o)->decide(0).policy == "deadline");
 
   auto fails = [](group_policy_options bad, const std::string& field) {
@@ -418,13 +419,12 @@ TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_
                       Catch::StartsWith("group_policy_options." + field + ":"));
   };
   group_policy_options s;
-  s.policy = "sagc";
+  s.policy = sorl::group_policy_kind::sagc;
   auto with = [&](auto change) {
     group_policy_options x = s;
     change(x);
     return x;
   };
-  fails(with([](auto& x) { x.policy = "adaptive"; }), "policy");
   fails(with([](auto& x) { x.group_size = 0; }), "group_size");
   fails(with([](auto& x) { x.group_size = 17; }), "group_size");
   fails(with([](auto& x) { x.g_min = 0; }), "g_min");
@@ -440,4 +440,50 @@ TEST_CASE("make_group_policy builds each policy and names a bad field", "[group_
   group_policy_options st;
   st.group_size = 64;
   CHECK(make_group_policy(st)->decide(0).group_size == 64);
+}
+
+TEST_CASE("group policy options and the straggler rule come from [sagc], with its defaults") {
+  sorl::experiment_config cfg;
+  const group_policy_options plain;
+  const auto d = group_policy_options_from(cfg);
+  CHECK(d.policy == plain.policy);
+  CHECK(d.group_size == plain.group_size);
+  CHECK(d.g_min == plain.g_min);
+  CHECK(d.g_max == plain.g_max);
+  CHECK(d.target_rate == plain.target_rate);
+  CHECK(d.prompts_per_step == plain.prompts_per_step);
+  CHECK(d.v == plain.v);
+  CHECK(d.deadline_kappa == plain.deadline_kappa);
+  const straggler_rule_options plain_rule;
+  const auto r = straggler_rule_from(cfg);
+  CHECK(r.kappa == plain_rule.kappa);
+  CHECK(r.window == plain_rule.window);
+  CHECK(r.min_samples == plain_rule.min_samples);
+
+  auto& c = cfg.sagc;
+  c.policy = sorl::group_policy_kind::deadline;
+  c.group_size = 6;
+  c.g_min = 3;
+  c.g_max = 12;
+  c.target_rate = 0.05;
+  c.v = 2.5;
+  c.deadline_kappa = 1.5;
+  c.kappa = 4.0;
+  c.window = 5; // below the default min_samples 8: capped at the window
+  cfg.algorithm.prompts_per_step = 3;
+  const auto o = group_policy_options_from(cfg);
+  CHECK(o.policy == sorl::group_policy_kind::deadline);
+  CHECK(o.group_size == 6);
+  CHECK(o.g_min == 3);
+  CHECK(o.g_max == 12);
+  CHECK(o.target_rate == 0.05);
+  CHECK(o.prompts_per_step == 3);
+  CHECK(o.v == 2.5);
+  CHECK(o.deadline_kappa == 1.5);
+  const auto rule = straggler_rule_from(cfg);
+  CHECK(rule.kappa == 4.0);
+  CHECK(rule.window == 5);
+  CHECK(rule.min_samples == 5);
+  c.policy = sorl::group_policy_kind::fixed;
+  CHECK(group_policy_options_from(cfg).policy == sorl::group_policy_kind::fixed);
 }

@@ -129,7 +129,7 @@ TEST_CASE("a deadline trains shorter responses than it samples", "[simulator]") 
   o.durations.tail_fraction = 0.02;
   o.steps = 200;
   group_policy_options d;
-  d.policy = "deadline";
+  d.policy = sorl::group_policy_kind::deadline;
   d.group_size = 8;
   d.prompts_per_step = o.prompts_per_step;
   auto p = make_group_policy(d);
@@ -144,7 +144,7 @@ namespace {
 /// sagc with G in [2, 32], starting at 8, for the simulator's B.
 group_policy_options sagc_options(const sim_options& o) {
   group_policy_options s;
-  s.policy = "sagc";
+  s.policy = sorl::group_policy_kind::sagc;
   s.g_min = 2;
   s.g_max = 32;
   s.group_size = 8;

@@ -1,4 +1,5 @@
 #include "actors/scheduler/placement.hpp"
+#include "runtime/config.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -36,14 +37,6 @@ std::vector<uint64_t> ids_of(const std::vector<orphaned_request>& v) {
 }
 
 } // namespace
-
-TEST_CASE("policy names parse and print back", "[placement]") {
-  CHECK(parse_placement_policy("round_robin") == placement_policy::round_robin);
-  CHECK(parse_placement_policy("least_loaded") == placement_policy::least_loaded);
-  CHECK(parse_placement_policy("cache_aware") == placement_policy::cache_aware);
-  CHECK(std::string(to_string(placement_policy::least_loaded)) == "least_loaded");
-  CHECK_THROWS_WITH(parse_placement_policy("random"), Catch::Contains("'random' is unknown"));
-}
 
 TEST_CASE("round robin cycles through workers in name order", "[placement]") {
   // Joined out of order on purpose: the cycle follows names, not join order.
@@ -206,13 +199,6 @@ TEST_CASE("caller mistakes raise errors that name the values", "[placement]") {
   CHECK_THROWS_AS(placement(bad), std::invalid_argument);
 }
 
-TEST_CASE("cache_aware is an explicit not-yet-implemented policy", "[placement]") {
-  placement_options o;
-  o.policy = placement_policy::cache_aware;
-  CHECK_THROWS_AS(placement(o), placement_not_implemented);
-  CHECK_THROWS_WITH(placement(o), Catch::Contains("not yet implemented"));
-}
-
 TEST_CASE("placement is deterministic for the same calls", "[placement]") {
   auto run = [] {
     auto p = make(placement_policy::least_loaded, {"x", "y", "z"}, true, 1.0);
@@ -246,4 +232,19 @@ TEST_CASE("a restored placement continues round robin where the saved one stoppe
     CHECK_THROWS_AS(restore_placement_state(bad, restored), std::invalid_argument);
   }
   CHECK(restored.round_robin_last() == "a"); // unchanged by the refused states
+}
+
+TEST_CASE("placement options come from [scheduler], with the config's defaults", "[placement]") {
+  sorl::experiment_config cfg;
+  const placement_options plain;
+  const auto d = placement_options_from(cfg);
+  CHECK(d.policy == plain.policy);
+  CHECK(d.imbalance_threshold == plain.imbalance_threshold);
+  CHECK(d.queued_token_weight == plain.queued_token_weight);
+  CHECK(d.group_affinity); // the scheduler always keeps a group's siblings together
+  cfg.scheduler.policy = sorl::placement_kind::least_loaded;
+  cfg.scheduler.imbalance_threshold = 5.5;
+  const auto o = placement_options_from(cfg);
+  CHECK(o.policy == placement_policy::least_loaded);
+  CHECK(o.imbalance_threshold == 5.5);
 }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "actors/sync/sync_protocol.hpp"
+#include "runtime/config.hpp"
 
 using namespace sorl::sync;
 using names = std::vector<std::string>;
@@ -159,4 +160,17 @@ TEST_CASE("versions must increase and never overlap") {
   CHECK_THROWS_AS(p.begin(2), std::logic_error);
   CHECK_THROWS_AS(sync_protocol(sync_protocol_options{true, -1}), std::invalid_argument);
   CHECK(std::string{to_string(ack_action::send_full)} == "send_full");
+}
+
+TEST_CASE("protocol options come from [sync], with the config's defaults") {
+  sorl::experiment_config cfg;
+  const sync_protocol_options plain;
+  const auto d = protocol_options_from(cfg);
+  CHECK(d.sparse == plain.sparse);
+  CHECK(d.full_every == plain.full_every);
+  cfg.sync.mode = sorl::sync_kind::full;
+  cfg.sync.full_every = 7;
+  const auto o = protocol_options_from(cfg);
+  CHECK_FALSE(o.sparse);
+  CHECK(o.full_every == 7);
 }

@@ -1082,7 +1082,25 @@ TEST_CASE("the driver's options come from the experiment's keys") {
   CHECK(o.watchdog_ns() == 500000000);
   CHECK(o.task_size == std::optional<uint64_t>{1000});
   CHECK(o.on_reward_failure == reward_failure_policy::mask);
-  cfg.algorithm.on_reward_failure = "fail";
+  cfg.algorithm.on_reward_failure = reward_failure_kind::fail;
   CHECK(driver_options_from(cfg, std::nullopt).on_reward_failure == reward_failure_policy::fail);
   CHECK_FALSE(driver_options_from(cfg, std::nullopt).task_size);
+}
+
+TEST_CASE("the driver's defaults are the config's") {
+  const driver_options plain;
+  const auto d = driver_options_from(experiment_config{}, std::nullopt);
+  CHECK(d.steps == plain.steps);
+  CHECK(d.eval_prompts == plain.eval_prompts);
+  CHECK(d.prompts_per_step == plain.prompts_per_step);
+  CHECK(d.seed == plain.seed);
+  CHECK(d.dynamic_sampling == plain.dynamic_sampling);
+  CHECK(d.max_refill_rounds == plain.max_refill_rounds);
+  CHECK(d.on_reward_failure == plain.on_reward_failure);
+  CHECK(d.watchdog_s == plain.watchdog_s);
+  CHECK(d.checkpoint_every == plain.checkpoint_every);
+  CHECK(d.max_new_tokens == plain.max_new_tokens);
+  CHECK(d.temperature == plain.temperature);
+  CHECK(d.top_p == plain.top_p);
+  CHECK(d.top_k == plain.top_k);
 }

@@ -292,8 +292,9 @@ TEST_CASE("the step's checksum says ok only when the publisher verified every li
 }
 
 TEST_CASE("with on_reward_failure = fail a failed reward stops the job naming the rollout") {
-  trainer_harness h{"reward_fail",
-                    [](experiment_config& e) { e.algorithm.on_reward_failure = "fail"; }};
+  trainer_harness h{"reward_fail", [](experiment_config& e) {
+                      e.algorithm.on_reward_failure = reward_failure_kind::fail;
+                    }};
   auto [self, trainer] = std::tie(h.self, h.trainer);
   self->send(trainer, trajectory(0, 1.0f));
   self->send(trainer, trajectory(2, 0.0f, msg::RolloutStatus::REWARD_FAILED,
