@@ -242,6 +242,18 @@ TEST_CASE(
     h.send_requests({7, 8});
     CHECK(h.placed() == std::vector<strings>{{}, {"request 8"}, {"request 7"}});
   }
+  SECTION("a late finish from a lost worker does not free the slot of the request's new worker") {
+    scheduler_harness h("round_robin", 3);
+    h.send_requests({1});
+    CHECK(h.placed() == std::vector<strings>{{"request 1"}, {}, {}});
+    h.self->send(h.scheduler, peer_down_atom::value, h.worker_info(0), std::string{"killed"});
+    CHECK(h.placed() == std::vector<strings>{{}, {"request 1 from rollout_worker#0@test"}, {}});
+    // Worker 0's finish, sent before it died, arrives after the news of its death.
+    h.send(finish(1, h.name(0)));
+    // Request 1 still runs on worker 1, so losing worker 1 places it again.
+    h.self->send(h.scheduler, peer_down_atom::value, h.worker_info(1), std::string{"killed"});
+    CHECK(h.placed() == std::vector<strings>{{}, {}, {"request 1 from rollout_worker#1@test"}});
+  }
   SECTION("an abort reaches only the workers holding those requests, with the ids they hold") {
     scheduler_harness h("round_robin", 3);
     h.send_requests({1, 2, 3, 4});
