@@ -115,6 +115,12 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             if (ev.getKind() != msg::EventKind::FINISH)
               return;
             auto id = ev.getRequestId();
+            // A finish sent by a lost worker can arrive after its peer_down: the request is
+            // placed again by then, and that placement must stay in flight
+            // (placement.hpp, `complete`).
+            auto holder = st.placement->worker_of(id);
+            if (holder && *holder != ev.getWorker().cStr())
+              return;
             if (st.in_flight.erase(id) == 0)
               return;
             try {
