@@ -250,7 +250,7 @@ void print_presets(const sorl::experiment_config& cfg) {
     fmt::print("{}: {}\n", cfg.file, presets);
 }
 
-/// Pins the CPU kernels (runtime/cpu_kernels.hpp) in a process that trains or decodes
+/// Pins the CPU kernels (runtime/ml/cpu_kernels.hpp) in a process that trains or decodes
 /// (`node` names it: only its own roles count), and logs them; the others skip the restart.
 void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std::string& node = "") {
   bool ml = cfg == nullptr; // sorl sft

@@ -6,7 +6,7 @@
 // them in later releases). In a release build its internal checks compile to nothing
 // (TOML_ASSERT is forced off under NDEBUG, TOML_ASSERT_ASSUME becomes an optimiser
 // assumption) and its "unreachable" paths are __builtin_unreachable(). Found by
-// tests/fuzz/fuzz_toml.cpp; the inputs are in tests/fuzz/regressions/toml/:
+// tests/fuzz/fuzz_entry.cpp (run_toml); the inputs are in tests/fuzz/regressions/toml/:
 //   * `[` followed by a backtick or `=` (parse_key's precondition),
 //   * a date followed by `T` and a non-digit, e.g. `a = 1979-05-27TE07:32:00` (parse_time's),
 //   * `A=[}` and similar (parse_value's),

@@ -6,10 +6,11 @@
 
 namespace sorl {
 
-/// Spawns a rollout worker on its own thread (decoding blocks). It takes GenerateRequest
-/// envelopes (from the scheduler), WeightVersion / WeightBucket envelopes (from the sync
-/// publisher); it sends RolloutEvent envelopes to the SAGC controller and the scheduler,
-/// Trajectory envelopes to the trainer and WeightAck envelopes to the publisher.
+/// Spawns a rollout worker on its own thread (decoding blocks). It takes GenerateRequest and
+/// AbortRollouts envelopes (from the scheduler), WeightVersion / WeightBucket envelopes (from
+/// the sync publisher); it sends RolloutEvent envelopes to the SAGC controller and the
+/// scheduler (start events also to the trainer), Trajectory envelopes to the trainer and
+/// WeightAck envelopes to the publisher.
 caf::actor spawn_rollout_worker(caf::actor_system& sys, const role_context& ctx);
 
 } // namespace sorl

@@ -3,7 +3,8 @@
 // The rollout worker's side of a sparse version (ARCHITECTURE.md §6 SparseRL-Sync): collect
 // the delta buckets of one version, validate each as it arrives, and apply them all at once
 // when the last one is in, then prove the result bit for bit against the published hashes.
-// Free of CAF and libtorch: the worker's shell passes its bf16 parameters as delta_targets.
+// Free of CAF and libtorch: weight_receiver.hpp passes the worker's bf16 parameters as
+// delta_targets.
 
 #include <cstdint>
 #include <map>

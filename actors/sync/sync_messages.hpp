@@ -2,8 +2,8 @@
 
 // The weight-sync messages of messages/sync.capnp in decoded form, free of CAF and Cap'n
 // Proto, so that the publisher's and the rollout worker's sync logic (publisher_core.hpp,
-// weight_receiver.hpp) runs and is tested without an actor or a wire format. The shells
-// translate field by field between these and the capnp structs of the same name.
+// weight_receiver.hpp) runs and is tested without an actor or a wire format. sync_wire.hpp
+// translates field by field between these and the capnp structs of the same name.
 
 #include <cstdint>
 #include <functional>

@@ -3,9 +3,8 @@
 // Translation between the weight-sync messages (messages/sync.capnp, WeightSnapshot of
 // messages/train.capnp) and their decoded forms (sync_messages.hpp, publisher_core.hpp), for
 // the sync publisher's and the rollout worker's shells, and the cores' log lines to the
-// process log. Each encoder sets the fields in the order the shells set them before the
-// cores existed, so the bytes on the wire are those of the earlier shells
-// (tests/actors/sync/sync_wire_test.cpp compares them with the shells' former encoders).
+// process log. The bytes on the wire are fixed: tests/actors/sync/sync_wire_test.cpp keeps
+// reference encoders and compares every message byte for byte.
 // Decoded forms borrow the message's bytes: keep the envelope alive while using them.
 
 #include <string>

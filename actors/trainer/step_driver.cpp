@@ -389,6 +389,9 @@ void step_driver::end_rollouts(out& o) {
 }
 
 void step_driver::on(out&, const ev::step_timing& t) {
+  // A reply that comes after its step's record was written must not fill the next step's.
+  if (t.step != static_cast<uint64_t>(step_))
+    return;
   auto& rec = record_;
   rec.set(metric::duration_p50_s, t.duration_p50_ns / 1e9);
   rec.set(metric::duration_p90_s, t.duration_p90_ns / 1e9);

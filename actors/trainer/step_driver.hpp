@@ -169,6 +169,7 @@ struct step_timing {
   int64_t threshold_ns = 0;
   uint32_t flagged_in_flight = 0;
   uint32_t aborted = 0;
+  uint64_t step{}; ///< the step (0-based) these timings are of; another step's are ignored
 };
 
 /// [TrainResult] the learner's update produced `version`; its loss metrics by name. With

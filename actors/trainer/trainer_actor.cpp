@@ -264,7 +264,7 @@ ev::rollout_finished decode(msg::Trajectory::Reader t) {
 ev::step_timing decode(msg::StepTiming::Reader t) {
   return {t.getDurationP50Ns(),  t.getDurationP90Ns(), t.getDurationMaxNs(),
           t.getStragglers(),     t.getStragglerEvent(), t.getThresholdNs(),
-          t.getFlaggedInFlight(), t.getAborted()};
+          t.getFlaggedInFlight(), t.getAborted(), t.getStep()};
 }
 
 ev::train_result decode(msg::TrainResult::Reader r) {

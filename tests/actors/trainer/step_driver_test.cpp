@@ -1020,6 +1020,20 @@ TEST_CASE("stale, duplicate and out-of-phase events are ignored") {
   CHECK(h.d.now() == phase::rollout);
 }
 
+TEST_CASE("a step timing of another step leaves the step's record without timings") {
+  harness h{two_steps()};
+  to_learn(h);
+  ev::step_timing late{1500000000, 1800000000, 2000000000, 1, true, 1700000000, 2, 0};
+  late.step = 1; // not the step in progress (0)
+  CHECK(h.at(4 * sec, late).empty());
+  h.at(5 * sec, ev::train_result{1, {}, {}});
+  CHECK(h.at(5 * sec, ready(1)) == lines{"write_metrics step 1"});
+  const auto rec = h.record();
+  CHECK_FALSE(rec.stragglers);
+  CHECK(rec.extra.count("duration_p50_s") == 0);
+  CHECK(rec.extra.count("straggler_event") == 0);
+}
+
 TEST_CASE("a stale version in the sync phase is logged and the right one ends the step") {
   harness h{two_steps()};
   to_learn(h);
