@@ -76,9 +76,7 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
   st.directory = ctx.directory;
-  sync::publisher_options po;
-  po.protocol = sync::protocol_options_from(*ctx.config);
-  po.bucket_bytes = static_cast<uint64_t>(ctx.config->sync.bucket_bytes);
+  auto po = sync::publisher_options_from(*ctx.config);
   st.core = std::make_unique<sync::publisher_core>(st.me, po, steady_now_ns);
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {

@@ -6,8 +6,16 @@
 #include <fmt/format.h>
 
 #include "runtime/sync/delta_codec.hpp"
+#include "runtime/config.hpp"
 
 namespace sorl::sync {
+
+publisher_options publisher_options_from(const experiment_config& cfg) {
+  publisher_options o;
+  o.protocol = protocol_options_from(cfg);
+  o.bucket_bytes = static_cast<uint64_t>(cfg.sync.bucket_bytes);
+  return o;
+}
 
 publisher_core::publisher_core(std::string name, publisher_options options, clock_ns now)
     : name_(std::move(name)), bucket_bytes_(options.bucket_bytes), now_(std::move(now)),

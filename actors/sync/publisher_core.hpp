@@ -60,6 +60,10 @@ struct publisher_options {
   uint64_t bucket_bytes = 64ull << 20; ///< `sync.bucket_bytes`, bytes per bucket at most
 };
 
+/// The publisher's options from `[sync]` (mode, full_every, bucket_bytes); the defaults above
+/// equal the config's.
+publisher_options publisher_options_from(const experiment_config& cfg);
+
 /// The publisher's state machine.
 class publisher_core {
 public:

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "actors/sync/publisher_core.hpp"
+#include "runtime/config.hpp"
 #include "tests/actors/sync/toy_model.hpp"
 
 using namespace sorl::sync;
@@ -471,4 +472,20 @@ TEST_CASE("the shell's time to encode a payload into messages counts into its he
 
   // With no version in flight there is no payload to encode.
   CHECK_THROWS_AS(p.core.add_encode_ns(payload_kind::full, 1), std::logic_error);
+}
+
+TEST_CASE("publisher options come from [sync], with the config's defaults") {
+  sorl::experiment_config cfg;
+  const publisher_options plain;
+  const auto d = publisher_options_from(cfg);
+  CHECK(d.bucket_bytes == plain.bucket_bytes);
+  CHECK(d.protocol.sparse == plain.protocol.sparse);
+  CHECK(d.protocol.full_every == plain.protocol.full_every);
+  cfg.sync.mode = sorl::sync_kind::full;
+  cfg.sync.full_every = 3;
+  cfg.sync.bucket_bytes = 8192;
+  const auto o = publisher_options_from(cfg);
+  CHECK(o.bucket_bytes == 8192);
+  CHECK_FALSE(o.protocol.sparse);
+  CHECK(o.protocol.full_every == 3);
 }
