@@ -23,6 +23,7 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/request_sampling.hpp"
 #include "actors/trainer/step_driver.hpp"
+#include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
 #include "messages/train.capnp.h"
@@ -68,8 +69,7 @@ struct executor {
   }
 
   void operator()(const cmd::query_group_size& c) const {
-    self->send(st.sagc, build_envelope<msg::GroupSizeQuery>(
-                            [&](msg::GroupSizeQuery::Builder b) { b.setStep(c.step); }));
+    self->send(st.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::generate& c) const {
     for (const auto& r : c.requests)
@@ -99,8 +99,7 @@ struct executor {
                }));
   }
   void operator()(const cmd::query_step_timing& c) const {
-    self->send(st.sagc, build_envelope<msg::StepTimingQuery>(
-                            [&](msg::StepTimingQuery::Builder b) { b.setStep(c.step); }));
+    self->send(st.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::keep_trajectory& c) const {
     st.trajectories.emplace(c.request_id, current);
@@ -118,29 +117,16 @@ struct executor {
     self->send(st.learner, batch);
   }
   void operator()(const cmd::request_eval& c) const {
-    self->send(st.learner, build_envelope<msg::EvalRequest>([&](msg::EvalRequest::Builder b) {
-                 b.setTag(c.tag);
-                 b.setCount(c.count);
-               }));
+    self->send(st.learner, trainer::to_msg(c));
   }
   void operator()(const cmd::query_role_state& c) const {
-    self->send(role(c.role), build_envelope<msg::RoleStateQuery>(
-                               [&](msg::RoleStateQuery::Builder b) { b.setStep(c.step); }));
+    self->send(role(c.role), trainer::to_msg(c));
   }
   void operator()(const cmd::restore_role_state& c) const {
-    self->send(role(c.role),
-               build_envelope<msg::RoleStateRestore>([&](msg::RoleStateRestore::Builder b) {
-                 b.setState(c.state);
-                 b.setSource(c.source);
-               }));
+    self->send(role(c.role), trainer::to_msg(c));
   }
   void operator()(const cmd::request_checkpoint& c) const {
-    self->send(st.learner,
-               build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
-                 b.setStep(c.step);
-                 b.setDir(c.dir);
-                 b.setTrainerState(c.trainer_state);
-               }));
+    self->send(st.learner, trainer::to_msg(c));
   }
   void operator()(const cmd::open_metrics& c) const {
     ev::metrics_opened r;
@@ -201,13 +187,12 @@ void feed(trainer_actor_t* self, trainer::event e, const envelope& current = env
   }
 }
 
-// -- decoding: one `decode` per message the driver reads -------------------------------------
+// -- decoding: one `from_msg` per message the driver reads; those of messages/train.capnp are
+// in actors/trainer/train_wire.hpp --------------------------------------------------------
 
-ev::learner_ready decode(msg::LearnerReady::Reader r) {
-  return {r.getVersion(), r.getResumed(), r.getSource().cStr(), r.getTrainerState().cStr()};
-}
+using trainer::from_msg;
 
-ev::version_ready decode(msg::VersionReady::Reader r) {
+ev::version_ready from_msg(msg::VersionReady::Reader r) {
   ev::version_ready x;
   x.version = r.getVersion();
   x.model_hash = r.getModelHash();
@@ -226,18 +211,7 @@ ev::version_ready decode(msg::VersionReady::Reader r) {
   return x;
 }
 
-ev::eval_result decode(msg::EvalResult::Reader r) {
-  return {r.getTag().cStr(), r.getCount(),      r.getAccuracy(),
-          r.getMeanReward(), r.getMeanLength(), r.getSeconds()};
-}
-
-ev::group_size_decision decode(msg::GroupSizeDecision::Reader d) {
-  return {d.getStep(),       d.getGroupSize(),  d.getReason().cStr(),
-          d.getPolicy().cStr(), d.getDeadlineNs(), d.getMinFinished(),
-          d.getVirtualQueue(), d.getPStraggler(), d.getUtility()};
-}
-
-ev::rollout_finished decode(msg::Trajectory::Reader t) {
+ev::rollout_finished from_msg(msg::Trajectory::Reader t) {
   using trainer::rollout_outcome;
   ev::rollout_finished x;
   x.request_id = t.getRequestId();
@@ -261,41 +235,11 @@ ev::rollout_finished decode(msg::Trajectory::Reader t) {
   return x;
 }
 
-ev::step_timing decode(msg::StepTiming::Reader t) {
-  return {t.getDurationP50Ns(),  t.getDurationP90Ns(), t.getDurationMaxNs(),
-          t.getStragglers(),     t.getStragglerEvent(), t.getThresholdNs(),
-          t.getFlaggedInFlight(), t.getAborted(), t.getStep()};
-}
-
-ev::train_result decode(msg::TrainResult::Reader r) {
-  ev::train_result x;
-  x.version = r.getVersion();
-  for (auto n : r.getMetricNames())
-    x.metric_names.emplace_back(n.cStr());
-  for (auto v : r.getMetricValues())
-    x.metric_values.push_back(v);
-  x.ok = r.getOk();
-  x.reason = r.getReason().cStr();
-  return x;
-}
-
-ev::checkpoint_done decode(msg::CheckpointDone::Reader d) {
-  return {d.getStep(), d.getPath().cStr(), d.getOk(), d.getReason().cStr()};
-}
-
-ev::role_state decode(msg::RoleState::Reader r) {
-  return {r.getStep(), r.getRole().cStr(), r.getState().cStr(), r.getOk(), r.getReason().cStr()};
-}
-
-ev::role_state_restored decode(msg::RoleStateRestored::Reader r) {
-  return {r.getRole().cStr(), r.getOk(), r.getReason().cStr()};
-}
-
 /// Feeds `e` decoded when it is one of `Schemas`; false when it is of none of them.
 template <class... Schemas>
 bool decode_any(trainer_actor_t* self, const envelope& e) {
   return (handle_as<Schemas>(e, self->state.me,
-                             [&](typename Schemas::Reader r) { feed(self, decode(r), e); }) ||
+                             [&](typename Schemas::Reader r) { feed(self, from_msg(r), e); }) ||
           ...);
 }
 

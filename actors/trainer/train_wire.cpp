@@ -1,0 +1,87 @@
+#include "actors/trainer/train_wire.hpp"
+
+namespace sorl::trainer {
+
+envelope to_msg(const cmd::query_group_size& c) {
+  return build_envelope<msg::GroupSizeQuery>(
+    [&](msg::GroupSizeQuery::Builder b) { b.setStep(c.step); });
+}
+
+envelope to_msg(const cmd::query_step_timing& c) {
+  return build_envelope<msg::StepTimingQuery>(
+    [&](msg::StepTimingQuery::Builder b) { b.setStep(c.step); });
+}
+
+envelope to_msg(const cmd::request_eval& c) {
+  return build_envelope<msg::EvalRequest>([&](msg::EvalRequest::Builder b) {
+    b.setTag(c.tag);
+    b.setCount(c.count);
+  });
+}
+
+envelope to_msg(const cmd::query_role_state& c) {
+  return build_envelope<msg::RoleStateQuery>(
+    [&](msg::RoleStateQuery::Builder b) { b.setStep(c.step); });
+}
+
+envelope to_msg(const cmd::restore_role_state& c) {
+  return build_envelope<msg::RoleStateRestore>([&](msg::RoleStateRestore::Builder b) {
+    b.setState(c.state);
+    b.setSource(c.source);
+  });
+}
+
+envelope to_msg(const cmd::request_checkpoint& c) {
+  return build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
+    b.setStep(c.step);
+    b.setDir(c.dir);
+    b.setTrainerState(c.trainer_state);
+  });
+}
+
+ev::learner_ready from_msg(msg::LearnerReady::Reader r) {
+  return {r.getVersion(), r.getResumed(), r.getSource().cStr(), r.getTrainerState().cStr()};
+}
+
+ev::eval_result from_msg(msg::EvalResult::Reader r) {
+  return {r.getTag().cStr(), r.getCount(),      r.getAccuracy(),
+          r.getMeanReward(), r.getMeanLength(), r.getSeconds()};
+}
+
+ev::group_size_decision from_msg(msg::GroupSizeDecision::Reader d) {
+  return {d.getStep(),       d.getGroupSize(),  d.getReason().cStr(),
+          d.getPolicy().cStr(), d.getDeadlineNs(), d.getMinFinished(),
+          d.getVirtualQueue(), d.getPStraggler(), d.getUtility()};
+}
+
+ev::step_timing from_msg(msg::StepTiming::Reader t) {
+  return {t.getDurationP50Ns(),  t.getDurationP90Ns(), t.getDurationMaxNs(),
+          t.getStragglers(),     t.getStragglerEvent(), t.getThresholdNs(),
+          t.getFlaggedInFlight(), t.getAborted(), t.getStep()};
+}
+
+ev::train_result from_msg(msg::TrainResult::Reader r) {
+  ev::train_result x;
+  x.version = r.getVersion();
+  for (auto n : r.getMetricNames())
+    x.metric_names.emplace_back(n.cStr());
+  for (auto v : r.getMetricValues())
+    x.metric_values.push_back(v);
+  x.ok = r.getOk();
+  x.reason = r.getReason().cStr();
+  return x;
+}
+
+ev::checkpoint_done from_msg(msg::CheckpointDone::Reader d) {
+  return {d.getStep(), d.getPath().cStr(), d.getOk(), d.getReason().cStr()};
+}
+
+ev::role_state from_msg(msg::RoleState::Reader r) {
+  return {r.getStep(), r.getRole().cStr(), r.getState().cStr(), r.getOk(), r.getReason().cStr()};
+}
+
+ev::role_state_restored from_msg(msg::RoleStateRestored::Reader r) {
+  return {r.getRole().cStr(), r.getOk(), r.getReason().cStr()};
+}
+
+} // namespace sorl::trainer

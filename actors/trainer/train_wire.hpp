@@ -1,0 +1,57 @@
+#pragma once
+
+// Translation between the train protocol's messages (messages/train.capnp, apart from
+// TrainBatch and WeightSnapshot) and the trainer step driver's events and commands
+// (actors/trainer/step_driver.hpp), so the driver stays free of Cap'n Proto. The bytes on the
+// wire are fixed: tests/actors/trainer/train_wire_test.cpp keeps reference encoders and
+// compares every message byte for byte.
+
+#include "actors/trainer/step_driver.hpp"
+#include "messages/train.capnp.h"
+#include "runtime/envelope.hpp"
+
+namespace sorl::trainer {
+
+/// msg::GroupSizeQuery of `c`.
+envelope to_msg(const cmd::query_group_size& c);
+
+/// msg::StepTimingQuery of `c`.
+envelope to_msg(const cmd::query_step_timing& c);
+
+/// msg::EvalRequest of `c`.
+envelope to_msg(const cmd::request_eval& c);
+
+/// msg::RoleStateQuery of `c` (the addressee, `c.role`, is the caller's).
+envelope to_msg(const cmd::query_role_state& c);
+
+/// msg::RoleStateRestore of `c` (the addressee, `c.role`, is the caller's).
+envelope to_msg(const cmd::restore_role_state& c);
+
+/// msg::CheckpointRequest of `c`.
+envelope to_msg(const cmd::request_checkpoint& c);
+
+/// A LearnerReady's fields.
+ev::learner_ready from_msg(msg::LearnerReady::Reader r);
+
+/// An EvalResult's fields.
+ev::eval_result from_msg(msg::EvalResult::Reader r);
+
+/// A GroupSizeDecision's fields.
+ev::group_size_decision from_msg(msg::GroupSizeDecision::Reader d);
+
+/// A StepTiming's fields.
+ev::step_timing from_msg(msg::StepTiming::Reader t);
+
+/// A TrainResult's fields; metric names and values copied in order.
+ev::train_result from_msg(msg::TrainResult::Reader r);
+
+/// A CheckpointDone's fields.
+ev::checkpoint_done from_msg(msg::CheckpointDone::Reader d);
+
+/// A RoleState's fields.
+ev::role_state from_msg(msg::RoleState::Reader r);
+
+/// A RoleStateRestored's fields.
+ev::role_state_restored from_msg(msg::RoleStateRestored::Reader r);
+
+} // namespace sorl::trainer

@@ -1,0 +1,284 @@
+// The train protocol's bytes: the encoders of actors/trainer/train_wire.hpp must send the bytes
+// the trainer shell built itself before they moved there, and the decoders must carry every
+// field into the step driver's events. The reference encoders below are the shell's own code
+// (actors/trainer/trainer_actor.cpp's executor as it was), kept verbatim apart from returning
+// the envelope instead of sending it.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "actors/trainer/train_wire.hpp"
+
+using namespace sorl;
+using namespace sorl::trainer;
+
+namespace {
+
+namespace reference {
+
+envelope query_group_size(const cmd::query_group_size& c) {
+  return build_envelope<msg::GroupSizeQuery>(
+                            [&](msg::GroupSizeQuery::Builder b) { b.setStep(c.step); });
+}
+envelope query_step_timing(const cmd::query_step_timing& c) {
+  return build_envelope<msg::StepTimingQuery>(
+                            [&](msg::StepTimingQuery::Builder b) { b.setStep(c.step); });
+}
+envelope request_eval(const cmd::request_eval& c) {
+  return build_envelope<msg::EvalRequest>([&](msg::EvalRequest::Builder b) {
+                 b.setTag(c.tag);
+                 b.setCount(c.count);
+               });
+}
+envelope query_role_state(const cmd::query_role_state& c) {
+  return build_envelope<msg::RoleStateQuery>(
+                               [&](msg::RoleStateQuery::Builder b) { b.setStep(c.step); });
+}
+envelope restore_role_state(const cmd::restore_role_state& c) {
+  return build_envelope<msg::RoleStateRestore>([&](msg::RoleStateRestore::Builder b) {
+                 b.setState(c.state);
+                 b.setSource(c.source);
+               });
+}
+envelope request_checkpoint(const cmd::request_checkpoint& c) {
+  return build_envelope<msg::CheckpointRequest>([&](msg::CheckpointRequest::Builder b) {
+                 b.setStep(c.step);
+                 b.setDir(c.dir);
+                 b.setTrainerState(c.trainer_state);
+               });
+}
+
+} // namespace reference
+
+bool same_bytes(const envelope& a, const envelope& b) {
+  return a.schema_id() == b.schema_id() && a.size_bytes() == b.size_bytes() &&
+         std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+/// Runs `check` on the reader of `e` as `Schema`; fails when `e` is not one.
+template <class Schema, class Check>
+void read_as(const envelope& e, Check&& check) {
+  bool seen = false;
+  auto err = with_envelope<Schema>(e, [&](typename Schema::Reader r) {
+    seen = true;
+    check(r);
+  });
+  REQUIRE(!err);
+  REQUIRE(seen);
+}
+
+} // namespace
+
+TEST_CASE("the train protocol's queries and requests keep the shell's bytes and every field",
+          "[train_wire]") {
+  SECTION("GroupSizeQuery") {
+    cmd::query_group_size c{0x0102030405060708ULL};
+    CHECK(same_bytes(to_msg(c), reference::query_group_size(c)));
+    read_as<msg::GroupSizeQuery>(to_msg(c), [&](auto r) { CHECK(r.getStep() == c.step); });
+  }
+  SECTION("StepTimingQuery") {
+    cmd::query_step_timing c{41};
+    CHECK(same_bytes(to_msg(c), reference::query_step_timing(c)));
+    read_as<msg::StepTimingQuery>(to_msg(c), [&](auto r) { CHECK(r.getStep() == 41); });
+  }
+  SECTION("EvalRequest") {
+    cmd::request_eval c{"after", 128};
+    CHECK(same_bytes(to_msg(c), reference::request_eval(c)));
+    read_as<msg::EvalRequest>(to_msg(c), [&](auto r) {
+      CHECK(std::string{r.getTag().cStr()} == "after");
+      CHECK(r.getCount() == 128);
+    });
+  }
+  SECTION("RoleStateQuery") {
+    cmd::query_role_state c{"scheduler", 7};
+    CHECK(same_bytes(to_msg(c), reference::query_role_state(c)));
+    read_as<msg::RoleStateQuery>(to_msg(c), [&](auto r) { CHECK(r.getStep() == 7); });
+  }
+  SECTION("RoleStateRestore") {
+    cmd::restore_role_state c{"sagc_controller", R"({"q":1.5})", "runs/x/ckpt/step-3"};
+    CHECK(same_bytes(to_msg(c), reference::restore_role_state(c)));
+    read_as<msg::RoleStateRestore>(to_msg(c), [&](auto r) {
+      CHECK(std::string{r.getState().cStr()} == R"({"q":1.5})");
+      CHECK(std::string{r.getSource().cStr()} == "runs/x/ckpt/step-3");
+    });
+  }
+  SECTION("CheckpointRequest") {
+    cmd::request_checkpoint c{12, "runs/x/ckpt/step-12", R"({"step":12})"};
+    CHECK(same_bytes(to_msg(c), reference::request_checkpoint(c)));
+    read_as<msg::CheckpointRequest>(to_msg(c), [&](auto r) {
+      CHECK(r.getStep() == 12);
+      CHECK(std::string{r.getDir().cStr()} == "runs/x/ckpt/step-12");
+      CHECK(std::string{r.getTrainerState().cStr()} == R"({"step":12})");
+    });
+  }
+  SECTION("empty texts and zero counts keep the shell's bytes too") {
+    CHECK(same_bytes(to_msg(cmd::request_eval{}), reference::request_eval({})));
+    CHECK(same_bytes(to_msg(cmd::restore_role_state{}), reference::restore_role_state({})));
+    CHECK(same_bytes(to_msg(cmd::request_checkpoint{}), reference::request_checkpoint({})));
+  }
+}
+
+TEST_CASE("every field of the learner's and the controller's replies reaches the driver's event",
+          "[train_wire]") {
+  SECTION("LearnerReady") {
+    auto e = build_envelope<msg::LearnerReady>([](msg::LearnerReady::Builder b) {
+      b.setVersion(9);
+      b.setResumed(true);
+      b.setTrainerState(R"({"step":9})");
+      b.setSource("runs/x/ckpt/step-9");
+    });
+    read_as<msg::LearnerReady>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.version == 9);
+      CHECK(x.resumed);
+      CHECK(x.source == "runs/x/ckpt/step-9");
+      CHECK(x.trainer_state == R"({"step":9})");
+    });
+  }
+  SECTION("EvalResult") {
+    auto e = build_envelope<msg::EvalResult>([](msg::EvalResult::Builder b) {
+      b.setTag("before");
+      b.setCount(64);
+      b.setAccuracy(0.25);
+      b.setMeanReward(0.375);
+      b.setMeanLength(17.5);
+      b.setSeconds(3.125);
+    });
+    read_as<msg::EvalResult>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.tag == "before");
+      CHECK(x.count == 64);
+      CHECK(x.accuracy == 0.25);
+      CHECK(x.mean_reward == 0.375);
+      CHECK(x.mean_length == 17.5);
+      CHECK(x.seconds == 3.125);
+    });
+  }
+  SECTION("GroupSizeDecision") {
+    auto e = build_envelope<msg::GroupSizeDecision>([](msg::GroupSizeDecision::Builder b) {
+      b.setStep(5);
+      b.setGroupSize(12);
+      b.setReason("queue above target");
+      b.setPolicy("deadline");
+      b.setVirtualQueue(1.5);
+      b.setPStraggler(0.0625);
+      b.setUtility(-2.25);
+      b.setDeadlineNs(3000000000LL);
+      b.setMinFinished(4);
+    });
+    read_as<msg::GroupSizeDecision>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 5);
+      CHECK(x.group_size == 12);
+      CHECK(x.reason == "queue above target");
+      CHECK(x.policy == "deadline");
+      CHECK(x.deadline_ns == 3000000000LL);
+      CHECK(x.min_finished == 4);
+      CHECK(x.virtual_queue == 1.5);
+      CHECK(x.p_straggler == 0.0625);
+      CHECK(x.utility == -2.25);
+    });
+  }
+  SECTION("a GroupSizeDecision's NaN straggler probability stays NaN") {
+    auto e = build_envelope<msg::GroupSizeDecision>([](msg::GroupSizeDecision::Builder b) {
+      b.setPStraggler(std::nan(""));
+    });
+    read_as<msg::GroupSizeDecision>(e, [](auto r) { CHECK(std::isnan(from_msg(r).p_straggler)); });
+  }
+  SECTION("StepTiming") {
+    auto e = build_envelope<msg::StepTiming>([](msg::StepTiming::Builder b) {
+      b.setStep(6);
+      b.setRollouts(32);
+      b.setDurationP50Ns(100);
+      b.setDurationP90Ns(200);
+      b.setDurationMaxNs(300);
+      b.setStragglers(2);
+      b.setStragglerEvent(true);
+      b.setThresholdNs(250);
+      b.setFlaggedInFlight(3);
+      b.setAborted(1);
+      b.setRolloutsTimed(31);
+    });
+    read_as<msg::StepTiming>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 6);
+      CHECK(x.duration_p50_ns == 100);
+      CHECK(x.duration_p90_ns == 200);
+      CHECK(x.duration_max_ns == 300);
+      CHECK(x.stragglers == 2);
+      CHECK(x.straggler_event);
+      CHECK(x.threshold_ns == 250);
+      CHECK(x.flagged_in_flight == 3);
+      CHECK(x.aborted == 1);
+    });
+  }
+  SECTION("TrainResult") {
+    auto e = build_envelope<msg::TrainResult>([](msg::TrainResult::Builder b) {
+      b.setStep(2);
+      b.setVersion(3);
+      auto names = b.initMetricNames(2);
+      names.set(0, "loss");
+      names.set(1, "kl");
+      auto values = b.initMetricValues(2);
+      values.set(0, -0.5);
+      values.set(1, 0.125);
+      b.setOk(false);
+      b.setReason("every update non-finite");
+    });
+    read_as<msg::TrainResult>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.version == 3);
+      CHECK(x.metric_names == std::vector<std::string>{"loss", "kl"});
+      CHECK(x.metric_values == std::vector<double>{-0.5, 0.125});
+      CHECK_FALSE(x.ok);
+      CHECK(x.reason == "every update non-finite");
+    });
+  }
+  SECTION("CheckpointDone") {
+    auto e = build_envelope<msg::CheckpointDone>([](msg::CheckpointDone::Builder b) {
+      b.setStep(8);
+      b.setPath("runs/x/ckpt/step-8");
+      b.setOk(false);
+      b.setReason("disk full");
+    });
+    read_as<msg::CheckpointDone>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 8);
+      CHECK(x.path == "runs/x/ckpt/step-8");
+      CHECK_FALSE(x.ok);
+      CHECK(x.reason == "disk full");
+    });
+  }
+  SECTION("RoleState") {
+    auto e = build_envelope<msg::RoleState>([](msg::RoleState::Builder b) {
+      b.setStep(4);
+      b.setRole("scheduler");
+      b.setState(R"({"slots":[]})");
+      b.setOk(true);
+      b.setReason("partial history");
+    });
+    read_as<msg::RoleState>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 4);
+      CHECK(x.role == "scheduler");
+      CHECK(x.state == R"({"slots":[]})");
+      CHECK(x.ok);
+      CHECK(x.reason == "partial history");
+    });
+  }
+  SECTION("RoleStateRestored") {
+    auto e = build_envelope<msg::RoleStateRestored>([](msg::RoleStateRestored::Builder b) {
+      b.setRole("sagc_controller");
+      b.setOk(false);
+      b.setReason("bad JSON");
+    });
+    read_as<msg::RoleStateRestored>(e, [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.role == "sagc_controller");
+      CHECK_FALSE(x.ok);
+      CHECK(x.reason == "bad JSON");
+    });
+  }
+}
