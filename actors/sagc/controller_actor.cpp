@@ -11,6 +11,7 @@
 #include "actors/sagc/controller_state.hpp"
 #include "actors/sagc/group_policy.hpp"
 #include "actors/sagc/timing.hpp"
+#include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/train.capnp.h"
 
@@ -123,13 +124,10 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
           }))
         return;
       if (handle_as<msg::RoleStateQuery>(e, st.me, [&](msg::RoleStateQuery::Reader q) {
-            auto reply = build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
-              b.setStep(q.getStep());
-              b.setRole(role::sagc_controller);
-              b.setState(sagc::save_controller_state(*st.timing, *st.policy));
-              b.setOk(true);
-            });
-            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()),
+                       trainer::to_msg(trainer::ev::role_state{
+                         q.getStep(), role::sagc_controller,
+                         sagc::save_controller_state(*st.timing, *st.policy), true, ""}));
           }))
         return;
       if (handle_as<msg::RoleStateRestore>(e, st.me, [&](msg::RoleStateRestore::Reader r) {
@@ -144,13 +142,9 @@ caf::behavior controller_actor(controller_actor_t* self, role_context ctx) {
               ok = false;
               why = ex.what();
             }
-            auto reply = build_envelope<msg::RoleStateRestored>(
-              [&](msg::RoleStateRestored::Builder b) {
-                b.setRole(role::sagc_controller);
-                b.setOk(ok);
-                b.setReason(why);
-              });
-            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()),
+                       trainer::to_msg(
+                         trainer::ev::role_state_restored{role::sagc_controller, ok, why}));
           }))
         return;
       log_unhandled(e, st.me);

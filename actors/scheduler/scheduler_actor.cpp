@@ -10,6 +10,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/scheduler/placement.hpp"
+#include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/train.capnp.h"
 
@@ -132,12 +133,9 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
         return;
       if (handle_as<msg::RoleStateQuery>(e, st.me, [&](msg::RoleStateQuery::Reader q) {
             self->send(caf::actor_cast<caf::actor>(self->current_sender()),
-                       build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
-                         b.setStep(q.getStep());
-                         b.setRole(role::scheduler);
-                         b.setState(scheduler::save_placement_state(*st.placement));
-                         b.setOk(true);
-                       }));
+                       trainer::to_msg(trainer::ev::role_state{
+                         q.getStep(), role::scheduler,
+                         scheduler::save_placement_state(*st.placement), true, ""}));
           }))
         return;
       if (handle_as<msg::RoleStateRestore>(e, st.me, [&](msg::RoleStateRestore::Reader r) {
@@ -147,13 +145,9 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             } catch (const std::exception& ex) {
               why = ex.what();
             }
-            auto reply = build_envelope<msg::RoleStateRestored>(
-              [&](msg::RoleStateRestored::Builder b) {
-                b.setRole(role::scheduler);
-                b.setOk(why.empty());
-                b.setReason(why);
-              });
-            self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply);
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()),
+                       trainer::to_msg(
+                         trainer::ev::role_state_restored{role::scheduler, why.empty(), why}));
           }))
         return;
       log_unhandled(e, st.me);

@@ -39,6 +39,25 @@ envelope to_msg(const cmd::request_checkpoint& c) {
   });
 }
 
+envelope to_msg(const ev::role_state& s) {
+  return build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+    b.setStep(s.step);
+    b.setRole(s.role);
+    b.setState(s.state);
+    b.setOk(s.ok);
+    if (!s.reason.empty())
+      b.setReason(s.reason);
+  });
+}
+
+envelope to_msg(const ev::role_state_restored& r) {
+  return build_envelope<msg::RoleStateRestored>([&](msg::RoleStateRestored::Builder b) {
+    b.setRole(r.role);
+    b.setOk(r.ok);
+    b.setReason(r.reason);
+  });
+}
+
 ev::learner_ready from_msg(msg::LearnerReady::Reader r) {
   return {r.getVersion(), r.getResumed(), r.getSource().cStr(), r.getTrainerState().cStr()};
 }

@@ -30,6 +30,13 @@ envelope to_msg(const cmd::restore_role_state& c);
 /// msg::CheckpointRequest of `c`.
 envelope to_msg(const cmd::request_checkpoint& c);
 
+/// msg::RoleState of `s`, the reply of a stateful role (sagc_controller, scheduler) to a
+/// RoleStateQuery; an empty reason is left unset, as the roles sent it.
+envelope to_msg(const ev::role_state& s);
+
+/// msg::RoleStateRestored of `r`, a stateful role's reply to a RoleStateRestore.
+envelope to_msg(const ev::role_state_restored& r);
+
 /// A LearnerReady's fields.
 ev::learner_ready from_msg(msg::LearnerReady::Reader r);
 

@@ -50,6 +50,25 @@ envelope request_checkpoint(const cmd::request_checkpoint& c) {
                });
 }
 
+// The stateful roles' replies (actors/sagc/controller_actor.cpp; the scheduler's differs only
+// in the role's name and state).
+envelope role_state(uint64_t step, const std::string& role, const std::string& state) {
+  return build_envelope<msg::RoleState>([&](msg::RoleState::Builder b) {
+              b.setStep(step);
+              b.setRole(role);
+              b.setState(state);
+              b.setOk(true);
+            });
+}
+envelope role_state_restored(const std::string& role, bool ok, const std::string& why) {
+  return build_envelope<msg::RoleStateRestored>(
+              [&](msg::RoleStateRestored::Builder b) {
+                b.setRole(role);
+                b.setOk(ok);
+                b.setReason(why);
+              });
+}
+
 } // namespace reference
 
 bool same_bytes(const envelope& a, const envelope& b) {
@@ -117,6 +136,42 @@ TEST_CASE("the train protocol's queries and requests keep the shell's bytes and 
     CHECK(same_bytes(to_msg(cmd::request_eval{}), reference::request_eval({})));
     CHECK(same_bytes(to_msg(cmd::restore_role_state{}), reference::restore_role_state({})));
     CHECK(same_bytes(to_msg(cmd::request_checkpoint{}), reference::request_checkpoint({})));
+  }
+}
+
+TEST_CASE("the stateful roles' replies keep their bytes and every field", "[train_wire]") {
+  SECTION("RoleState") {
+    ev::role_state s{11, "sagc_controller", R"({"q":2})", true, ""};
+    CHECK(same_bytes(to_msg(s), reference::role_state(11, "sagc_controller", R"({"q":2})")));
+    read_as<msg::RoleState>(to_msg(s), [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 11);
+      CHECK(x.role == "sagc_controller");
+      CHECK(x.state == R"({"q":2})");
+      CHECK(x.ok);
+      CHECK(x.reason.empty());
+      CHECK_FALSE(r.hasReason());
+    });
+  }
+  SECTION("a RoleState with a reason carries it") {
+    ev::role_state s{1, "scheduler", "", false, "cannot save"};
+    read_as<msg::RoleState>(to_msg(s), [](auto r) {
+      auto x = from_msg(r);
+      CHECK_FALSE(x.ok);
+      CHECK(x.reason == "cannot save");
+    });
+  }
+  SECTION("RoleStateRestored") {
+    for (bool ok : {true, false}) {
+      ev::role_state_restored s{"scheduler", ok, ok ? "" : "bad JSON"};
+      CHECK(same_bytes(to_msg(s), reference::role_state_restored("scheduler", ok, s.reason)));
+      read_as<msg::RoleStateRestored>(to_msg(s), [&](auto r) {
+        auto x = from_msg(r);
+        CHECK(x.role == "scheduler");
+        CHECK(x.ok == ok);
+        CHECK(x.reason == s.reason);
+      });
+    }
   }
 }
 
