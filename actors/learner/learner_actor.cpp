@@ -10,6 +10,7 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/learner/learner_core.hpp"
+#include "actors/trainer/train_wire.hpp"
 #include "actors/sync/weight_sync.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
@@ -188,13 +189,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
         spdlog::info("{}: policy from {} ({} parameters), version {}", st.me, source,
                      st.model->dims().parameter_count(), st.step);
         self->send(st.publisher, snapshot(*st.model, static_cast<uint64_t>(st.step)));
-        auto ready = build_envelope<msg::LearnerReady>([&](msg::LearnerReady::Builder b) {
-          b.setVersion(static_cast<uint64_t>(st.step));
-          b.setResumed(resumed);
-          b.setTrainerState(trainer_state);
-          b.setSource(source);
-        });
-        self->send(st.trainer, ready);
+        self->send(st.trainer, trainer::to_msg(trainer::ev::learner_ready{
+                                 static_cast<uint64_t>(st.step), resumed, source, trainer_state}));
       } catch (const std::exception& ex) {
         fail_job(self, fmt::format("cannot load the policy: {}", ex.what()));
       }
@@ -267,15 +263,10 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
               fail_job(self, fmt::format("evaluation failed: {}", ex.what()));
               return;
             }
-            auto res = build_envelope<msg::EvalResult>([&](msg::EvalResult::Builder b) {
-              b.setTag(req.getTag());
-              b.setCount(static_cast<uint32_t>(rep.count));
-              b.setAccuracy(rep.accuracy);
-              b.setMeanReward(rep.mean_reward);
-              b.setMeanLength(rep.mean_response_tokens);
-              b.setSeconds(rep.seconds);
-            });
-            self->send(st.trainer, res);
+            self->send(st.trainer, trainer::to_msg(trainer::ev::eval_result{
+                                     req.getTag().cStr(), static_cast<uint32_t>(rep.count),
+                                     rep.accuracy, rep.mean_reward, rep.mean_response_tokens,
+                                     rep.seconds}));
           }))
         return;
       if (handle_as<msg::CheckpointRequest>(e, st.me, [&](msg::CheckpointRequest::Reader req) {
@@ -295,13 +286,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
             } catch (const std::exception& ex) {
               why = ex.what();
             }
-            auto done = build_envelope<msg::CheckpointDone>([&](msg::CheckpointDone::Builder b) {
-              b.setStep(req.getStep());
-              b.setPath(path);
-              b.setOk(why.empty());
-              b.setReason(why);
-            });
-            self->send(st.trainer, done);
+            self->send(st.trainer, trainer::to_msg(trainer::ev::checkpoint_done{
+                                     req.getStep(), path, why.empty(), why}));
           }))
         return;
       log_unhandled(e, st.me);

@@ -58,6 +58,35 @@ envelope to_msg(const ev::role_state_restored& r) {
   });
 }
 
+envelope to_msg(const ev::learner_ready& r) {
+  return build_envelope<msg::LearnerReady>([&](msg::LearnerReady::Builder b) {
+    b.setVersion(r.version);
+    b.setResumed(r.resumed);
+    b.setTrainerState(r.trainer_state);
+    b.setSource(r.source);
+  });
+}
+
+envelope to_msg(const ev::eval_result& r) {
+  return build_envelope<msg::EvalResult>([&](msg::EvalResult::Builder b) {
+    b.setTag(r.tag);
+    b.setCount(r.count);
+    b.setAccuracy(r.accuracy);
+    b.setMeanReward(r.mean_reward);
+    b.setMeanLength(r.mean_length);
+    b.setSeconds(r.seconds);
+  });
+}
+
+envelope to_msg(const ev::checkpoint_done& d) {
+  return build_envelope<msg::CheckpointDone>([&](msg::CheckpointDone::Builder b) {
+    b.setStep(d.step);
+    b.setPath(d.path);
+    b.setOk(d.ok);
+    b.setReason(d.reason);
+  });
+}
+
 ev::learner_ready from_msg(msg::LearnerReady::Reader r) {
   return {r.getVersion(), r.getResumed(), r.getSource().cStr(), r.getTrainerState().cStr()};
 }

@@ -37,6 +37,15 @@ envelope to_msg(const ev::role_state& s);
 /// msg::RoleStateRestored of `r`, a stateful role's reply to a RoleStateRestore.
 envelope to_msg(const ev::role_state_restored& r);
 
+/// msg::LearnerReady of `r`, the learner's word that its model is loaded.
+envelope to_msg(const ev::learner_ready& r);
+
+/// msg::EvalResult of `r`, the learner's answer to an EvalRequest.
+envelope to_msg(const ev::eval_result& r);
+
+/// msg::CheckpointDone of `d`, the learner's answer to a CheckpointRequest.
+envelope to_msg(const ev::checkpoint_done& d);
+
 /// A LearnerReady's fields.
 ev::learner_ready from_msg(msg::LearnerReady::Reader r);
 

@@ -69,6 +69,35 @@ envelope role_state_restored(const std::string& role, bool ok, const std::string
               });
 }
 
+// The learner's replies (actors/learner/learner_actor.cpp).
+envelope learner_ready(uint64_t step, bool resumed, const std::string& trainer_state,
+                       const std::string& source) {
+  return build_envelope<msg::LearnerReady>([&](msg::LearnerReady::Builder b) {
+          b.setVersion(static_cast<uint64_t>(step));
+          b.setResumed(resumed);
+          b.setTrainerState(trainer_state);
+          b.setSource(source);
+        });
+}
+envelope eval_result(const std::string& tag, const ev::eval_result& rep) {
+  return build_envelope<msg::EvalResult>([&](msg::EvalResult::Builder b) {
+              b.setTag(tag);
+              b.setCount(static_cast<uint32_t>(rep.count));
+              b.setAccuracy(rep.accuracy);
+              b.setMeanReward(rep.mean_reward);
+              b.setMeanLength(rep.mean_length);
+              b.setSeconds(rep.seconds);
+            });
+}
+envelope checkpoint_done(uint64_t step, const std::string& path, const std::string& why) {
+  return build_envelope<msg::CheckpointDone>([&](msg::CheckpointDone::Builder b) {
+              b.setStep(step);
+              b.setPath(path);
+              b.setOk(why.empty());
+              b.setReason(why);
+            });
+}
+
 } // namespace reference
 
 bool same_bytes(const envelope& a, const envelope& b) {
@@ -172,6 +201,41 @@ TEST_CASE("the stateful roles' replies keep their bytes and every field", "[trai
         CHECK(x.reason == s.reason);
       });
     }
+  }
+}
+
+TEST_CASE("the learner's replies keep its bytes", "[train_wire]") {
+  ev::learner_ready ready{9, true, "runs/x/ckpt/step-9", R"({"step":9})"};
+  CHECK(same_bytes(to_msg(ready),
+                   reference::learner_ready(9, true, R"({"step":9})", "runs/x/ckpt/step-9")));
+  read_as<msg::LearnerReady>(to_msg(ready), [](auto r) {
+    auto x = from_msg(r);
+    CHECK(x.version == 9);
+    CHECK(x.resumed);
+    CHECK(x.source == "runs/x/ckpt/step-9");
+    CHECK(x.trainer_state == R"({"step":9})");
+  });
+  ev::eval_result eval{"after", 64, 0.25, 0.375, 17.5, 3.125};
+  CHECK(same_bytes(to_msg(eval), reference::eval_result("after", eval)));
+  read_as<msg::EvalResult>(to_msg(eval), [](auto r) {
+    auto x = from_msg(r);
+    CHECK(x.tag == "after");
+    CHECK(x.count == 64);
+    CHECK(x.accuracy == 0.25);
+    CHECK(x.mean_reward == 0.375);
+    CHECK(x.mean_length == 17.5);
+    CHECK(x.seconds == 3.125);
+  });
+  for (std::string why : {"", "disk full"}) {
+    ev::checkpoint_done done{8, "runs/x/ckpt/step-8", why.empty(), why};
+    CHECK(same_bytes(to_msg(done), reference::checkpoint_done(8, "runs/x/ckpt/step-8", why)));
+    read_as<msg::CheckpointDone>(to_msg(done), [&](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 8);
+      CHECK(x.path == "runs/x/ckpt/step-8");
+      CHECK(x.ok == why.empty());
+      CHECK(x.reason == why);
+    });
   }
 }
 
