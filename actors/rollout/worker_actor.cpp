@@ -7,7 +7,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
-#include "actors/rollout/request_sampling.hpp"
+#include "actors/rollout/rollout_wire.hpp"
 #include "actors/rollout/worker_core.hpp"
 #include "actors/sync/sync_wire.hpp"
 #include "actors/sync/weight_receiver.hpp"
@@ -33,70 +33,6 @@ struct worker_state {
   std::string me;
 };
 
-msg::FinishReason to_msg(ml::finish_reason r) {
-  switch (r) {
-    case ml::finish_reason::eos:
-      return msg::FinishReason::EOS;
-    case ml::finish_reason::length:
-      return msg::FinishReason::LENGTH;
-    case ml::finish_reason::stop:
-      return msg::FinishReason::STOP;
-    case ml::finish_reason::abort:
-      return msg::FinishReason::ABORT;
-  }
-  return msg::FinishReason::ABORT;
-}
-
-envelope encode_event(const rollout::rollout_event& ev, const std::string& worker,
-                      uint32_t in_flight) {
-  return build_envelope<msg::RolloutEvent>([&](msg::RolloutEvent::Builder b) {
-    b.setRequestId(ev.request_id);
-    b.setStep(ev.step);
-    b.setGroupId(ev.group_id);
-    b.setKind(ev.kind == rollout::event_kind::start   ? msg::EventKind::START
-              : ev.kind == rollout::event_kind::chunk ? msg::EventKind::CHUNK
-                                                      : msg::EventKind::FINISH);
-    b.setWorkerNs(ev.ns);
-    b.setTokens(ev.tokens);
-    b.setWorker(worker);
-    b.setFinishReason(to_msg(ev.reason));
-    b.setInFlight(in_flight);
-  });
-}
-
-envelope encode_trajectory(const rollout::rollout_result& r, const std::string& worker,
-                           uint64_t version) {
-  return build_envelope<msg::Trajectory>([&](msg::Trajectory::Builder b) {
-    b.setRequestId(r.request.request_id);
-    b.setStep(r.request.step);
-    b.setGroupId(r.request.group_id);
-    b.setSampleIndex(r.request.sample_index);
-    auto prompt = b.initPromptTokens(static_cast<unsigned>(r.prompt.size()));
-    for (size_t i = 0; i < r.prompt.size(); ++i)
-      prompt.set(static_cast<unsigned>(i), r.prompt[i]);
-    auto resp = b.initResponseTokens(static_cast<unsigned>(r.response.size()));
-    for (size_t i = 0; i < r.response.size(); ++i)
-      resp.set(static_cast<unsigned>(i), r.response[i]);
-    b.setLossMask(kj::arrayPtr(r.loss_mask.data(), r.loss_mask.size()));
-    auto lp = b.initSamplingLogprobs(static_cast<unsigned>(r.logprobs.size()));
-    for (size_t i = 0; i < r.logprobs.size(); ++i)
-      lp.set(static_cast<unsigned>(i), r.logprobs[i]);
-    b.setReward(static_cast<float>(r.reward));
-    b.setRewardReason(r.reward_reason);
-    b.setFinishReason(to_msg(r.finish));
-    b.setTurns(r.turns);
-    b.setStartNs(r.start_ns);
-    b.setEndNs(r.end_ns);
-    b.setWeightVersion(version);
-    b.setWorker(worker);
-    b.setStatus(r.status == rollout::rollout_status::ok       ? msg::RolloutStatus::OK
-                : r.status == rollout::rollout_status::failed ? msg::RolloutStatus::FAILED
-                                                               : msg::RolloutStatus::REWARD_FAILED);
-    b.setFailure(r.failure);
-    b.setReplacedFrom(r.request.replaced_from);
-  });
-}
-
 using worker_actor_t = caf::stateful_actor<worker_state>;
 
 /// Does what the weight receiver asked, in its order.
@@ -121,7 +57,7 @@ void send_events(worker_actor_t* self) {
   if (!events.empty())
     spdlog::debug("{}: holds {} requests", st.me, in_flight);
   for (auto& ev : events) {
-    auto env = encode_event(ev, st.me, in_flight);
+    auto env = rollout::to_msg(ev, st.me, in_flight);
     self->send(st.sagc, env);
     self->send(st.scheduler, env);
     if (ev.kind == rollout::event_kind::start)
@@ -133,7 +69,7 @@ void send_results(worker_actor_t* self, const std::vector<rollout::rollout_resul
   auto& st = self->state;
   send_events(self);
   for (auto& r : results)
-    self->send(st.trainer, encode_trajectory(r, st.me, st.weights->version()));
+    self->send(st.trainer, rollout::to_msg(r, st.me, st.weights->version()));
 }
 
 void pump(worker_actor_t* self) {
@@ -180,22 +116,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
     [self](const envelope& e) {
       auto& st = self->state;
       if (handle_as<msg::GenerateRequest>(e, st.me, [&](msg::GenerateRequest::Reader r) {
-            rollout::rollout_request req;
-            req.request_id = r.getRequestId();
-            req.step = r.getStep();
-            req.group_id = r.getGroupId();
-            req.sample_index = r.getSampleIndex();
-            req.split = r.getSplit() == msg::TaskSplit::EVAL ? ml::task_split::eval
-                                                              : ml::task_split::train;
-            req.task_index = r.getTaskIndex();
-            req.seed = r.getSeed();
-            req.weight_version = r.getWeightVersion();
-            req.max_new_tokens = r.getMaxNewTokens();
-            const auto sampling = rollout::read_sampling(r);
-            req.temperature = sampling.temperature;
-            req.top_p = sampling.top_p;
-            req.top_k = sampling.top_k;
-            req.replaced_from = r.getReplacedFrom();
+            const auto req = rollout::from_msg(r);
             // A request is never dropped: what cannot be served goes back to the trainer as a
             // failed rollout, so that the step completes without it.
             try {
@@ -222,14 +143,11 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
           }))
         return;
       if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
-            std::vector<uint64_t> ids;
-            for (auto id : a.getRequestIds())
-              ids.push_back(id);
-            auto aborted = st.core->abort(ids);
+            const auto req = rollout::from_msg(a);
+            auto aborted = st.core->abort(req.request_ids);
             send_events(self); // only finish events: aborted rollouts never reach the loss
             spdlog::debug("{}: step {}: aborted {} rollout(s) ({}); {} KV blocks in use", st.me,
-                          a.getStep(), aborted.size(), a.getReason().cStr(),
-                          st.core->kv_blocks_in_use());
+                          req.step, aborted.size(), req.reason, st.core->kv_blocks_in_use());
             if (st.core->idle())
               carry_out(self, st.weights->on_idle());
           }))

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
+#include "actors/rollout/rollout_wire.hpp"
 #include "actors/scheduler/placement.hpp"
 #include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
@@ -93,8 +94,9 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
       if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
             // Forward each id to the worker that holds it; the worker's abort finish events
             // then free the placement slots as a normal finish does.
+            const auto req = rollout::from_msg(a);
             std::map<std::string, std::vector<uint64_t>> by_worker;
-            for (auto id : a.getRequestIds()) {
+            for (auto id : req.request_ids) {
               if (st.in_flight.count(id) == 0)
                 continue;
               if (auto w = st.placement->worker_of(id); w && st.workers.count(*w))
@@ -102,13 +104,7 @@ caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
             }
             for (auto& [w, ids] : by_worker) {
               self->send(st.workers.at(w),
-                         build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
-                           b.setStep(a.getStep());
-                           auto list = b.initRequestIds(static_cast<unsigned>(ids.size()));
-                           for (size_t i = 0; i < ids.size(); ++i)
-                             list.set(static_cast<unsigned>(i), ids[i]);
-                           b.setReason(a.getReason());
-                         }));
+                         rollout::to_msg(rollout::abort_request{req.step, ids, req.reason}));
             }
           }))
         return;

@@ -21,7 +21,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
-#include "actors/rollout/request_sampling.hpp"
+#include "actors/rollout/rollout_wire.hpp"
 #include "actors/trainer/step_driver.hpp"
 #include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
@@ -72,31 +72,25 @@ struct executor {
     self->send(st.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::generate& c) const {
-    for (const auto& r : c.requests)
-      self->send(st.scheduler,
-                 build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
-                   b.setRequestId(r.request_id);
-                   b.setStep(r.step);
-                   b.setGroupId(r.group_id);
-                   b.setSampleIndex(r.sample_index);
-                   b.setGroupSize(r.group_size);
-                   b.setSplit(msg::TaskSplit::TRAIN);
-                   b.setTaskIndex(r.task_index);
-                   b.setSeed(r.seed);
-                   b.setWeightVersion(c.weight_version);
-                   b.setMaxNewTokens(c.max_new_tokens);
-                   rollout::write_sampling(b, {c.temperature, c.top_p, c.top_k});
-                 }));
+    for (const auto& r : c.requests) {
+      rollout::rollout_request req;
+      req.request_id = r.request_id;
+      req.step = r.step;
+      req.group_id = r.group_id;
+      req.sample_index = r.sample_index;
+      req.task_index = r.task_index;
+      req.seed = r.seed;
+      req.weight_version = c.weight_version;
+      req.max_new_tokens = c.max_new_tokens;
+      req.temperature = c.temperature;
+      req.top_p = c.top_p;
+      req.top_k = c.top_k;
+      self->send(st.scheduler, rollout::to_msg(req, r.group_size));
+    }
   }
   void operator()(const cmd::abort_rollouts& c) const {
     self->send(st.scheduler,
-               build_envelope<msg::AbortRollouts>([&](msg::AbortRollouts::Builder b) {
-                 b.setStep(c.step);
-                 auto list = b.initRequestIds(static_cast<unsigned>(c.request_ids.size()));
-                 for (size_t i = 0; i < c.request_ids.size(); ++i)
-                   list.set(static_cast<unsigned>(i), c.request_ids[i]);
-                 b.setReason(c.reason);
-               }));
+               rollout::to_msg(rollout::abort_request{c.step, c.request_ids, c.reason}));
   }
   void operator()(const cmd::query_step_timing& c) const {
     self->send(st.sagc, trainer::to_msg(c));
