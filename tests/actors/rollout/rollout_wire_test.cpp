@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/same_bytes.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -132,10 +134,7 @@ envelope encode_abort(uint64_t step, const std::vector<uint64_t>& request_ids,
 
 } // namespace reference
 
-bool same_bytes(const envelope& a, const envelope& b) {
-  return a.schema_id() == b.schema_id() && a.size_bytes() == b.size_bytes() &&
-         std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
+using sorl::test::same_bytes;
 
 template <class Schema, class T = decltype(from_msg(std::declval<typename Schema::Reader>()))>
 T decoded(const envelope& e) {

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/same_bytes.hpp"
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -205,10 +207,7 @@ snapshot_view decoded(const envelope& e) {
   return v;
 }
 
-bool same_bytes(const envelope& a, const envelope& b) {
-  return a.schema_id() == b.schema_id() && a.size_bytes() == b.size_bytes() &&
-         std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
+using sorl::test::same_bytes;
 
 void check_same_payload(const payload& core, const reference::payload& ref) {
   CHECK(core.bytes == ref.bytes);

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/same_bytes.hpp"
+
 #include <cmath>
 #include <cstring>
 
@@ -100,10 +102,7 @@ envelope checkpoint_done(uint64_t step, const std::string& path, const std::stri
 
 } // namespace reference
 
-bool same_bytes(const envelope& a, const envelope& b) {
-  return a.schema_id() == b.schema_id() && a.size_bytes() == b.size_bytes() &&
-         std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
+using sorl::test::same_bytes;
 
 /// Runs `check` on the reader of `e` as `Schema`; fails when `e` is not one.
 template <class Schema, class Check>
