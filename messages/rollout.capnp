@@ -24,17 +24,18 @@ struct GenerateRequest {
   step @1 :UInt64;
   groupId @2 :UInt64;        # unique within the run; siblings share it
   sampleIndex @3 :UInt32;    # 0 ≤ sampleIndex < G: the rollout's sampler stream
-  # G of the group. No reader depends on it: a worker needs only sampleIndex, and G stays
-  # with the trainer and the sagc_controller ([sagc].group_size, validated in runtime/config).
-  # Kept because fields are never removed; informational for whoever reads captures.
+  # No longer filled (always 0): no reader needs G (a worker needs only sampleIndex, and G
+  # stays with the trainer and the sagc_controller). Kept because fields are never removed.
   groupSize @4 :UInt32;
   split @5 :TaskSplit;       # which split of the task the prompt comes from
   taskIndex @6 :UInt64;      # prompt (or environment episode) index within the split
   seed @7 :UInt64;           # sampler seed of this rollout
   weightVersion @8 :UInt64;  # the version the worker must hold
   maxNewTokens @9 :UInt32;   # per turn, tokens
-  temperature @10 :Float32;  # 0 = greedy; fp32 copy of temperature64 for older readers
-  topP @11 :Float32;         # fp32 copy of topP64 for older readers
+  # No longer filled (0): temperature64 and topP64 carry the values. Still read when
+  # those are NaN, for a sender that predates them.
+  temperature @10 :Float32;  # 0 = greedy
+  topP @11 :Float32;
   topK @12 :UInt32;          # 0 = off
   # The sampling parameters as the user wrote them: top_p = 0.8 must reach the sampler as
   # 0.8, not as its fp32 neighbour 0.800000011920929. NaN (the default) = not set by the

@@ -43,6 +43,14 @@ bool handle_as(const envelope& e, const std::string& who, Fn&& fn) {
   return true;
 }
 
+/// handle_as over several schemas: opens `e` as whichever of `Schemas` its id names and calls
+/// `fn` with that schema's reader (one generic lambda, or one overload per schema). Returns
+/// false when `e` is of none of them.
+template <class... Schemas, class Fn>
+bool handle_any(const envelope& e, const std::string& who, Fn&& fn) {
+  return (handle_as<Schemas>(e, who, [&](typename Schemas::Reader r) { fn(r); }) || ...);
+}
+
 /// Ends the job: logs `why` as an error of `who` and asks the directory to shut everyone
 /// down with ok = false (the process then exits 1 with `why`).
 void fail_job(const caf::actor& directory, const std::string& who, std::string why);

@@ -18,12 +18,12 @@ struct request_sampling {
   uint32_t top_k = 0;       ///< 0 = off
 };
 
-/// Sets the Float64 fields (exact) and, for readers that predate them, the Float32 ones.
+/// Sets the Float64 fields (exact) and top-k. The Float32 `temperature` / `topP` stay 0:
+/// every reader takes the Float64 ones (read_sampling), so a second, rounded copy would only
+/// be a second place for the value to disagree.
 inline void write_sampling(msg::GenerateRequest::Builder b, const request_sampling& s) {
   b.setTemperature64(s.temperature);
   b.setTopP64(s.top_p);
-  b.setTemperature(static_cast<float>(s.temperature));
-  b.setTopP(static_cast<float>(s.top_p));
   b.setTopK(s.top_k);
 }
 

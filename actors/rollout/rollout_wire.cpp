@@ -85,13 +85,12 @@ ml::finish_reason from_msg(msg::FinishReason r) {
   return ml::finish_reason::abort;
 }
 
-envelope to_msg(const rollout_request& r, uint32_t group_size) {
+envelope to_msg(const rollout_request& r) {
   return build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
     b.setRequestId(r.request_id);
     b.setStep(r.step);
     b.setGroupId(r.group_id);
     b.setSampleIndex(r.sample_index);
-    b.setGroupSize(group_size);
     b.setSplit(r.split == ml::task_split::eval ? msg::TaskSplit::EVAL : msg::TaskSplit::TRAIN);
     b.setTaskIndex(r.task_index);
     b.setSeed(r.seed);

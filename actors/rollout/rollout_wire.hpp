@@ -1,47 +1,27 @@
 #pragma once
 
 // Translation between the rollout protocol (messages/rollout.capnp: GenerateRequest,
-// RolloutEvent, Trajectory, AbortRollouts) and the rollout core's plain structs
-// (actors/rollout/worker_core.hpp), for the shells that send and read these messages. The bytes
-// on the wire are fixed: tests/actors/rollout/rollout_wire_test.cpp keeps the encoders the
-// shells used before and compares every message byte for byte.
+// RolloutEvent, Trajectory, AbortRollouts) and its plain structs
+// (actors/rollout/rollout_types.hpp), for the shells that send and read these messages: no
+// shell reads or builds a rollout message field by field. No libtorch header is reached from
+// here, so the trainer and scheduler shells include it cheaply. The bytes on the wire are
+// fixed: tests/actors/rollout/rollout_wire_test.cpp keeps a reference encoder per message and
+// compares every message byte for byte.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "actors/rollout/worker_core.hpp"
+#include "actors/rollout/rollout_types.hpp"
 #include "messages/rollout.capnp.h"
 #include "runtime/envelope.hpp"
 
 namespace sorl::rollout {
 
-/// A RolloutEvent as read: the core's event plus what only the message carries.
-struct event_record {
-  rollout_event event;
-  std::string worker;     ///< the sending worker's name
-  uint32_t in_flight = 0; ///< requests the worker holds after this event
-};
-
-/// A Trajectory as read: the finished rollout plus what only the message carries. Of
-/// result.request only request_id, step, group_id, sample_index and replaced_from travel.
-struct trajectory_record {
-  rollout_result result;
-  std::string worker;          ///< the worker that generated it
-  uint64_t weight_version = 0; ///< the version the worker held when it sent the trajectory
-};
-
-/// An AbortRollouts: stop these rollouts of `step` now.
-struct abort_request {
-  uint64_t step = 0;
-  std::vector<uint64_t> request_ids;
-  std::string reason;
-};
-
-/// msg::GenerateRequest of `r`; `group_size` is G, informational only (no reader uses it).
-/// Sampling goes through write_sampling (actors/rollout/request_sampling.hpp); replacedFrom is
-/// written only when non-empty (a first placement carries no text).
-envelope to_msg(const rollout_request& r, uint32_t group_size);
+/// msg::GenerateRequest of `r`. groupSize is left 0: no reader takes G. Sampling goes through
+/// write_sampling (actors/rollout/request_sampling.hpp: the Float64 fields only); replacedFrom
+/// is written only when non-empty (a first placement carries no text).
+envelope to_msg(const rollout_request& r);
 
 /// A GenerateRequest's fields; sampling read by read_sampling (Float64 fields, else Float32).
 rollout_request from_msg(msg::GenerateRequest::Reader r);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/rollout/rollout_types.hpp"
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/model.hpp"
 #include "runtime/ml/tasks.hpp"
@@ -29,62 +30,6 @@ struct experiment_config;
 }
 
 namespace sorl::rollout {
-
-/// One rollout to generate (mirrors msg::GenerateRequest).
-struct rollout_request {
-  uint64_t request_id = 0;
-  uint64_t step = 0;
-  uint64_t group_id = 0;
-  uint32_t sample_index = 0; ///< the sampler stream: tokens never depend on batch mates
-  ml::task_split split = ml::task_split::train;
-  uint64_t task_index = 0;
-  uint64_t seed = 0;          ///< the group's seed
-  uint64_t weight_version = 0;
-  uint32_t max_new_tokens = 16; ///< per turn
-  double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/sampler.hpp)
-  double top_p = 1.0;
-  uint32_t top_k = 0;
-  /// The lost worker the scheduler placed this request on before (empty on a first
-  /// placement); the worker only passes it on to the trajectory.
-  std::string replaced_from;
-};
-
-enum class event_kind { start, chunk, finish };
-
-/// Timing of a rollout on the worker's clock.
-struct rollout_event {
-  uint64_t request_id = 0;
-  uint64_t step = 0;
-  uint64_t group_id = 0;
-  event_kind kind = event_kind::start;
-  int64_t ns = 0;            ///< worker clock, nanoseconds
-  uint32_t tokens = 0;       ///< response tokens so far
-  ml::finish_reason reason = ml::finish_reason::length; ///< for finish
-};
-
-/// Whether a finished rollout carries a trainable result (mirrors msg::RolloutStatus).
-enum class rollout_status {
-  ok,            ///< served and scored
-  failed,        ///< could not be served; never trained on
-  reward_failed, ///< generated, but the scorer / environment threw or the reward is not finite
-};
-
-/// A finished rollout.
-struct rollout_result {
-  rollout_request request;
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> response;
-  std::vector<uint8_t> loss_mask;     ///< per response token, 1 = sampled by the policy
-  std::vector<float> logprobs;        ///< per response token (0 where mask = 0)
-  double reward = 0.0;                ///< in [0, 1]; 0 when status is not ok
-  std::string reward_reason;
-  rollout_status status = rollout_status::ok;
-  std::string failure;                ///< why, when status is not ok
-  ml::finish_reason finish = ml::finish_reason::length;
-  uint32_t turns = 0;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-};
 
 /// Steady-clock nanoseconds; injectable for tests.
 using clock_fn = std::function<int64_t()>;

@@ -22,6 +22,7 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/rollout_wire.hpp"
+#include "actors/trainer/rollout_mapping.hpp"
 #include "actors/trainer/step_driver.hpp"
 #include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
@@ -72,21 +73,8 @@ struct executor {
     self->send(st.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::generate& c) const {
-    for (const auto& r : c.requests) {
-      rollout::rollout_request req;
-      req.request_id = r.request_id;
-      req.step = r.step;
-      req.group_id = r.group_id;
-      req.sample_index = r.sample_index;
-      req.task_index = r.task_index;
-      req.seed = r.seed;
-      req.weight_version = c.weight_version;
-      req.max_new_tokens = c.max_new_tokens;
-      req.temperature = c.temperature;
-      req.top_p = c.top_p;
-      req.top_k = c.top_k;
-      self->send(st.scheduler, rollout::to_msg(req, r.group_size));
-    }
+    for (const auto& req : trainer::requests_of(c))
+      self->send(st.scheduler, rollout::to_msg(req));
   }
   void operator()(const cmd::abort_rollouts& c) const {
     self->send(st.scheduler,
@@ -206,35 +194,7 @@ ev::version_ready from_msg(msg::VersionReady::Reader r) {
 }
 
 ev::rollout_finished from_msg(msg::Trajectory::Reader t) {
-  using trainer::rollout_outcome;
-  ev::rollout_finished x;
-  x.request_id = t.getRequestId();
-  x.step = t.getStep();
-  x.group_id = t.getGroupId();
-  x.sample_index = t.getSampleIndex();
-  x.reward = t.getReward();
-  auto status = t.getStatus();
-  x.outcome = status == msg::RolloutStatus::OK       ? rollout_outcome::ok
-              : status == msg::RolloutStatus::FAILED ? rollout_outcome::failed
-                                                     : rollout_outcome::reward_failed;
-  x.failure = t.getFailure().cStr();
-  x.worker = t.getWorker().cStr();
-  for (auto m : t.getLossMask())
-    x.policy_tokens += m;
-  auto finish = t.getFinishReason();
-  x.finish = finish == msg::FinishReason::EOS      ? ev::finish_reason::eos
-             : finish == msg::FinishReason::LENGTH ? ev::finish_reason::length
-                                                   : ev::finish_reason::other;
-  x.replaced = t.getReplacedFrom().size() > 0;
-  return x;
-}
-
-/// Feeds `e` decoded when it is one of `Schemas`; false when it is of none of them.
-template <class... Schemas>
-bool decode_any(trainer_actor_t* self, const envelope& e) {
-  return (handle_as<Schemas>(e, self->state.me,
-                             [&](typename Schemas::Reader r) { feed(self, from_msg(r), e); }) ||
-          ...);
+  return trainer::finished_of(rollout::from_msg(t));
 }
 
 caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
@@ -270,14 +230,14 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
         feed(self, std::move(e), env);
     },
     [self](const envelope& e) {
-      if (decode_any<msg::LearnerReady, msg::VersionReady, msg::EvalResult,
+      if (handle_any<msg::LearnerReady, msg::VersionReady, msg::EvalResult,
                      msg::GroupSizeDecision, msg::Trajectory, msg::StepTiming, msg::TrainResult,
-                     msg::CheckpointDone, msg::RoleState, msg::RoleStateRestored>(self, e))
+                     msg::CheckpointDone, msg::RoleState, msg::RoleStateRestored>(
+            e, self->state.me, [&](auto r) { feed(self, from_msg(r), e); }))
         return;
-      // Of a rollout's events the trainer only notes where it started (for the watchdog).
       if (handle_as<msg::RolloutEvent>(e, self->state.me, [&](msg::RolloutEvent::Reader r) {
-            if (r.getKind() == msg::EventKind::START)
-              feed(self, ev::rollout_started{r.getRequestId(), r.getWorker().cStr()}, e);
+            if (auto started = trainer::started_of(rollout::from_msg(r)))
+              feed(self, *started, e);
           }))
         return;
       log_unhandled(e, self->state.me);

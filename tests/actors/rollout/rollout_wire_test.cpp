@@ -2,7 +2,8 @@
 // bytes the shells built themselves before. The reference encoders below are the shells' own
 // code (actors/rollout/worker_actor.cpp, actors/trainer/trainer_actor.cpp and
 // actors/scheduler/scheduler_actor.cpp as they were when rollout_wire was introduced), kept
-// verbatim apart from their arguments.
+// verbatim apart from their arguments, except the GenerateRequest's: it no longer carries
+// groupSize and the Float32 copies of temperature and top-p, which no reader took.
 
 #include <catch2/catch.hpp>
 
@@ -13,8 +14,14 @@
 #include <optional>
 #include <utility>
 
-#include "actors/rollout/request_sampling.hpp"
 #include "actors/rollout/rollout_wire.hpp"
+
+// The trainer and scheduler shells include rollout_wire.hpp: it must reach no libtorch header.
+// Every ATen / torch / c10 header includes c10/macros/Macros.h, and this test is built without
+// the forced c10 include of tests/CMakeLists.txt.
+#ifdef C10_MACROS_MACROS_H_
+#error "actors/rollout/rollout_wire.hpp reaches a libtorch header"
+#endif
 
 using namespace sorl;
 using namespace sorl::rollout;
@@ -90,20 +97,21 @@ envelope encode_trajectory(const rollout::rollout_result& r, const std::string& 
 }
 
 /// The trainer's GenerateRequest of cmd::generate (one request; the command's shared fields
-/// taken from `r`).
-envelope encode_request(const rollout::rollout_request& r, uint32_t group_size) {
+/// taken from `r`), without groupSize and the Float32 sampling fields.
+envelope encode_request(const rollout::rollout_request& r) {
   return build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
     b.setRequestId(r.request_id);
     b.setStep(r.step);
     b.setGroupId(r.group_id);
     b.setSampleIndex(r.sample_index);
-    b.setGroupSize(group_size);
     b.setSplit(msg::TaskSplit::TRAIN);
     b.setTaskIndex(r.task_index);
     b.setSeed(r.seed);
     b.setWeightVersion(r.weight_version);
     b.setMaxNewTokens(r.max_new_tokens);
-    rollout::write_sampling(b, {r.temperature, r.top_p, r.top_k});
+    b.setTemperature64(r.temperature);
+    b.setTopP64(r.top_p);
+    b.setTopK(r.top_k);
   });
 }
 
@@ -255,17 +263,17 @@ TEST_CASE("an empty trajectory (a failed request) keeps the worker shell's bytes
 
 TEST_CASE("a generate request is the trainer's and the scheduler's bytes and decodes back") {
   auto req = a_request();
-  auto e = to_msg(req, 8);
-  CHECK(same_bytes(e, reference::encode_request(req, 8)));
+  auto e = to_msg(req);
+  CHECK(same_bytes(e, reference::encode_request(req)));
   // Re-placed by the scheduler: the same request with the lost worker's name.
   auto marked = req;
   marked.replaced_from = "rollout_worker#4@n2";
-  CHECK(same_bytes(to_msg(marked, 8), reference::mark_replaced(e, "rollout_worker#4@n2")));
+  CHECK(same_bytes(to_msg(marked), reference::mark_replaced(e, "rollout_worker#4@n2")));
 
   auto eval = req;
   eval.split = ml::task_split::eval;
   for (const auto& r : {req, marked, eval}) {
-    auto back = decoded<msg::GenerateRequest>(to_msg(r, 8));
+    auto back = decoded<msg::GenerateRequest>(to_msg(r));
     CHECK(back.request_id == 41);
     CHECK(back.step == 7);
     CHECK(back.group_id == 12);
@@ -280,20 +288,32 @@ TEST_CASE("a generate request is the trainer's and the scheduler's bytes and dec
     CHECK(back.top_k == 20);
     CHECK(back.replaced_from == r.replaced_from);
   }
-  // G is informational: no reader takes it, but it is on the wire.
-  REQUIRE_FALSE(with_envelope<msg::GenerateRequest>(
-    e, [](msg::GenerateRequest::Reader r) { CHECK(r.getGroupSize() == 8); }));
+  // Fields no reader takes are not written: G, and the Float32 copies of the sampling values.
+  REQUIRE_FALSE(with_envelope<msg::GenerateRequest>(e, [](msg::GenerateRequest::Reader r) {
+    CHECK(r.getGroupSize() == 0);
+    CHECK(r.getTemperature() == 0.0f);
+    CHECK(r.getTopP() == 0.0f);
+    CHECK(r.getTemperature64() == 0.7);
+    CHECK(r.getTopP64() == 0.8);
+  }));
 }
 
-TEST_CASE("a generate request from a sender without the Float64 fields reads the Float32 ones") {
-  auto e = build_envelope<msg::GenerateRequest>([](msg::GenerateRequest::Builder b) {
+TEST_CASE("a generate request's sampling is read from Float64 fields, else from Float32 ones") {
+  // A sender that set both (as senders did before the Float32 copies were dropped), and one
+  // that predates the Float64 fields, which are then NaN.
+  const bool with_float64 = GENERATE(true, false);
+  auto e = build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
     b.setTemperature(0.5f);
     b.setTopP(0.25f);
     b.setTopK(4);
+    if (with_float64) {
+      b.setTemperature64(0.7);
+      b.setTopP64(0.8);
+    }
   });
   auto back = decoded<msg::GenerateRequest>(e);
-  CHECK(back.temperature == 0.5);
-  CHECK(back.top_p == 0.25);
+  CHECK(back.temperature == (with_float64 ? 0.7 : 0.5));
+  CHECK(back.top_p == (with_float64 ? 0.8 : 0.25));
   CHECK(back.top_k == 4);
 }
 

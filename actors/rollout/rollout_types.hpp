@@ -1,0 +1,96 @@
+#pragma once
+
+// The rollout protocol's plain structs (messages/rollout.capnp decoded): what the trainer,
+// the scheduler and the rollout workers exchange, free of Cap'n Proto, CAF and libtorch, so that
+// the scheduler's and the trainer's cores and shells can read them without the worker's ML
+// headers. The worker's logic on them is in actors/rollout/worker_core.hpp; their translation
+// to and from the messages is actors/rollout/rollout_wire.hpp.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/ml/sampler.hpp" // ml::finish_reason (no torch)
+#include "runtime/ml/tasks.hpp"   // ml::task_split (no torch)
+
+namespace sorl::rollout {
+
+/// One rollout to generate (mirrors msg::GenerateRequest).
+struct rollout_request {
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t group_id = 0;
+  uint32_t sample_index = 0; ///< the sampler stream: tokens never depend on batch mates
+  ml::task_split split = ml::task_split::train;
+  uint64_t task_index = 0;
+  uint64_t seed = 0;          ///< the group's seed
+  uint64_t weight_version = 0;
+  uint32_t max_new_tokens = 16; ///< per turn
+  double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/sampler.hpp)
+  double top_p = 1.0;
+  uint32_t top_k = 0;
+  /// The lost worker the scheduler placed this request on before (empty on a first
+  /// placement); the worker only passes it on to the trajectory.
+  std::string replaced_from;
+};
+
+enum class event_kind { start, chunk, finish };
+
+/// Timing of a rollout on the worker's clock.
+struct rollout_event {
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t group_id = 0;
+  event_kind kind = event_kind::start;
+  int64_t ns = 0;            ///< worker clock, nanoseconds
+  uint32_t tokens = 0;       ///< response tokens so far
+  ml::finish_reason reason = ml::finish_reason::length; ///< for finish
+};
+
+/// Whether a finished rollout carries a trainable result (mirrors msg::RolloutStatus).
+enum class rollout_status {
+  ok,            ///< served and scored
+  failed,        ///< could not be served; never trained on
+  reward_failed, ///< generated, but the scorer / environment threw or the reward is not finite
+};
+
+/// A finished rollout.
+struct rollout_result {
+  rollout_request request;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> response;
+  std::vector<uint8_t> loss_mask;     ///< per response token, 1 = sampled by the policy
+  std::vector<float> logprobs;        ///< per response token (0 where mask = 0)
+  double reward = 0.0;                ///< in [0, 1]; 0 when status is not ok
+  std::string reward_reason;
+  rollout_status status = rollout_status::ok;
+  std::string failure;                ///< why, when status is not ok
+  ml::finish_reason finish = ml::finish_reason::length;
+  uint32_t turns = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+/// A RolloutEvent as read: the core's event plus what only the message carries.
+struct event_record {
+  rollout_event event;
+  std::string worker;     ///< the sending worker's name
+  uint32_t in_flight = 0; ///< requests the worker holds after this event
+};
+
+/// A Trajectory as read: the finished rollout plus what only the message carries. Of
+/// result.request only request_id, step, group_id, sample_index and replaced_from travel.
+struct trajectory_record {
+  rollout_result result;
+  std::string worker;          ///< the worker that generated it
+  uint64_t weight_version = 0; ///< the version the worker held when it sent the trajectory
+};
+
+/// An AbortRollouts: stop these rollouts of `step` now.
+struct abort_request {
+  uint64_t step = 0;
+  std::vector<uint64_t> request_ids;
+  std::string reason;
+};
+
+} // namespace sorl::rollout

@@ -1,0 +1,114 @@
+// The trainer's mapping between the step driver's events and commands and the rollout
+// protocol's plain structs (actors/trainer/rollout_mapping.hpp), with hand-set values in every
+// field.
+
+#include <catch2/catch.hpp>
+
+#include "actors/trainer/rollout_mapping.hpp"
+
+using namespace sorl;
+using namespace sorl::trainer;
+
+namespace {
+
+rollout::trajectory_record a_trajectory() {
+  rollout::trajectory_record t;
+  auto& r = t.result;
+  r.request.request_id = 41;
+  r.request.step = 7;
+  r.request.group_id = 12;
+  r.request.sample_index = 3;
+  r.prompt = {1, 2};
+  r.response = {5, 6, 7, 8};
+  r.loss_mask = {1, 0, 1, 1};
+  r.logprobs = {-0.5f, 0.0f, -1.0f, -2.0f};
+  r.reward = 0.75;
+  r.status = rollout::rollout_status::ok;
+  r.finish = ml::finish_reason::eos;
+  t.worker = "rollout_worker#1@n0";
+  t.weight_version = 6;
+  return t;
+}
+
+} // namespace
+
+TEST_CASE("a generate command becomes one request per spec with the command's sampling") {
+  cmd::generate c;
+  c.requests.push_back({41, 7, 12, 0, 4, 905, 0xDEADBEEFull});
+  c.requests.push_back({42, 7, 12, 1, 4, 905, 0xDEADBEEFull});
+  c.weight_version = 6;
+  c.max_new_tokens = 96;
+  c.temperature = 0.7;
+  c.top_p = 0.8;
+  c.top_k = 20;
+  const auto reqs = requests_of(c);
+  REQUIRE(reqs.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& r = reqs[i];
+    CHECK(r.request_id == 41 + i);
+    CHECK(r.step == 7);
+    CHECK(r.group_id == 12);
+    CHECK(r.sample_index == i);
+    CHECK(r.split == ml::task_split::train);
+    CHECK(r.task_index == 905);
+    CHECK(r.seed == 0xDEADBEEFull);
+    CHECK(r.weight_version == 6);
+    CHECK(r.max_new_tokens == 96);
+    CHECK(r.temperature == 0.7);
+    CHECK(r.top_p == 0.8);
+    CHECK(r.top_k == 20);
+    CHECK(r.replaced_from.empty());
+  }
+  CHECK(requests_of(cmd::generate{}).empty());
+}
+
+TEST_CASE("a trajectory becomes the driver's finished event with its policy tokens") {
+  const auto x = finished_of(a_trajectory());
+  CHECK(x.request_id == 41);
+  CHECK(x.step == 7);
+  CHECK(x.group_id == 12);
+  CHECK(x.sample_index == 3);
+  CHECK(x.reward == 0.75);
+  CHECK(x.outcome == rollout_outcome::ok);
+  CHECK(x.failure.empty());
+  CHECK(x.worker == "rollout_worker#1@n0");
+  CHECK(x.policy_tokens == 3); // the mask's ones; the environment's token is not the policy's
+  CHECK(x.finish == ev::finish_reason::eos);
+  CHECK_FALSE(x.replaced);
+}
+
+TEST_CASE("a trajectory's status, finish reason and re-placement map one to one") {
+  auto t = a_trajectory();
+  t.result.status = rollout::rollout_status::failed;
+  t.result.failure = "the worker holds no weights yet";
+  t.result.finish = ml::finish_reason::length;
+  t.result.request.replaced_from = "rollout_worker#0@n0";
+  auto x = finished_of(t);
+  CHECK(x.outcome == rollout_outcome::failed);
+  CHECK(x.failure == "the worker holds no weights yet");
+  CHECK(x.finish == ev::finish_reason::length);
+  CHECK(x.replaced);
+
+  t.result.status = rollout::rollout_status::reward_failed;
+  t.result.finish = ml::finish_reason::stop;
+  x = finished_of(t);
+  CHECK(x.outcome == rollout_outcome::reward_failed);
+  CHECK(x.finish == ev::finish_reason::other);
+  t.result.finish = ml::finish_reason::abort;
+  CHECK(finished_of(t).finish == ev::finish_reason::other);
+}
+
+TEST_CASE("only a start event tells the driver where a rollout runs") {
+  rollout::event_record e;
+  e.event.request_id = 41;
+  e.event.kind = rollout::event_kind::start;
+  e.worker = "rollout_worker#2@n1";
+  auto started = started_of(e);
+  REQUIRE(started);
+  CHECK(started->request_id == 41);
+  CHECK(started->worker == "rollout_worker#2@n1");
+  e.event.kind = rollout::event_kind::chunk;
+  CHECK_FALSE(started_of(e));
+  e.event.kind = rollout::event_kind::finish;
+  CHECK_FALSE(started_of(e));
+}
