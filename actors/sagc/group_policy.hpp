@@ -4,10 +4,10 @@
 // deadline baseline and the adaptive policy, selectable by config so that all three run on
 // the same code path.
 //
-// The trainer asks for G_t once per step (ARCHITECTURE.md §3 step 1); the controller's shell calls
-// `decide(step)` on the configured policy, logs the returned decision, and feeds each closed
-// step's timing back through `observe` together with the straggler rule whose window the
-// step's durations just entered. Three policies share that interface:
+// The trainer asks for G_t once per step (ARCHITECTURE.md §3 step 1); the controller's core
+// (actors/sagc/controller_core.hpp) calls `decide(step)` on the configured policy, and feeds
+// each closed step's timing back through `observe` together with the straggler rule whose
+// window the step's durations just entered. Three policies share that interface:
 //
 // - `static`: a fixed G, the baseline.
 // - `deadline`: a fixed G and a rollout-phase deadline, the timeout baseline.

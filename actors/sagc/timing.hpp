@@ -4,9 +4,9 @@
 // §6 SAGC, §7): durations per step, the straggler rule, and stragglers detected while they
 // still run.
 //
-// Pure logic, free of CAF: the controller's actor shell decodes each rollout timing message
-// into a `timing_event` and calls `rollout_timing::observe`; at the end of a synchronous step
-// it calls `close_step` and logs the returned `step_timing`.
+// Pure logic, free of CAF: the controller's shell decodes each rollout timing message into a
+// `timing_event` (actors/sagc/sagc_wire.hpp) for its core (actors/sagc/controller_core.hpp),
+// which calls `rollout_timing::observe` and closes each step with `close_step`.
 //
 // Clocks. Every timestamp is the worker's own steady clock (ARCHITECTURE.md §4). Clocks of
 // different workers are never compared: a duration is end − start only when both were

@@ -132,4 +132,53 @@ ev::role_state_restored from_msg(msg::RoleStateRestored::Reader r) {
   return {r.getRole().cStr(), r.getOk(), r.getReason().cStr()};
 }
 
+
+// -- the sagc_controller's side ---------------------------------------------------------
+
+envelope to_msg(const ev::group_size_decision& d) {
+  return build_envelope<msg::GroupSizeDecision>([&](msg::GroupSizeDecision::Builder b) {
+    b.setStep(d.step);
+    b.setGroupSize(d.group_size);
+    b.setReason(d.reason);
+    b.setPolicy(d.policy);
+    b.setVirtualQueue(d.virtual_queue);
+    b.setPStraggler(d.p_straggler);
+    b.setUtility(d.utility);
+    b.setDeadlineNs(d.deadline_ns);
+    b.setMinFinished(d.min_finished);
+  });
+}
+
+envelope to_msg(const step_timing_reply& t) {
+  return build_envelope<msg::StepTiming>([&](msg::StepTiming::Builder b) {
+    b.setStep(t.timing.step);
+    b.setRollouts(t.rollouts);
+    b.setDurationP50Ns(t.timing.duration_p50_ns);
+    b.setDurationP90Ns(t.timing.duration_p90_ns);
+    b.setDurationMaxNs(t.timing.duration_max_ns);
+    b.setStragglers(t.timing.stragglers);
+    b.setStragglerEvent(t.timing.straggler_event);
+    b.setThresholdNs(t.timing.threshold_ns);
+    b.setFlaggedInFlight(t.timing.flagged_in_flight);
+    b.setAborted(t.timing.aborted);
+    b.setRolloutsTimed(t.rollouts_timed);
+  });
+}
+
+cmd::query_group_size from_msg(msg::GroupSizeQuery::Reader q) {
+  return {q.getStep()};
+}
+
+cmd::query_step_timing from_msg(msg::StepTimingQuery::Reader q) {
+  return {q.getStep()};
+}
+
+cmd::query_role_state from_msg(msg::RoleStateQuery::Reader q) {
+  return {"", q.getStep()};
+}
+
+cmd::restore_role_state from_msg(msg::RoleStateRestore::Reader r) {
+  return {"", r.getState().cStr(), r.getSource().cStr()};
+}
+
 } // namespace sorl::trainer

@@ -70,4 +70,33 @@ ev::role_state from_msg(msg::RoleState::Reader r);
 /// A RoleStateRestored's fields.
 ev::role_state_restored from_msg(msg::RoleStateRestored::Reader r);
 
+
+// -- the sagc_controller's side: its queries decoded, its replies encoded -----------------
+
+/// A StepTiming as the sagc_controller sends it: the driver's event plus the two counts that
+/// travel in the message but that the driver does not read.
+struct step_timing_reply {
+  ev::step_timing timing;
+  uint32_t rollouts = 0;       ///< finished rollouts of the step
+  uint32_t rollouts_timed = 0; ///< of those, the ones with a valid duration
+};
+
+/// msg::GroupSizeDecision of `d`, every field as given (the reason is sent as it is).
+envelope to_msg(const ev::group_size_decision& d);
+
+/// msg::StepTiming of `t`.
+envelope to_msg(const step_timing_reply& t);
+
+/// A GroupSizeQuery's fields.
+cmd::query_group_size from_msg(msg::GroupSizeQuery::Reader q);
+
+/// A StepTimingQuery's fields.
+cmd::query_step_timing from_msg(msg::StepTimingQuery::Reader q);
+
+/// A RoleStateQuery's fields; `role` stays empty (the addressee is the reader itself).
+cmd::query_role_state from_msg(msg::RoleStateQuery::Reader q);
+
+/// A RoleStateRestore's fields; `role` stays empty (the addressee is the reader itself).
+cmd::restore_role_state from_msg(msg::RoleStateRestore::Reader r);
+
 } // namespace sorl::trainer

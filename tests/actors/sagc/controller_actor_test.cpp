@@ -56,6 +56,38 @@ void ask(caf::scoped_actor& self, const caf::actor& to, Fill fill, Read read) {
     caf::after(10s) >> [&] { FAIL("no reply from the controller"); });
 }
 
+/// The sagc policy with G in [2, 4] from 3, κ = 2 over a window of 8, ε = 0.5, V = 0.5 and
+/// B = 2 (a step of size G has 2G rollouts), small enough to compute its decisions by hand.
+experiment_config small_sagc() {
+  experiment_config exp;
+  exp.sagc.policy = group_policy_kind::sagc;
+  exp.sagc.g_min = 2;
+  exp.sagc.g_max = 4;
+  exp.sagc.group_size = 3;
+  exp.sagc.kappa = 2.0;
+  exp.sagc.window = 8;
+  exp.sagc.target_rate = 0.5;
+  exp.sagc.v = 0.5;
+  exp.algorithm.prompts_per_step = 2;
+  return exp;
+}
+
+/// Eight rollouts of `step` (request ids 8·step + r): seven of 1 s and one of `slow` seconds.
+void send_step(caf::scoped_actor& self, const caf::actor& ctl, uint64_t step, int64_t slow) {
+  for (uint64_t r = 0; r < 8; ++r) {
+    const uint64_t id = 8 * step + r;
+    self->send(ctl, event(id, step, msg::EventKind::START, 0, 0));
+    self->send(ctl, event(id, step, msg::EventKind::FINISH, (r == 7 ? slow : 1) * s, 10));
+  }
+}
+
+/// Asks `ctl` for the decision of `step` and reads it with `read`.
+template <class Read>
+void decide(caf::scoped_actor& self, const caf::actor& ctl, uint64_t step, Read read) {
+  ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
+    self, ctl, [&](msg::GroupSizeQuery::Builder b) { b.setStep(step); }, read);
+}
+
 } // namespace
 
 TEST_CASE("the controller flags a straggler from its chunk messages before it finishes") {
@@ -214,28 +246,9 @@ TEST_CASE("the controller runs the configured sagc policy from the queue and the
   test_system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  experiment_config exp;
-  exp.sagc.policy = group_policy_kind::sagc;
-  exp.sagc.g_min = 2;
-  exp.sagc.g_max = 4;
-  exp.sagc.group_size = 3;
-  exp.sagc.kappa = 2.0;
-  exp.sagc.window = 8;
-  exp.sagc.target_rate = 0.5;
-  exp.sagc.v = 0.5;
-  exp.algorithm.prompts_per_step = 2; // B = 2: a step of size G has 2G rollouts
-  auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
-  auto decide = [&](uint64_t step, auto read) {
-    ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
-      self, ctl, [&](msg::GroupSizeQuery::Builder b) { b.setStep(step); }, read);
-  };
-  // Eight rollouts of one step: seven of 1 s and one of `slow` seconds.
+  auto ctl = spawn_sagc_controller(sys, test_context(small_sagc(), "sagc_controller"));
   auto run_step = [&](uint64_t step, int64_t slow, bool expect_event) {
-    for (uint64_t r = 0; r < 8; ++r) {
-      const uint64_t id = 8 * step + r;
-      self->send(ctl, event(id, step, msg::EventKind::START, 0, 0));
-      self->send(ctl, event(id, step, msg::EventKind::FINISH, (r == 7 ? slow : 1) * s, 10));
-    }
+    send_step(self, ctl, step, slow);
     ask<msg::StepTimingQuery, msg::StepTiming>(
       self, ctl, [&](msg::StepTimingQuery::Builder b) { b.setStep(step); },
       [&](msg::StepTiming::Reader t) {
@@ -244,7 +257,7 @@ TEST_CASE("the controller runs the configured sagc policy from the queue and the
       });
   };
   // No window yet: the initial G, no estimate.
-  decide(0, [](msg::GroupSizeDecision::Reader d) {
+  decide(self, ctl, 0, [](msg::GroupSizeDecision::Reader d) {
     CHECK(std::string{d.getPolicy().cStr()} == "sagc");
     CHECK(d.getGroupSize() == 3);
     CHECK(d.getVirtualQueue() == 0.0);
@@ -256,7 +269,7 @@ TEST_CASE("the controller runs the configured sagc policy from the queue and the
   // prior a = 1/2 p = (1 + 1/2) / (8 + 1) = 1/6 and P(G) = 1 - (5/6)^(2G).
   run_step(0, 10, false);
   // Q = 0: only the utility counts, G = g_max = 4; P(4) = 1 - (5/6)^8.
-  decide(1, [](msg::GroupSizeDecision::Reader d) {
+  decide(self, ctl, 1, [](msg::GroupSizeDecision::Reader d) {
     CHECK(d.getGroupSize() == 4);
     CHECK(d.getVirtualQueue() == 0.0);
     CHECK(d.getPStraggler() == Approx(1 - 390625.0 / 1679616).epsilon(1e-12));
@@ -267,11 +280,47 @@ TEST_CASE("the controller runs the configured sagc policy from the queue and the
   run_step(1, 5, true);
   // Q = 0.5, V = 0.5: score(G) = 0.5 (1 - 1/G) - 0.5 P(G) with P = .517747, .665102, .767432
   // for G = 2, 3, 4: scores -.008873, .000782, -.008716 → G = 3.
-  decide(2, [](msg::GroupSizeDecision::Reader d) {
+  decide(self, ctl, 2, [](msg::GroupSizeDecision::Reader d) {
     CHECK(d.getVirtualQueue() == 0.5);
     CHECK(d.getGroupSize() == 3);
     CHECK(d.getPStraggler() == Approx(1 - 15625.0 / 46656).epsilon(1e-12));
     CHECK(std::string{d.getReason().cStr()}.rfind("sagc: Q=0.5 window k=1/8 > thr=2s", 0) == 0);
   });
+  self->send_exit(ctl, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the controller learns a step's timing before the next decision without a "
+          "StepTimingQuery") {
+  test_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  // The policy and timings of the sagc case above, with the same hand computation, but no
+  // StepTimingQuery before each decision.
+  auto ctl = spawn_sagc_controller(sys, test_context(small_sagc(), "sagc_controller"));
+  decide(self, ctl, 0, [](msg::GroupSizeDecision::Reader d) { CHECK(d.getGroupSize() == 3); });
+  // Step 0 {1 s × 7, 10 s}: p = 1/6, Q = 0 → G = g_max = 4, P(4) = 1 − (5/6)^8. Without
+  // learning step 0 the controller would still answer the initial G = 3 with no estimate.
+  send_step(self, ctl, 0, 10);
+  decide(self, ctl, 1, [](msg::GroupSizeDecision::Reader d) {
+    CHECK(d.getGroupSize() == 4);
+    CHECK(d.getVirtualQueue() == 0.0);
+    CHECK(d.getPStraggler() == Approx(1 - 390625.0 / 1679616).epsilon(1e-12));
+  });
+  // Step 1 {1 s × 7, 5 s}: an event against the 2 s threshold, Q = 0.5 → G = 3.
+  send_step(self, ctl, 1, 5);
+  decide(self, ctl, 2, [](msg::GroupSizeDecision::Reader d) {
+    CHECK(d.getVirtualQueue() == 0.5);
+    CHECK(d.getGroupSize() == 3);
+    CHECK(d.getPStraggler() == Approx(1 - 15625.0 / 46656).epsilon(1e-12));
+  });
+  // Asked afterwards, step 1's timing is the one the decision learned.
+  ask<msg::StepTimingQuery, msg::StepTiming>(
+    self, ctl, [](msg::StepTimingQuery::Builder b) { b.setStep(1); },
+    [](msg::StepTiming::Reader t) {
+      CHECK(t.getRollouts() == 8);
+      CHECK(t.getThresholdNs() == 2 * s);
+      CHECK(t.getStragglers() == 1);
+      CHECK(t.getStragglerEvent());
+    });
   self->send_exit(ctl, caf::exit_reason::user_shutdown);
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/actors/sagc/same_decision.hpp"
+
 using namespace sorl::sagc;
 
 namespace {
@@ -80,18 +82,7 @@ void run_three_steps(controller& c) {
   }
 }
 
-void check_same(const group_decision& a, const group_decision& b) {
-  CHECK(a.step == b.step);
-  CHECK(a.group_size == b.group_size);
-  CHECK(a.policy == b.policy);
-  CHECK(a.reason == b.reason);
-  CHECK(a.virtual_queue == b.virtual_queue); // bit for bit
-  CHECK(
-    (a.p_straggler == b.p_straggler || (std::isnan(a.p_straggler) && std::isnan(b.p_straggler))));
-  CHECK(a.utility == b.utility);
-  CHECK(a.deadline_ns == b.deadline_ns);
-  CHECK(a.min_finished == b.min_finished);
-}
+using sorl::sagc::test::check_same;
 
 } // namespace
 

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "actors/trainer/train_wire.hpp"
 
@@ -397,6 +398,62 @@ TEST_CASE("every field of the learner's and the controller's replies reaches the
       CHECK(x.role == "sagc_controller");
       CHECK_FALSE(x.ok);
       CHECK(x.reason == "bad JSON");
+    });
+  }
+}
+
+// -- the sagc_controller's side: its queries decoded, its replies encoded ----------------
+// The bytes the controller sends are pinned against its former shell code in
+// tests/actors/sagc/sagc_wire_test.cpp; here every field goes round.
+
+TEST_CASE("the controller's queries decode to the commands they were encoded from",
+          "[train_wire]") {
+  read_as<msg::GroupSizeQuery>(to_msg(cmd::query_group_size{0x0102030405060708ULL}),
+                               [](auto r) { CHECK(from_msg(r).step == 0x0102030405060708ULL); });
+  read_as<msg::StepTimingQuery>(to_msg(cmd::query_step_timing{41}),
+                                [](auto r) { CHECK(from_msg(r).step == 41); });
+  read_as<msg::RoleStateQuery>(to_msg(cmd::query_role_state{"sagc_controller", 7}), [](auto r) {
+    auto x = from_msg(r);
+    CHECK(x.step == 7);
+    CHECK(x.role.empty()); // the addressee does not travel
+  });
+  read_as<msg::RoleStateRestore>(
+    to_msg(cmd::restore_role_state{"sagc_controller", R"({"q":1.5})", "runs/x/ckpt/step-3"}),
+    [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.role.empty());
+      CHECK(x.state == R"({"q":1.5})");
+      CHECK(x.source == "runs/x/ckpt/step-3");
+    });
+}
+
+TEST_CASE("the controller's replies carry every field to the driver's events and back",
+          "[train_wire]") {
+  SECTION("GroupSizeDecision") {
+    ev::group_size_decision d{5, 12, "deadline: queue above target", "deadline", 3000000000LL, 4,
+                              1.5, 0.0625, 0.875};
+    auto fields = [](const ev::group_size_decision& x) {
+      return std::tie(x.step, x.group_size, x.reason, x.policy, x.deadline_ns, x.min_finished,
+                      x.virtual_queue, x.p_straggler, x.utility);
+    };
+    read_as<msg::GroupSizeDecision>(to_msg(d),
+                                    [&](auto r) { CHECK(fields(from_msg(r)) == fields(d)); });
+    d.p_straggler = std::nan("");
+    read_as<msg::GroupSizeDecision>(to_msg(d),
+                                    [](auto r) { CHECK(std::isnan(from_msg(r).p_straggler)); });
+  }
+  SECTION("StepTiming") {
+    const step_timing_reply t{{100, 200, 300, 2, true, 250, 3, 1, 6}, 32, 31};
+    auto fields = [](const ev::step_timing& x) {
+      return std::tie(x.step, x.duration_p50_ns, x.duration_p90_ns, x.duration_max_ns,
+                      x.stragglers, x.straggler_event, x.threshold_ns, x.flagged_in_flight,
+                      x.aborted);
+    };
+    read_as<msg::StepTiming>(to_msg(t), [&](auto r) {
+      const ev::step_timing x = from_msg(r);
+      CHECK(fields(x) == fields(t.timing));
+      CHECK(r.getRollouts() == 32);
+      CHECK(r.getRolloutsTimed() == 31);
     });
   }
 }
