@@ -45,10 +45,13 @@ struct StepTiming {
   rolloutsTimed @10 :UInt32; # finished rollouts with a valid duration
 }
 
-# Trainer → learner: one synchronous step's batch.
+# Trainer → learner: one synchronous step's batch. The trainer first forwards each kept
+# Trajectory to the learner as its own message, then this one; CAF keeps the order of one
+# sender's messages to one receiver, so every trajectory is in when the batch arrives.
 struct TrainBatch {
-  step @0 :UInt64;
-  trajectories @1 :List(Rollout.Trajectory);
+  step @0 :UInt64;             # 0-based
+  trajectories @1 :List(Rollout.Trajectory); # no longer filled: the trajectories travel ahead
+  requestIds @2 :List(UInt64); # the batch's trajectories, in training order
 }
 
 # Learner → trainer: the update is done; metrics as (name, value) pairs.

@@ -181,4 +181,50 @@ cmd::restore_role_state from_msg(msg::RoleStateRestore::Reader r) {
   return {"", r.getState().cStr(), r.getSource().cStr()};
 }
 
+// -- the learner's side ---------------------------------------------------------------------
+
+envelope to_msg(const cmd::train& c) {
+  return build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
+    b.setStep(c.step);
+    auto ids = b.initRequestIds(static_cast<unsigned>(c.request_ids.size()));
+    for (size_t i = 0; i < c.request_ids.size(); ++i)
+      ids.set(static_cast<unsigned>(i), c.request_ids[i]);
+  });
+}
+
+cmd::train from_msg(msg::TrainBatch::Reader b) {
+  cmd::train c;
+  c.step = b.getStep();
+  for (auto id : b.getRequestIds())
+    c.request_ids.push_back(id);
+  return c;
+}
+
+envelope to_msg(const ev::train_result& r, uint64_t step) {
+  return build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+    b.setStep(step);
+    b.setVersion(r.version);
+    if (!r.ok) {
+      b.setOk(false);
+      b.setReason(r.reason);
+      return;
+    }
+    auto names = b.initMetricNames(static_cast<unsigned>(r.metric_names.size()));
+    auto values = b.initMetricValues(static_cast<unsigned>(r.metric_values.size()));
+    for (size_t i = 0; i < r.metric_names.size(); ++i)
+      names.set(static_cast<unsigned>(i), r.metric_names[i]);
+    for (size_t i = 0; i < r.metric_values.size(); ++i)
+      values.set(static_cast<unsigned>(i), r.metric_values[i]);
+    b.setOk(true);
+  });
+}
+
+cmd::request_eval from_msg(msg::EvalRequest::Reader r) {
+  return {r.getTag().cStr(), r.getCount()};
+}
+
+cmd::request_checkpoint from_msg(msg::CheckpointRequest::Reader r) {
+  return {r.getStep(), r.getDir().cStr(), r.getTrainerState().cStr()};
+}
+
 } // namespace sorl::trainer

@@ -1,7 +1,7 @@
 #pragma once
 
 // Translation between the train protocol's messages (messages/train.capnp, apart from
-// TrainBatch and WeightSnapshot) and the trainer step driver's events and commands
+// WeightSnapshot) and the trainer step driver's events and commands
 // (actors/trainer/step_driver.hpp), so the driver stays free of Cap'n Proto. The bytes on the
 // wire are fixed: tests/actors/trainer/train_wire_test.cpp keeps reference encoders and
 // compares every message byte for byte.
@@ -98,5 +98,25 @@ cmd::query_role_state from_msg(msg::RoleStateQuery::Reader q);
 
 /// A RoleStateRestore's fields; `role` stays empty (the addressee is the reader itself).
 cmd::restore_role_state from_msg(msg::RoleStateRestore::Reader r);
+
+// -- the learner's side: the batch it trains on, its result and the requests it answers -----
+
+/// msg::TrainBatch of `c`: the 0-based step and the request ids in training order. The
+/// trajectories themselves travel ahead as their own Trajectory envelopes (ARCHITECTURE.md §4);
+/// the old `trajectories` list is left empty.
+envelope to_msg(const cmd::train& c);
+
+/// A TrainBatch's step and request ids (an old sender's `trajectories` list is not read).
+cmd::train from_msg(msg::TrainBatch::Reader b);
+
+/// msg::TrainResult of `r` for the TrainBatch of 0-based `step`: version and ok always; the
+/// metric names and values when ok, the reason when not (the bytes the learner always sent).
+envelope to_msg(const ev::train_result& r, uint64_t step);
+
+/// An EvalRequest's fields.
+cmd::request_eval from_msg(msg::EvalRequest::Reader r);
+
+/// A CheckpointRequest's fields.
+cmd::request_checkpoint from_msg(msg::CheckpointRequest::Reader r);
 
 } // namespace sorl::trainer

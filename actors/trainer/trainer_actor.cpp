@@ -2,8 +2,8 @@
 // (actors/trainer/step_driver.hpp, ARCHITECTURE.md §3). This file only decodes each message
 // into the driver's `ev::` event, hands it over with the steady-clock time and carries out the
 // returned commands: encoding and sending, timers, the metrics file, printing, logging and
-// ending the job. It also keeps the trajectories' envelopes, so the TrainBatch forwards them
-// without copying them into the driver.
+// ending the job. It also keeps the trajectories' envelopes and forwards them to the learner
+// ahead of the TrainBatch that names them, so they never pass through the driver.
 
 #include "actors/trainer/trainer_actor.hpp"
 
@@ -38,14 +38,24 @@ namespace {
 namespace ev = trainer::ev;
 namespace cmd = trainer::cmd;
 
+/// The trainer's peers, from the roster.
+struct trainer_peers {
+  caf::actor scheduler;
+  caf::actor learner;
+  caf::actor sagc; ///< the sagc_controller
+};
+
+trainer_peers trainer_peers_from(const std::vector<peer_info>& roster) {
+  return {single_peer(roster, role::scheduler), single_peer(roster, role::learner),
+          single_peer(roster, role::sagc_controller)};
+}
+
 struct trainer_state {
   static inline const char* name = "sorl.trainer";
   std::string me;
   const experiment_config* cfg = nullptr;
   caf::actor directory;
-  caf::actor scheduler;
-  caf::actor learner;
-  caf::actor sagc;
+  trainer_peers peers;
   /// Built once the roster is in: its options need the task's size.
   std::unique_ptr<trainer::step_driver> driver;
   /// Events that arrived before the roster, with their envelope, handed over once the
@@ -66,40 +76,36 @@ struct executor {
   std::optional<trainer::event>& next;
 
   const caf::actor& role(const std::string& name) const {
-    return name == role::scheduler ? st.scheduler : st.sagc;
+    return name == role::scheduler ? st.peers.scheduler : st.peers.sagc;
   }
 
   void operator()(const cmd::query_group_size& c) const {
-    self->send(st.sagc, trainer::to_msg(c));
+    self->send(st.peers.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::generate& c) const {
     for (const auto& req : trainer::requests_of(c))
-      self->send(st.scheduler, rollout::to_msg(req));
+      self->send(st.peers.scheduler, rollout::to_msg(req));
   }
   void operator()(const cmd::abort_rollouts& c) const {
-    self->send(st.scheduler,
+    self->send(st.peers.scheduler,
                rollout::to_msg(rollout::abort_request{c.step, c.request_ids, c.reason}));
   }
   void operator()(const cmd::query_step_timing& c) const {
-    self->send(st.sagc, trainer::to_msg(c));
+    self->send(st.peers.sagc, trainer::to_msg(c));
   }
   void operator()(const cmd::keep_trajectory& c) const {
     st.trajectories.emplace(c.request_id, current);
   }
   void operator()(const cmd::train& c) const {
-    auto batch = build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
-      b.setStep(c.step);
-      auto list = b.initTrajectories(static_cast<unsigned>(c.request_ids.size()));
-      for (size_t i = 0; i < c.request_ids.size(); ++i)
-        with_envelope<msg::Trajectory>(
-          st.trajectories.at(c.request_ids[i]),
-          [&](msg::Trajectory::Reader t) { list.setWithCaveats(static_cast<unsigned>(i), t); });
-    });
+    // The kept envelopes themselves (in-process a pointer each), then the batch naming them:
+    // one sender's messages reach the learner in order.
+    for (auto id : c.request_ids)
+      self->send(st.peers.learner, st.trajectories.at(id));
     st.trajectories.clear();
-    self->send(st.learner, batch);
+    self->send(st.peers.learner, trainer::to_msg(c));
   }
   void operator()(const cmd::request_eval& c) const {
-    self->send(st.learner, trainer::to_msg(c));
+    self->send(st.peers.learner, trainer::to_msg(c));
   }
   void operator()(const cmd::query_role_state& c) const {
     self->send(role(c.role), trainer::to_msg(c));
@@ -108,7 +114,7 @@ struct executor {
     self->send(role(c.role), trainer::to_msg(c));
   }
   void operator()(const cmd::request_checkpoint& c) const {
-    self->send(st.learner, trainer::to_msg(c));
+    self->send(st.peers.learner, trainer::to_msg(c));
   }
   void operator()(const cmd::open_metrics& c) const {
     ev::metrics_opened r;
@@ -205,9 +211,7 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.scheduler = single_peer(roster, role::scheduler);
-      st.learner = single_peer(roster, role::learner);
-      st.sagc = single_peer(roster, role::sagc_controller);
+      st.peers = trainer_peers_from(roster);
       const auto missing = role::missing_for_training([&](std::string_view name) {
         return static_cast<int64_t>(peers_with_role(roster, name).size());
       });

@@ -1,8 +1,10 @@
 // The learner actor shell with its trainer, sync publisher and directory played by the test:
-// a train step it cannot take (a malformed batch, every update non-finite) is answered with a
-// failed TrainResult and its reason, never with new weights; a checkpoint it cannot write is
-// answered with a failed CheckpointDone naming the path, and `latest` keeps naming the last
-// complete checkpoint.
+// the trajectories the trainer forwards, then the TrainBatch naming them, make one step, whose
+// result carries the learner's metrics; trajectories of a later step wait for their batch. A
+// train step it cannot take (a missing or malformed trajectory, every update non-finite) is
+// answered with a failed TrainResult and its reason, never with new weights; a checkpoint it
+// cannot write is answered with a failed CheckpointDone naming the path, and `latest` keeps
+// naming the last complete checkpoint.
 
 #include <catch2/catch.hpp>
 
@@ -64,33 +66,52 @@ struct rollout {
   uint64_t request_id = 0;
   float reward = 0.0f;
   uint32_t mask_bytes = 2; ///< the response has 2 tokens; anything else is malformed
+  uint64_t step = 0;       ///< 0-based, as the trainer numbers the batch
 };
 
-envelope train_batch(const std::vector<rollout>& rollouts) {
-  return build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
-    b.setStep(0);
-    auto list = b.initTrajectories(static_cast<unsigned>(rollouts.size()));
-    for (unsigned i = 0; i < rollouts.size(); ++i) {
-      auto t = list[i];
-      t.setRequestId(rollouts[i].request_id);
-      t.setGroupId(0);
-      t.setSampleIndex(i);
-      auto prompt = t.initPromptTokens(2);
-      prompt.set(0, 256);
-      prompt.set(1, '1');
-      auto resp = t.initResponseTokens(2);
-      resp.set(0, '2');
-      resp.set(1, '3');
-      auto lp = t.initSamplingLogprobs(2);
-      lp.set(0, -1.0f);
-      lp.set(1, -1.0f);
-      std::vector<uint8_t> mask(rollouts[i].mask_bytes, 1);
-      t.setLossMask(kj::arrayPtr(mask.data(), mask.size()));
-      t.setReward(rollouts[i].reward);
-      t.setFinishReason(msg::FinishReason::EOS);
-      t.setStatus(msg::RolloutStatus::OK);
-    }
+/// The Trajectory of `r` as the trainer forwards it.
+envelope trajectory(const rollout& r) {
+  return build_envelope<msg::Trajectory>([&](msg::Trajectory::Builder t) {
+    t.setRequestId(r.request_id);
+    t.setStep(r.step);
+    t.setGroupId(0);
+    t.setSampleIndex(static_cast<uint32_t>(r.request_id));
+    auto prompt = t.initPromptTokens(2);
+    prompt.set(0, 256);
+    prompt.set(1, '1');
+    auto resp = t.initResponseTokens(2);
+    resp.set(0, '2');
+    resp.set(1, '3');
+    auto lp = t.initSamplingLogprobs(2);
+    lp.set(0, -1.0f);
+    lp.set(1, -1.0f);
+    std::vector<uint8_t> mask(r.mask_bytes, 1);
+    t.setLossMask(kj::arrayPtr(mask.data(), mask.size()));
+    t.setReward(r.reward);
+    t.setFinishReason(msg::FinishReason::EOS);
+    t.setStatus(msg::RolloutStatus::OK);
   });
+}
+
+/// The TrainBatch of 0-based `step` naming `request_ids` in training order.
+envelope train_batch(uint64_t step, const std::vector<uint64_t>& request_ids) {
+  return build_envelope<msg::TrainBatch>([&](msg::TrainBatch::Builder b) {
+    b.setStep(step);
+    auto ids = b.initRequestIds(static_cast<unsigned>(request_ids.size()));
+    for (unsigned i = 0; i < request_ids.size(); ++i)
+      ids.set(i, request_ids[i]);
+  });
+}
+
+/// What the trainer sends for a step of `rollouts`: each trajectory, then the batch naming
+/// them all in that order.
+void send_step(learner_harness& h, uint64_t step, const std::vector<rollout>& rollouts) {
+  std::vector<uint64_t> ids;
+  for (const auto& r : rollouts) {
+    h.self->send(h.learner, trajectory(r));
+    ids.push_back(r.request_id);
+  }
+  h.self->send(h.learner, train_batch(step, ids));
 }
 
 /// Checkpoint request for the trainer's step 1 carrying `trainer_state`.
@@ -115,7 +136,7 @@ TEST_CASE("a malformed train batch is answered with a failed result naming the t
   sorl::test::scratch_dir scratch{"learner_malformed"};
   auto exp = run_in(scratch.path);
   learner_harness h{exp};
-  h.self->send(h.learner, train_batch({{4, 1.0f}, {5, 0.0f, 1}}));
+  send_step(h, 0, {{4, 1.0f}, {5, 0.0f, 1}});
   expect<msg::TrainResult>(h.self, [](msg::TrainResult::Reader r) {
     CHECK_FALSE(r.getOk());
     CHECK(r.getStep() == 0);
@@ -137,7 +158,7 @@ TEST_CASE("a train step whose every update is non-finite is answered with a fail
     ml::save_checkpoint(exp.model.checkpoint, model.parameters(), {}, ml::checkpoint_state{});
   }
   learner_harness h{exp};
-  h.self->send(h.learner, train_batch({{0, 1.0f}, {1, 0.0f}}));
+  send_step(h, 0, {{0, 1.0f}, {1, 0.0f}});
   expect<msg::TrainResult>(h.self, [](msg::TrainResult::Reader r) {
     CHECK_FALSE(r.getOk());
     CHECK(r.getVersion() == 0);
@@ -145,6 +166,80 @@ TEST_CASE("a train step whose every update is non-finite is answered with a fail
                Catch::StartsWith("every update of the step (1 of them) had a non-finite loss "
                                  "or gradient norm and was dropped"));
   });
+}
+
+TEST_CASE("trajectories then the batch naming them are trained on and answered with the metrics") {
+  sorl::test::scratch_dir scratch{"learner_step"};
+  auto exp = run_in(scratch.path);
+  learner_harness h{exp};
+  send_step(h, 0, {{0, 1.0f}, {1, 0.0f}});
+  expect<msg::TrainResult>(h.self, [](msg::TrainResult::Reader r) {
+    CHECK(r.getOk());
+    CHECK(r.getStep() == 0);
+    CHECK(r.getVersion() == 1);
+    std::vector<std::string> names;
+    for (auto n : r.getMetricNames())
+      names.emplace_back(n.cStr());
+    CHECK(names == std::vector<std::string>{
+                     "loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_max",
+                     "grad_norm", "mismatch_mean", "mismatch_max", "entropy",
+                     "advantage_abs_mean", "zero_signal_groups", "tokens_trained",
+                     "overlong_filtered", "overlong_penalty_mean", "overlong_shaped", "updates",
+                     "skipped_updates", "nonfinite_updates"});
+    REQUIRE(r.getMetricValues().size() == names.size());
+    auto value = [&](const std::string& key) {
+      auto at = std::find(names.begin(), names.end(), key) - names.begin();
+      return r.getMetricValues()[static_cast<unsigned>(at)];
+    };
+    CHECK(value("tokens_trained") == 4.0);     // 2 rollouts × 2 trained response tokens
+    CHECK(value("zero_signal_groups") == 0.0); // rewards 1 and 0 differ
+    CHECK(value("updates") == 1.0);            // one epoch, one minibatch by default
+    CHECK(value("nonfinite_updates") == 0.0);
+  });
+  expect<msg::WeightSnapshot>(h.self, [](msg::WeightSnapshot::Reader w) {
+    CHECK(w.getVersion() == 1);
+  });
+}
+
+TEST_CASE("a batch naming a trajectory that never arrived is answered ok = false naming it") {
+  sorl::test::scratch_dir scratch{"learner_missing"};
+  auto exp = run_in(scratch.path);
+  learner_harness h{exp};
+  h.self->send(h.learner, trajectory({0, 1.0f}));
+  h.self->send(h.learner, trajectory({1, 0.0f}));
+  h.self->send(h.learner, train_batch(0, {0, 7, 1}));
+  expect<msg::TrainResult>(h.self, [](msg::TrainResult::Reader r) {
+    CHECK_FALSE(r.getOk());
+    CHECK(r.getStep() == 0);
+    CHECK(r.getVersion() == 0);
+    CHECK(r.getMetricNames().size() == 0);
+    CHECK(std::string{r.getReason().cStr()} ==
+          "the batch of 3 rollouts names request 7 whose trajectory never arrived");
+  });
+  // The learner is still serving: the next complete step trains.
+  send_step(h, 1, {{2, 1.0f, 2, 1}, {3, 0.0f, 2, 1}});
+  expect<msg::TrainResult>(h.self, [](msg::TrainResult::Reader r) {
+    CHECK(r.getOk());
+    CHECK(r.getVersion() == 1);
+  });
+}
+
+TEST_CASE("trajectories of the next step that arrive before this step's batch are kept") {
+  sorl::test::scratch_dir scratch{"learner_early"};
+  auto exp = run_in(scratch.path);
+  learner_harness h{exp};
+  for (const rollout& r : std::vector<rollout>{{0, 1.0f}, {1, 0.0f}, {2, 1.0f, 2, 1},
+                                               {3, 0.0f, 2, 1}})
+    h.self->send(h.learner, trajectory(r));
+  h.self->send(h.learner, train_batch(0, {1, 0}));
+  h.self->send(h.learner, train_batch(1, {2, 3}));
+  for (uint64_t step : {0, 1})
+    expect<msg::TrainResult>(h.self, [&](msg::TrainResult::Reader r) {
+      INFO(r.getReason().cStr());
+      CHECK(r.getOk());
+      CHECK(r.getStep() == step);
+      CHECK(r.getVersion() == step + 1);
+    });
 }
 
 TEST_CASE("a checkpoint the learner cannot write is answered with the reason and latest kept") {

@@ -457,3 +457,98 @@ TEST_CASE("the controller's replies carry every field to the driver's events and
     });
   }
 }
+
+// -- the learner's side: TrainBatch, TrainResult and the requests the learner reads ----------
+
+namespace {
+
+// The learner's TrainResult encoders as actors/learner/learner_actor.cpp had them, verbatim
+// apart from taking their inputs as arguments and returning the envelope.
+envelope reference_train_result(uint64_t step, uint64_t version,
+                                const std::vector<std::pair<const char*, double>>& metrics) {
+  return build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+              b.setStep(step);
+              b.setVersion(version);
+              auto names = b.initMetricNames(static_cast<unsigned>(metrics.size()));
+              auto values = b.initMetricValues(static_cast<unsigned>(metrics.size()));
+              for (size_t i = 0; i < metrics.size(); ++i) {
+                names.set(static_cast<unsigned>(i), metrics[i].first);
+                values.set(static_cast<unsigned>(i), metrics[i].second);
+              }
+              b.setOk(true);
+            });
+}
+envelope reference_failed_train_result(uint64_t step, uint64_t version, const char* why) {
+  return build_envelope<msg::TrainResult>([&](msg::TrainResult::Builder b) {
+                           b.setStep(step);
+                           b.setVersion(version);
+                           b.setOk(false);
+                           b.setReason(why);
+                         });
+}
+
+} // namespace
+
+TEST_CASE("the learner's TrainBatch, TrainResult and requests round-trip through one codec",
+          "[train_wire]") {
+  SECTION("TrainBatch: the step and the request ids in training order, no trajectories") {
+    cmd::train c{7, {5, 3, 0x0102030405060708ULL, 0}};
+    read_as<msg::TrainBatch>(to_msg(c), [&](auto r) {
+      CHECK(r.getStep() == 7);
+      CHECK_FALSE(r.hasTrajectories());
+      auto x = from_msg(r);
+      CHECK(x.step == 7);
+      CHECK(x.request_ids == std::vector<uint64_t>{5, 3, 0x0102030405060708ULL, 0});
+    });
+    read_as<msg::TrainBatch>(to_msg(cmd::train{}), [](auto r) {
+      auto x = from_msg(r);
+      CHECK(x.step == 0);
+      CHECK(x.request_ids.empty());
+    });
+  }
+  SECTION("TrainResult of a step taken: the learner's bytes, every field back") {
+    ev::train_result r{3, {"loss", "kl", "tokens_trained"}, {-0.5, 0.125, 96.0}, true, ""};
+    auto e = to_msg(r, 2);
+    CHECK(same_bytes(e, reference_train_result(
+                          2, 3, {{"loss", -0.5}, {"kl", 0.125}, {"tokens_trained", 96.0}})));
+    read_as<msg::TrainResult>(e, [](auto m) {
+      CHECK(m.getStep() == 2);
+      CHECK_FALSE(m.hasReason());
+      auto x = from_msg(m);
+      CHECK(x.version == 3);
+      CHECK(x.metric_names == std::vector<std::string>{"loss", "kl", "tokens_trained"});
+      CHECK(x.metric_values == std::vector<double>{-0.5, 0.125, 96.0});
+      CHECK(x.ok);
+      CHECK(x.reason.empty());
+    });
+  }
+  SECTION("TrainResult of a step not taken: the learner's bytes, the reason back") {
+    ev::train_result r{4, {}, {}, false, "every update non-finite"};
+    auto e = to_msg(r, 4);
+    CHECK(same_bytes(e, reference_failed_train_result(4, 4, "every update non-finite")));
+    read_as<msg::TrainResult>(e, [](auto m) {
+      CHECK(m.getStep() == 4);
+      CHECK_FALSE(m.hasMetricNames());
+      auto x = from_msg(m);
+      CHECK(x.version == 4);
+      CHECK(x.metric_names.empty());
+      CHECK(x.metric_values.empty());
+      CHECK_FALSE(x.ok);
+      CHECK(x.reason == "every update non-finite");
+    });
+  }
+  SECTION("EvalRequest and CheckpointRequest read back into the trainer's commands") {
+    read_as<msg::EvalRequest>(to_msg(cmd::request_eval{"before", 48}), [](auto m) {
+      auto x = from_msg(m);
+      CHECK(x.tag == "before");
+      CHECK(x.count == 48);
+    });
+    cmd::request_checkpoint c{12, "runs/x", R"({"step":12,"rng":"a1"})"};
+    read_as<msg::CheckpointRequest>(to_msg(c), [](auto m) {
+      auto x = from_msg(m);
+      CHECK(x.step == 12);
+      CHECK(x.dir == "runs/x");
+      CHECK(x.trainer_state == R"({"step":12,"rng":"a1"})");
+    });
+  }
+}

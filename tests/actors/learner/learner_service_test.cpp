@@ -1,0 +1,198 @@
+// The learner service's batch assembly without an actor: the trajectories the trainer forwards
+// are kept by request id until the TrainBatch of their step, which takes them in its own order;
+// a missing, repeated, malformed or left-over trajectory is a clear error that loses no later
+// step's trajectories. The service answers such a batch with ok = false and keeps its weights.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <capnp/message.h>
+
+#include "actors/learner/learner_service.hpp"
+#include "runtime/config.hpp"
+#include "tests/support/scratch_dir.hpp"
+
+using namespace sorl;
+using namespace sorl::learner;
+
+namespace {
+
+/// A Trajectory of request `id` of 0-based `step`: group id / 2, prompt {256, id}, response
+/// {50, 51}, both tokens sampled, log-probs {-0.5, -0.25}, `reward`.
+struct trajectory_msg {
+  capnp::MallocMessageBuilder message;
+  msg::Trajectory::Builder t = message.initRoot<msg::Trajectory>();
+
+  trajectory_msg(uint64_t id, uint64_t step, float reward = 1.0f) {
+    t.setRequestId(id);
+    t.setStep(step);
+    t.setGroupId(id / 2);
+    auto prompt = t.initPromptTokens(2);
+    prompt.set(0, 256);
+    prompt.set(1, static_cast<int32_t>(id));
+    auto resp = t.initResponseTokens(2);
+    resp.set(0, 50);
+    resp.set(1, 51);
+    auto lp = t.initSamplingLogprobs(2);
+    lp.set(0, -0.5f);
+    lp.set(1, -0.25f);
+    const uint8_t mask[] = {1, 1};
+    t.setLossMask(kj::arrayPtr(mask, 2));
+    t.setReward(reward);
+    t.setFinishReason(msg::FinishReason::EOS);
+    t.setStatus(msg::RolloutStatus::OK);
+  }
+  msg::Trajectory::Reader reader() {
+    return t.asReader();
+  }
+};
+
+void keep(trajectory_buffer& buf, uint64_t id, uint64_t step, float reward = 1.0f) {
+  trajectory_msg m{id, step, reward};
+  buf.keep(m.reader());
+}
+
+/// The second prompt token of each sample: the request id it was built from.
+std::vector<int32_t> ids_of(const std::vector<rollout_sample>& samples) {
+  std::vector<int32_t> out;
+  for (const auto& s : samples)
+    out.push_back(s.prompt.at(1));
+  return out;
+}
+
+std::string take_error(trajectory_buffer& buf, uint64_t step, const std::vector<uint64_t>& ids) {
+  try {
+    buf.take(step, ids);
+  } catch (const std::invalid_argument& ex) {
+    return ex.what();
+  }
+  FAIL("the batch was assembled");
+  return {};
+}
+
+} // namespace
+
+TEST_CASE("a trajectory decodes into the learner's sample field by field") {
+  trajectory_msg m{5, 0, 0.75f};
+  m.t.setFinishReason(msg::FinishReason::LENGTH);
+  auto s = sample_from(m.reader());
+  CHECK(s.group_id == 2);
+  CHECK(s.prompt == std::vector<int32_t>{256, 5});
+  CHECK(s.response == std::vector<int32_t>{50, 51});
+  CHECK(s.loss_mask == std::vector<uint8_t>{1, 1});
+  CHECK(s.sampling_logprobs == std::vector<float>{-0.5f, -0.25f});
+  CHECK(s.reward == 0.75f);
+  CHECK(s.truncated);
+  CHECK_FALSE(s.reward_failed);
+
+  SECTION("a rollout whose reward failed, or is not finite, is masked and its reward is 0") {
+    m.t.setStatus(msg::RolloutStatus::REWARD_FAILED);
+    auto failed = sample_from(m.reader());
+    CHECK(failed.reward_failed);
+    CHECK(failed.reward == 0.0f);
+    m.t.setStatus(msg::RolloutStatus::OK);
+    m.t.setReward(std::nanf(""));
+    auto nan = sample_from(m.reader());
+    CHECK(nan.reward_failed);
+    CHECK(nan.reward == 0.0f);
+  }
+  SECTION("a log-prob list of the wrong length names the request") {
+    m.t.initSamplingLogprobs(1);
+    CHECK_THROWS_WITH(sample_from(m.reader()),
+                      "trajectory 5: 2 response tokens, 2 mask bytes, 1 log-probs");
+  }
+}
+
+TEST_CASE("the batch's samples come in the batch's order, not in arrival order") {
+  trajectory_buffer buf;
+  for (uint64_t id : {0, 1, 2, 3})
+    keep(buf, id, 4);
+  auto samples = buf.take(4, {3, 0, 2, 1});
+  CHECK(ids_of(samples) == std::vector<int32_t>{3, 0, 2, 1});
+  CHECK(buf.size() == 0);
+}
+
+TEST_CASE("trajectories of a later step stay kept when an earlier batch is taken") {
+  trajectory_buffer buf;
+  keep(buf, 0, 0);
+  keep(buf, 2, 1); // step 1's, ahead of step 0's second one
+  keep(buf, 1, 0);
+  keep(buf, 3, 1);
+  CHECK(ids_of(buf.take(0, {0, 1})) == std::vector<int32_t>{0, 1});
+  CHECK(buf.size() == 2);
+  CHECK(ids_of(buf.take(1, {3, 2})) == std::vector<int32_t>{3, 2});
+  CHECK(buf.size() == 0);
+}
+
+TEST_CASE("a batch that cannot be assembled names the requests and keeps later steps") {
+  trajectory_buffer buf;
+  keep(buf, 0, 0);
+  keep(buf, 1, 0);
+  keep(buf, 9, 1);
+  SECTION("a named trajectory that never arrived") {
+    CHECK(take_error(buf, 0, {0, 7, 1, 8}) ==
+          "the batch of 4 rollouts names requests 7, 8 whose trajectory never arrived");
+  }
+  SECTION("a request named twice") {
+    CHECK(take_error(buf, 0, {0, 1, 0}) == "the batch names request 0 more than once");
+  }
+  SECTION("a trajectory of the batch's step that the batch does not name") {
+    CHECK(take_error(buf, 0, {1}) ==
+          "trajectories of step 1 arrived that the batch does not name: request 0");
+  }
+  SECTION("a trajectory that arrived twice") {
+    keep(buf, 1, 0);
+    CHECK(take_error(buf, 0, {0, 1}) == "two trajectories of request 1 arrived");
+  }
+  SECTION("a malformed trajectory, with sample_from's reason") {
+    trajectory_msg m{4, 0};
+    m.t.setLossMask(kj::ArrayPtr<const kj::byte>());
+    buf.keep(m.reader());
+    CHECK(take_error(buf, 0, {0, 1, 4}) ==
+          "trajectory 4: 2 response tokens, 0 mask bytes, 2 log-probs");
+  }
+  // Step 0's trajectories are gone with the failed batch; step 1's is still there.
+  CHECK(buf.size() == 1);
+  CHECK(ids_of(buf.take(1, {9})) == std::vector<int32_t>{9});
+}
+
+TEST_CASE("more than ten missing requests are named ten at a time") {
+  trajectory_buffer buf;
+  std::vector<uint64_t> ids;
+  for (uint64_t id = 0; id < 12; ++id)
+    ids.push_back(id);
+  CHECK(take_error(buf, 0, ids) == "the batch of 12 rollouts names requests 0, 1, 2, 3, 4, 5, "
+                                   "6, 7, 8, 9 and 2 more whose trajectory never arrived");
+}
+
+TEST_CASE("the service answers a batch it cannot assemble with ok = false and keeps its version") {
+  sorl::test::scratch_dir scratch{"learner_service"};
+  experiment_config exp;
+  exp.run.output_dir = scratch.path.string();
+  exp.run.name = "run";
+  learner_service svc{exp, "learner"};
+  // Before the policy is loaded nothing can be trained.
+  auto early = svc.train(0, {});
+  CHECK_FALSE(early.ok);
+  CHECK(early.reason == "the policy is not loaded yet");
+
+  auto loaded = svc.load_policy();
+  CHECK_FALSE(loaded.resumed);
+  CHECK(loaded.source == "fresh " + exp.model.preset + " init (seed " +
+                           std::to_string(exp.run.seed) + ")");
+  CHECK(loaded.trainer_state.empty());
+  trajectory_msg a{0, 0, 1.0f};
+  svc.keep(a.reader());
+  auto r = svc.train(0, {0, 1});
+  CHECK_FALSE(r.ok);
+  CHECK(r.step == 0);
+  CHECK(r.version == 0);
+  CHECK(r.metrics.empty());
+  CHECK(r.reason == "the batch of 2 rollouts names request 1 whose trajectory never arrived");
+  CHECK(svc.kept() == 0);
+  CHECK(svc.version() == 0);
+}
