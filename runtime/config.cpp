@@ -716,6 +716,7 @@ void parse_network(table_reader& r, network_config& c, const std::string& base) 
   r.integer("connection_timeout_ms", c.connection_timeout_ms, 0, 3'600'000);
   r.integer("connect_timeout_ms", c.connect_timeout_ms, 0, 3'600'000);
   r.integer("join_timeout_ms", c.join_timeout_ms, 1, 86'400'000);
+  r.integer("stop_grace_ms", c.stop_grace_ms, 1, 3'600'000);
   r.boolean("insecure", c.insecure);
   auto* cert = r.string("tls_certificate", c.tls_certificate);
   auto* key = r.string("tls_key", c.tls_key);

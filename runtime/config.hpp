@@ -254,6 +254,9 @@ struct network_config {
   int64_t connection_timeout_ms = 2000;
   int64_t connect_timeout_ms = 15000; ///< how long a connecting node retries reaching the hub
   int64_t join_timeout_ms = 60000;    ///< how long the hub waits for every node to join
+  /// Once the job has ended, how long the hub waits for every actor to stop before it stops
+  /// waiting and names the ones that did not, ms.
+  int64_t stop_grace_ms = 10000;
   bool insecure = false;              ///< allow non-loopback listen/connect without TLS
   std::string tls_certificate;        ///< PEM, relative paths resolve against the config file
   std::string tls_key;

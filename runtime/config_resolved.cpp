@@ -178,6 +178,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("connection_timeout_ms", c.network.connection_timeout_ms);
   e.integer("connect_timeout_ms", c.network.connect_timeout_ms);
   e.integer("join_timeout_ms", c.network.join_timeout_ms);
+  e.integer("stop_grace_ms", c.network.stop_grace_ms);
   e.boolean("insecure", c.network.insecure);
   // The three TLS files go together: an empty one is the default (no TLS), not a path.
   e.path("tls_certificate", c.network.tls_certificate);

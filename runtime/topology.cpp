@@ -165,7 +165,8 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
     if (st.members.empty())
       self->quit();
     else
-      self->delayed_send(self, 10s, stop_timeout_atom::value);
+      self->delayed_send(self, std::chrono::milliseconds{st.cfg->network.stop_grace_ms},
+                         stop_timeout_atom::value);
   };
   self->set_down_handler([self, stop](caf::down_msg& dm) {
     auto& st = self->state;
@@ -281,6 +282,7 @@ caf::behavior directory_actor(caf::stateful_actor<directory_state>* self,
 struct agent_state {
   static inline const char* name = "sorl.node_agent";
   std::vector<caf::actor> local;
+  std::vector<std::string> local_names; ///< parallel to `local`, for the stop log
   bool shutdown_seen = false;
   bool ok = false;
   std::string why;
@@ -321,8 +323,13 @@ caf::behavior node_agent(caf::stateful_actor<agent_state>* self, agent_plan plan
     }
     auto it = std::find_if(st.local.begin(), st.local.end(),
                            [&](const caf::actor& a) { return a.address() == dm.source; });
-    if (it != st.local.end())
+    if (it != st.local.end()) {
+      auto i = it - st.local.begin();
+      spdlog::debug("node {}: {} stopped ({}); {} local actors left", plan.node,
+                    st.local_names[i], caf::to_string(dm.reason), st.local.size() - 1);
       st.local.erase(it);
+      st.local_names.erase(st.local_names.begin() + i);
+    }
     finish_if_idle();
   });
   self->monitor(plan.directory);
@@ -345,14 +352,17 @@ caf::behavior node_agent(caf::stateful_actor<agent_state>* self, agent_plan plan
     auto handle = entry->spawn(self->system(), ctx);
     self->monitor(handle);
     self->state.local.push_back(handle);
+    self->state.local_names.push_back(peer_info{p.role, p.index, plan.node, handle}.name());
     self->send(plan.directory, register_atom::value,
                peer_info{p.role, p.index, plan.node, handle});
   }
   if (self->state.local.empty())
     spdlog::info("node {}: no actors to run", plan.node);
   return {
-    [self](shutdown_atom, bool ok, std::string& why) {
+    [self, node = plan.node](shutdown_atom, bool ok, std::string& why) {
       auto& st = self->state;
+      spdlog::debug("node {}: the job ended; waiting for {} local actors", node,
+                    st.local.size());
       st.shutdown_seen = true;
       st.ok = ok;
       st.why = std::move(why);
@@ -473,10 +483,15 @@ run_result run_in_process(const experiment_config& cfg, const role_table& table,
   interrupt_route route{interrupts, directory, cfg.nodes.empty() ? "" : cfg.nodes.front().name,
                         hub_ack};
   std::vector<std::shared_ptr<node_result>> results;
+  // Held until every agent has reported: an actor nobody references is terminated as
+  // unreachable, and the directory (the agents' other holder) may quit before an agent has
+  // seen its last actor go down, which would leave this thread waiting for a result forever.
+  std::vector<caf::actor> agents;
   for (const auto& node : cfg.nodes) {
     auto result = std::make_shared<node_result>();
     results.push_back(result);
-    sys.spawn(node_agent, agent_plan{&cfg, &table, node.name, directory, outcome, result});
+    agents.push_back(
+      sys.spawn(node_agent, agent_plan{&cfg, &table, node.name, directory, outcome, result}));
   }
   directory = nullptr; // the agents and the roster hold it from here on
   return collect(sys, results, baseline);
@@ -564,7 +579,9 @@ run_result run_node(const experiment_config& cfg, const role_table& table,
                                         opts.node)};
   auto result = std::make_shared<node_result>();
   std::vector<std::shared_ptr<node_result>> results{result};
-  sys.spawn(node_agent, agent_plan{&cfg, &table, opts.node, directory, outcome, result});
+  // Held until the agent has reported (see run_in_process).
+  auto agent =
+    sys.spawn(node_agent, agent_plan{&cfg, &table, opts.node, directory, outcome, result});
   directory = nullptr;
   auto out = collect(sys, results, baseline);
   return out;

@@ -1,13 +1,19 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <caf/all.hpp>
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
+#include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
 #include "runtime/role_names.hpp"
 #include "runtime/topology.hpp"
@@ -22,7 +28,57 @@ experiment_config smoke(const std::string& nodes, int rounds = 25) {
   return parse_config(text, "smoke-test.toml", role_names(builtin_roles()));
 }
 
+/// Ends the job as soon as the roster is out.
+caf::behavior finisher(caf::event_based_actor* self, caf::actor directory) {
+  return {
+    [self, directory](roster_atom, const std::vector<peer_info>&) {
+      self->send(directory, shutdown_atom::value, true, std::string{"finished at once"});
+    },
+    [](peer_down_atom, const peer_info&, const std::string&) {},
+    [self](shutdown_atom, bool, const std::string&) { self->quit(); },
+  };
+}
+
+/// Ignores the shutdown and stops only once the directory is gone, i.e. after the hub's stop
+/// grace period: the last actor of its node goes down after the directory has quit.
+caf::behavior stubborn(caf::event_based_actor* self, caf::actor directory) {
+  self->monitor(directory);
+  self->set_down_handler([self](caf::down_msg&) { self->quit(); });
+  return {
+    [](roster_atom, const std::vector<peer_info>&) {},
+    [](peer_down_atom, const peer_info&, const std::string&) {},
+    [](shutdown_atom, bool, const std::string&) {},
+  };
+}
+
 } // namespace
+
+TEST_CASE("a node whose last actor stops after the directory has quit still reports and ends "
+          "the run") {
+  const role_table table{
+    {"finisher", "ends the job",
+     [](caf::actor_system& sys, const role_context& ctx) {
+       return sys.spawn(finisher, ctx.directory);
+     }},
+    {"stubborn", "outlives the directory",
+     [](caf::actor_system& sys, const role_context& ctx) {
+       return sys.spawn(stubborn, ctx.directory);
+     }},
+  };
+  const auto cfg = parse_config("[network]\nstop_grace_ms = 100\n[[node]]\nname = \"main\"\n"
+                                "actors = [\"finisher\", \"stubborn\"]\n",
+                                "grace.toml", role_names(table));
+  // On a thread, so that a run that never ends fails this case instead of hanging it; the
+  // thread owns copies of what it reads.
+  auto done = std::make_shared<std::promise<run_result>>();
+  auto ended = done->get_future();
+  std::thread([done, cfg, table] { done->set_value(run_in_process(cfg, table)); }).detach();
+  REQUIRE(ended.wait_for(std::chrono::seconds{60}) == std::future_status::ready);
+  const auto result = ended.get();
+  CHECK(result.exit_code == 0);
+  CHECK(result.why == "finished at once");
+  CHECK(result.leaked_actors == 0);
+}
 
 TEST_CASE("one process runs every node, exchanges envelopes and shuts down cleanly") {
   auto cfg = smoke(R"(
