@@ -1,35 +1,39 @@
 #include "actors/rollout/worker_actor.hpp"
 
-#include <ATen/ATen.h>
 #include <caf/all.hpp>
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/rollout_wire.hpp"
-#include "actors/rollout/worker_core.hpp"
+#include "actors/rollout/worker_serving.hpp"
 #include "actors/sync/sync_wire.hpp"
 #include "actors/sync/weight_receiver.hpp"
-#include "messages/rollout.capnp.h"
-#include "messages/sync.capnp.h"
 
 namespace sorl {
 
 namespace {
 
-constexpr uint64_t no_version = sync::weight_receiver::no_version;
+/// The worker's peers, by role.
+struct worker_peers {
+  caf::actor trainer, scheduler, sagc, publisher;
+
+  static worker_peers from(const std::vector<peer_info>& roster) {
+    return {single_peer(roster, role::trainer), single_peer(roster, role::scheduler),
+            single_peer(roster, role::sagc_controller), single_peer(roster, role::sync_publisher)};
+  }
+  const caf::actor& of(rollout::event_peer p) const {
+    return p == rollout::event_peer::trainer ? trainer
+           : p == rollout::event_peer::scheduler ? scheduler : sagc;
+  }
+};
 
 struct worker_state {
   static inline const char* name = "sorl.rollout_worker";
   std::unique_ptr<rollout::worker_core> core;
-  /// Receives versions into the model's bf16 parameters.
-  std::unique_ptr<sync::weight_receiver> weights;
+  std::unique_ptr<sync::weight_receiver> weights; ///< writes versions into core->model()
   bool ticking = false;
-  caf::actor trainer;
-  caf::actor scheduler;
-  caf::actor sagc;
-  caf::actor publisher;
+  worker_peers peers;
   std::string me;
 };
 
@@ -42,13 +46,18 @@ void carry_out(worker_actor_t* self, const sync::weight_receiver::result& r) {
     st.core->weights_changed();
   sync::write_logs(r.logs);
   if (r.ack)
-    self->send(st.publisher, sync::encode_ack(*r.ack, st.me));
+    self->send(st.peers.publisher, sync::encode_ack(*r.ack, st.me));
 }
 
-/// Sends the core's pending timing events to the controller and the scheduler, stamped
-/// with the worker's load after them; start events also to the trainer, whose rollout-phase
-/// watchdog names the worker of each rollout it still waits for.
-void send_events(worker_actor_t* self) {
+/// An idle worker applies the version that waited for its last rollout.
+void settle(worker_actor_t* self) {
+  if (self->state.core->idle())
+    carry_out(self, self->state.weights->on_idle());
+}
+
+/// Sends the core's pending timing events where event_destinations says, stamped with the
+/// load after them, then `results` to the trainer.
+void send_out(worker_actor_t* self, const std::vector<rollout::rollout_result>& results = {}) {
   auto& st = self->state;
   auto in_flight = static_cast<uint32_t>(st.core->in_flight());
   auto events = st.core->take_events();
@@ -58,29 +67,11 @@ void send_events(worker_actor_t* self) {
     spdlog::debug("{}: holds {} requests", st.me, in_flight);
   for (auto& ev : events) {
     auto env = rollout::to_msg(ev, st.me, in_flight);
-    self->send(st.sagc, env);
-    self->send(st.scheduler, env);
-    if (ev.kind == rollout::event_kind::start)
-      self->send(st.trainer, env);
+    for (auto to : rollout::event_destinations(ev.kind))
+      self->send(st.peers.of(to), env);
   }
-}
-
-void send_results(worker_actor_t* self, const std::vector<rollout::rollout_result>& results) {
-  auto& st = self->state;
-  send_events(self);
   for (auto& r : results)
-    self->send(st.trainer, rollout::to_msg(r, st.me, st.weights->version()));
-}
-
-void pump(worker_actor_t* self) {
-  send_results(self, self->state.core->step());
-}
-
-void start_ticking(worker_actor_t* self) {
-  if (!self->state.ticking) {
-    self->state.ticking = true;
-    self->send(self, tick_atom::value);
-  }
+    self->send(st.peers.trainer, rollout::to_msg(r, st.me, st.weights->version()));
 }
 
 caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
@@ -89,67 +80,33 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
                                                    make_task_from(*ctx.config),
                                                    rollout::worker_options_from(*ctx.config));
-  std::vector<sync::tensor_meta> expected;
-  std::vector<sync::delta_target> targets; // tensor id = index in model order
-  for (const auto& [name, t] : st.core->model().parameters()) {
-    sync::tensor_meta m;
-    m.name = name;
-    m.shape.assign(t.sizes().begin(), t.sizes().end());
-    m.dtype = sync::weight_dtype::bf16;
-    expected.push_back(std::move(m));
-    if (t.scalar_type() != at::kBFloat16 || !t.is_contiguous())
-      throw std::logic_error(fmt::format("rollout parameter \"{}\" is not contiguous bf16", name));
-    targets.push_back({static_cast<uint32_t>(targets.size()),
-                       reinterpret_cast<uint16_t*>(t.data_ptr()),
-                       static_cast<uint64_t>(t.numel())});
-  }
-  st.weights = std::make_unique<sync::weight_receiver>(st.me, std::move(expected),
-                                                       std::move(targets), steady_now_ns);
+  auto layout = rollout::receiver_layout_of(st.core->model());
+  st.weights = std::make_unique<sync::weight_receiver>(
+    st.me, std::move(layout.expected), std::move(layout.targets), steady_now_ns);
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
-      auto& st = self->state;
-      st.trainer = single_peer(roster, role::trainer);
-      st.scheduler = single_peer(roster, role::scheduler);
-      st.sagc = single_peer(roster, role::sagc_controller);
-      st.publisher = single_peer(roster, role::sync_publisher);
+      self->state.peers = worker_peers::from(roster);
     },
     [self](const envelope& e) {
       auto& st = self->state;
       if (handle_as<msg::GenerateRequest>(e, st.me, [&](msg::GenerateRequest::Reader r) {
             const auto req = rollout::from_msg(r);
-            // A request is never dropped: what cannot be served goes back to the trainer as a
-            // failed rollout, so that the step completes without it.
-            try {
-              auto held = st.weights->version();
-              if (req.weight_version != held) {
-                auto why = held == no_version
-                             ? fmt::format("the worker holds no weights yet, the request wants "
-                                           "version {}",
-                                           req.weight_version)
-                             : fmt::format("the worker holds weights version {}, the request "
-                                           "wants version {}",
-                                           held, req.weight_version);
-                spdlog::warn("{}: request {}: {}", st.me, req.request_id, why);
-                st.core->reject(req, why);
-              } else {
-                st.core->enqueue(req);
-              }
-            } catch (const std::exception& ex) {
-              // Only a request id already held: the rollout in flight answers for it.
-              spdlog::error("{}: cannot take request {}: {}", st.me, req.request_id, ex.what());
-              return;
-            }
-            start_ticking(self);
+            const auto a = rollout::admit(*st.core, req, st.weights->version());
+            if (!a.held)
+              return spdlog::error("{}: cannot take request {}: {}", st.me, req.request_id, a.error);
+            if (!a.refusal.empty())
+              spdlog::warn("{}: request {}: {}", st.me, req.request_id, a.refusal);
+            if (!std::exchange(st.ticking, true))
+              self->send(self, tick_atom::value);
           }))
         return;
       if (handle_as<msg::AbortRollouts>(e, st.me, [&](msg::AbortRollouts::Reader a) {
             const auto req = rollout::from_msg(a);
             auto aborted = st.core->abort(req.request_ids);
-            send_events(self); // only finish events: aborted rollouts never reach the loss
+            send_out(self); // only finish events: aborted rollouts never reach the loss
             spdlog::debug("{}: step {}: aborted {} rollout(s) ({}); {} KV blocks in use", st.me,
                           req.step, aborted.size(), req.reason, st.core->kv_blocks_in_use());
-            if (st.core->idle())
-              carry_out(self, st.weights->on_idle());
+            settle(self);
           }))
         return;
       if (handle_as<msg::WeightVersion>(e, st.me, [&](msg::WeightVersion::Reader v) {
@@ -164,30 +121,16 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
     },
     [self](tick_atom) {
       auto& st = self->state;
-      try {
-        pump(self);
-      } catch (const std::exception& ex) {
-        // The generator's state is unknown now: every rollout held goes back as failed (the
-        // step completes without them), then the worker leaves and the scheduler places new
-        // requests elsewhere.
-        spdlog::critical("{}: decoding failed: {}", st.me, ex.what());
-        auto lost = st.core->abort_all();
-        for (auto& r : lost) {
-          if (r.finish != ml::finish_reason::abort || r.status != rollout::rollout_status::ok)
-            continue; // finished (or failed) before the error: sent as it is
-          r.status = rollout::rollout_status::failed;
-          r.failure = std::string{"decoding failed on "} + st.me + ": " + ex.what();
-          r.reward_reason = r.failure;
-        }
-        send_results(self, lost);
-        self->quit(caf::make_error(caf::sec::runtime_error, std::string{ex.what()}));
-        return;
-      }
-      if (st.core->idle()) {
-        st.ticking = false;
-        carry_out(self, st.weights->on_idle());
-      } else
-        self->send(self, tick_atom::value); // behind whatever arrived meanwhile
+      auto t = rollout::decode_tick(*st.core, st.me);
+      if (t.failure)
+        spdlog::critical("{}: decoding failed: {}", st.me, *t.failure);
+      send_out(self, t.results);
+      if (t.failure) // the scheduler places new requests elsewhere
+        return self->quit(caf::make_error(caf::sec::runtime_error, *t.failure));
+      if (!st.core->idle())
+        return self->send(self, tick_atom::value); // behind whatever arrived meanwhile
+      st.ticking = false;
+      settle(self);
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {
       spdlog::warn("{}: peer down: {} ({})", self->state.me, who.name(), why);

@@ -16,12 +16,24 @@ namespace sorl {
 
 namespace {
 
+/// The publisher's peers, by role.
+struct publisher_peers {
+  caf::actor trainer;
+  std::map<std::string, caf::actor> workers; ///< live rollout workers, by name
+
+  static publisher_peers from(const std::vector<peer_info>& roster) {
+    publisher_peers p{single_peer(roster, role::trainer), {}};
+    for (auto& w : peers_with_role(roster, role::rollout_worker))
+      p.workers.emplace(w.name(), w.handle);
+    return p;
+  }
+};
+
 struct publisher_state {
   static inline const char* name = "sorl.sync_publisher";
   std::string me;
-  caf::actor trainer;
   caf::actor directory;
-  std::map<std::string, caf::actor> workers; ///< live, by name
+  publisher_peers peers;
   std::unique_ptr<sync::publisher_core> core;
   /// The version in flight's payloads as messages (header, then buckets), encoded once each
   /// and shared by every worker that gets them: envelopes are immutable shared buffers, so
@@ -58,7 +70,7 @@ void carry_out(publisher_actor_t* self, const sync::publisher_core::result& r) {
   try {
     for (const auto& s : r.sends)
       for (const auto& e : wire_payload(self, s.kind))
-        self->send(st.workers.at(s.worker), e);
+        self->send(st.peers.workers.at(s.worker), e);
   } catch (const std::exception& ex) {
     return fail_publish(self, ex.what());
   } catch (const kj::Exception& ex) {
@@ -66,7 +78,7 @@ void carry_out(publisher_actor_t* self, const sync::publisher_core::result& r) {
   }
   if (r.ready) {
     st.wire.clear();
-    self->send(st.trainer, sync::encode_version_ready(*r.ready));
+    self->send(st.peers.trainer, sync::encode_version_ready(*r.ready));
   }
   if (r.fail)
     sorl::fail_job(st.directory, st.me, *r.fail);
@@ -81,11 +93,9 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;
-      st.trainer = single_peer(roster, role::trainer);
-      for (auto& p : peers_with_role(roster, role::rollout_worker)) {
-        st.workers.emplace(p.name(), p.handle);
-        st.core->add_worker(p.name());
-      }
+      st.peers = publisher_peers::from(roster);
+      for (const auto& w : st.peers.workers)
+        st.core->add_worker(w.first);
     },
     [self](const envelope& e) {
       auto& st = self->state;
@@ -110,7 +120,7 @@ caf::behavior publisher_actor(publisher_actor_t* self, role_context ctx) {
       auto& st = self->state;
       if (who.role != role::rollout_worker)
         return;
-      st.workers.erase(who.name());
+      st.peers.workers.erase(who.name());
       carry_out(self, st.core->on_worker_down(who.name()));
     },
     [self](shutdown_atom, bool, const std::string&) { self->quit(); },

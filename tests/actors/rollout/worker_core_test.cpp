@@ -13,6 +13,8 @@
 
 #include "actors/rollout/request_sampling.hpp"
 #include "actors/rollout/worker_core.hpp"
+#include "actors/rollout/worker_serving.hpp"
+#include "actors/sync/weight_receiver.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
 #include "runtime/ml/sampler.hpp"
@@ -509,4 +511,166 @@ TEST_CASE("worker options come from [rollout], with the config's defaults") {
   const auto o = worker_options_from(cfg);
   CHECK(o.max_batch == 5);
   CHECK(o.chunk_tokens == 0);
+}
+
+// The serving rules the worker's shell follows (worker_serving.hpp).
+
+TEST_CASE("a worker refuses a request for weights it does not hold with the exact reason") {
+  constexpr auto none = sync::weight_receiver::no_version;
+  CHECK(version_refusal(none, 0) ==
+        std::optional<std::string>{"the worker holds no weights yet, the request wants version 0"});
+  CHECK(version_refusal(3, 4) == std::optional<std::string>{
+                                   "the worker holds weights version 3, the request wants version 4"});
+  CHECK(version_refusal(4, 3) == std::optional<std::string>{
+                                   "the worker holds weights version 4, the request wants version 3"});
+  CHECK_FALSE(version_refusal(0, 0));
+  CHECK_FALSE(version_refusal(7, 7));
+
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  auto stale = request(1, 0, 0, 5, 2);
+  stale.weight_version = 2;
+  auto served = request(2, 1, 0, 5, 2);
+  served.weight_version = 3;
+  const auto refused = admit(w, stale, 3);
+  CHECK(refused.held);
+  CHECK(refused.refusal == "the worker holds weights version 3, the request wants version 2");
+  CHECK(refused.error.empty());
+  const auto taken = admit(w, served, 3);
+  CHECK(taken.held);
+  CHECK(taken.refusal.empty());
+  CHECK(taken.error.empty());
+  const auto again = admit(w, served, 3); // the rollout in flight answers for it
+  CHECK_FALSE(again.held);
+  CHECK(again.refusal.empty());
+  CHECK(again.error == "rollout 2 is already held");
+  std::map<uint64_t, rollout_result> by_id;
+  for (int guard = 0; guard < 100 && !w.idle(); ++guard) {
+    auto t = decode_tick(w, "w");
+    REQUIRE_FALSE(t.failure);
+    for (auto& r : t.results)
+      by_id[r.request.request_id] = r;
+  }
+  REQUIRE(by_id.size() == 2);
+  CHECK(by_id[1].status == rollout_status::failed);
+  CHECK(by_id[1].failure == "the worker holds weights version 3, the request wants version 2");
+  CHECK(by_id[1].finish == ml::finish_reason::abort);
+  CHECK(by_id[1].response.empty());
+  CHECK(by_id[2].status == rollout_status::ok);
+  CHECK_FALSE(by_id[2].response.empty());
+}
+
+TEST_CASE("a decoding failure fails the rollouts it cut and keeps those that ended before it") {
+  auto held_rollout = [](uint64_t id, ml::finish_reason finish, rollout_status status,
+                         std::string failure, double reward, std::string reason) {
+    rollout_result r;
+    r.request.request_id = id;
+    r.finish = finish;
+    r.status = status;
+    r.failure = std::move(failure);
+    r.reward = reward;
+    r.reward_reason = std::move(reason);
+    r.response = {5, 6};
+    return r;
+  };
+  std::vector<rollout_result> held{
+    held_rollout(1, ml::finish_reason::eos, rollout_status::ok, "", 1.0, "correct"),
+    held_rollout(2, ml::finish_reason::abort, rollout_status::ok, "", 0.0, "aborted"),
+    held_rollout(3, ml::finish_reason::abort, rollout_status::failed, "refused", 0.0, "refused"),
+    held_rollout(4, ml::finish_reason::length, rollout_status::reward_failed, "task error: x",
+                 0.0, "task error: x"),
+    held_rollout(5, ml::finish_reason::abort, rollout_status::ok, "", 0.0, "aborted"),
+  };
+  const auto before = held;
+  mark_cut_by_failure(held, "rollout_worker#1@n", "out of memory");
+  REQUIRE(held.size() == 5);
+  const std::string why = "decoding failed on rollout_worker#1@n: out of memory";
+  for (size_t i : {1, 4}) { // aborted while ok: cut by the failure
+    CHECK(held[i].status == rollout_status::failed);
+    CHECK(held[i].failure == why);
+    CHECK(held[i].reward_reason == why);
+    CHECK(held[i].reward == 0.0);
+    CHECK(held[i].finish == ml::finish_reason::abort);
+    CHECK(held[i].request.request_id == before[i].request.request_id);
+  }
+  for (size_t i : {0, 2, 3}) { // finished, refused or reward-failed before it: as they were
+    CHECK(held[i].status == before[i].status);
+    CHECK(held[i].failure == before[i].failure);
+    CHECK(held[i].reward_reason == before[i].reward_reason);
+    CHECK(held[i].reward == before[i].reward);
+    CHECK(held[i].finish == before[i].finish);
+  }
+  CHECK(held[0].status == rollout_status::ok); // still trained on
+
+  // On a core: a refusal that waits in the core keeps its reason, a live rollout is cut.
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  w.enqueue(request(10, 0, 0, 5, 6));
+  w.reject(request(11, 1, 0, 5, 6), "refused");
+  auto lost = abort_after_decode_failure(w, "w", "boom");
+  CHECK(w.idle());
+  std::map<uint64_t, rollout_result> by_id;
+  for (auto& r : lost)
+    by_id[r.request.request_id] = r;
+  REQUIRE(by_id.size() == 2);
+  CHECK(by_id[10].status == rollout_status::failed);
+  CHECK(by_id[10].failure == "decoding failed on w: boom");
+  CHECK(by_id[11].status == rollout_status::failed);
+  CHECK(by_id[11].failure == "refused");
+}
+
+TEST_CASE("every timing event goes to the controller and the scheduler, a start also to the "
+          "trainer") {
+  auto to = [](event_kind kind) {
+    std::string out;
+    for (auto p : event_destinations(kind))
+      out += p == event_peer::sagc_controller ? "sagc_controller "
+             : p == event_peer::scheduler     ? "scheduler "
+                                              : "trainer ";
+    return out;
+  };
+  CHECK(to(event_kind::start) == "sagc_controller scheduler trainer ");
+  CHECK(to(event_kind::chunk) == "sagc_controller scheduler ");
+  CHECK(to(event_kind::finish) == "sagc_controller scheduler ");
+}
+
+TEST_CASE("the weight receiver sees every bf16 parameter of the rollout model, in model order") {
+  at::set_num_threads(1);
+  worker_core w{small_dims(), arithmetic(), counting_clock()};
+  const auto layout = receiver_layout_of(w.model());
+  // small_dims: vocab 272, d_model 32, one layer, 2 heads / 1 kv head of 16, d_ff 64, tied.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> want{
+    {"model.embed_tokens.weight", {272, 32}},
+    {"model.layers.0.self_attn.q_proj.weight", {32, 32}},
+    {"model.layers.0.self_attn.k_proj.weight", {16, 32}},
+    {"model.layers.0.self_attn.v_proj.weight", {16, 32}},
+    {"model.layers.0.self_attn.o_proj.weight", {32, 32}},
+    {"model.layers.0.mlp.gate_proj.weight", {64, 32}},
+    {"model.layers.0.mlp.up_proj.weight", {64, 32}},
+    {"model.layers.0.mlp.down_proj.weight", {32, 64}},
+    {"model.layers.0.input_layernorm.weight", {32}},
+    {"model.layers.0.post_attention_layernorm.weight", {32}},
+    {"model.norm.weight", {32}},
+  };
+  const std::vector<uint64_t> elements{8704, 1024, 512, 512, 1024, 2048, 2048, 2048, 32, 32, 32};
+  REQUIRE(layout.expected.size() == want.size());
+  REQUIRE(layout.targets.size() == want.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(layout.expected[i].name == want[i].first);
+    CHECK(layout.expected[i].shape == want[i].second);
+    CHECK(layout.expected[i].dtype == sync::weight_dtype::bf16);
+    CHECK(layout.expected[i].hash == 0);
+    CHECK(layout.targets[i].tensor == i);
+    CHECK(layout.targets[i].elements == elements[i]);
+    CHECK(layout.expected[i].elements() == elements[i]);
+    CHECK(static_cast<void*>(layout.targets[i].bits) == w.model().parameters()[i].second.data_ptr());
+    total += layout.targets[i].elements;
+  }
+  CHECK(total == 18016);
+  CHECK(static_cast<int64_t>(total) == small_dims().parameter_count());
+
+  const ml::policy_model fp32{small_dims(), 0};
+  CHECK_THROWS_WITH(receiver_layout_of(fp32),
+                    "rollout parameter \"model.embed_tokens.weight\" is not contiguous bf16");
 }
