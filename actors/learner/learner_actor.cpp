@@ -10,6 +10,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/learner/learner_service.hpp"
+#include "actors/sync/sync_wire.hpp"
 #include "actors/trainer/train_wire.hpp"
 
 namespace sorl {
@@ -43,9 +44,7 @@ using learner_actor_t = caf::stateful_actor<learner_state>;
 /// The current weights for the sync publisher.
 void publish(learner_actor_t* self) {
   auto& st = self->state;
-  self->send(st.peers.publisher, build_envelope<msg::WeightSnapshot>([&](auto b) {
-               st.service->write_snapshot(b);
-             }));
+  self->send(st.peers.publisher, sync::encode_snapshot(st.service->snapshot()));
 }
 
 ev::train_result result_of(const learner::train_outcome& r) {

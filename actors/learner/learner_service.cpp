@@ -235,26 +235,21 @@ void learner_service::require_loaded() const {
     throw std::logic_error("the policy is not loaded yet");
 }
 
-void learner_service::write_snapshot(msg::WeightSnapshot::Builder b) const {
+sync::snapshot_view learner_service::snapshot() const {
   const auto& params = model_->parameters();
-  std::vector<at::Tensor> bf16;
-  for (const auto& [name, t] : params)
-    bf16.push_back(t.detach().to(at::kBFloat16).contiguous());
-  b.setVersion(version());
-  b.setDtype(msg::WeightDtype::BF16);
-  auto names = b.initNames(static_cast<unsigned>(params.size()));
-  auto shapes = b.initShapes(static_cast<unsigned>(params.size()));
-  auto data = b.initData(static_cast<unsigned>(params.size()));
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto k = static_cast<unsigned>(i);
-    names.set(k, params[i].first);
-    auto sizes = params[i].second.sizes();
-    auto shape = shapes.init(k, static_cast<unsigned>(sizes.size()));
-    for (size_t d = 0; d < sizes.size(); ++d)
-      shape.set(static_cast<unsigned>(d), sizes[d]);
-    data.set(k, kj::arrayPtr(static_cast<const kj::byte*>(bf16[i].data_ptr()),
-                             static_cast<size_t>(bf16[i].numel() * 2)));
+  auto bf16 = std::make_shared<std::vector<at::Tensor>>();
+  sync::snapshot_view v;
+  v.version = version();
+  v.dtype = sync::weight_dtype::bf16;
+  for (const auto& [name, t] : params) {
+    bf16->push_back(t.detach().to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/true).contiguous());
+    const auto& b = bf16->back();
+    v.names.push_back(name);
+    v.shapes.emplace_back(t.sizes().begin(), t.sizes().end());
+    v.data.push_back({static_cast<const uint8_t*>(b.data_ptr()), static_cast<size_t>(b.numel() * 2)});
   }
+  v.keep_alive = std::move(bf16);
+  return v;
 }
 
 train_outcome learner_service::train(uint64_t step, const std::vector<uint64_t>& request_ids) {

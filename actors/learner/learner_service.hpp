@@ -16,6 +16,7 @@
 
 #include "actors/learner/learner_core.hpp"
 #include "actors/learner/rollout_sample.hpp"
+#include "actors/sync/publisher_core.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/train.capnp.h"
 #include "runtime/config.hpp"
@@ -105,9 +106,11 @@ public:
     return static_cast<uint64_t>(step_);
   }
 
-  /// Writes the current weights as the sync publisher reads them: version(), bf16 bit patterns
-  /// of every parameter in model order, with names and shapes. Requires load_policy.
-  void write_snapshot(msg::WeightSnapshot::Builder b) const;
+  /// The current weights as the sync publisher reads them: version(), bf16 bit patterns of
+  /// every parameter in model order, with names and shapes; the view owns its bf16 copies
+  /// (`keep_alive`). Encoded by sync::encode_snapshot (actors/sync/sync_wire.hpp). Requires
+  /// load_policy.
+  sync::snapshot_view snapshot() const;
 
   /// Keeps a trajectory the trainer forwarded until its TrainBatch (trajectory_buffer::keep).
   void keep(msg::Trajectory::Reader t) {

@@ -64,13 +64,14 @@ void on(scheduler_actor_t* self, msg::AbortRollouts::Reader a) {
 void on(scheduler_actor_t* self, msg::RolloutEvent::Reader r) {
   self->state.core->on_event(rollout::from_msg(r));
 }
-void on(scheduler_actor_t* self, msg::RoleStateQuery::Reader q) {
+void on(scheduler_actor_t* self, msg::RoleStateQuery::Reader r) {
+  const auto q = trainer::from_msg(r);
   self->send(caf::actor_cast<caf::actor>(self->current_sender()),
-             trainer::to_msg(trainer::ev::role_state{q.getStep(), role::scheduler,
+             trainer::to_msg(trainer::ev::role_state{q.step, role::scheduler,
                                                      self->state.core->save_state(), true, ""}));
 }
 void on(scheduler_actor_t* self, msg::RoleStateRestore::Reader r) {
-  auto why = self->state.core->restore_state(r.getState().cStr());
+  auto why = self->state.core->restore_state(trainer::from_msg(r).state);
   self->send(caf::actor_cast<caf::actor>(self->current_sender()),
              trainer::to_msg(trainer::ev::role_state_restored{role::scheduler, why.empty(), why}));
 }

@@ -1,5 +1,8 @@
 #include "actors/sync/sync_wire.hpp"
 
+#include <stdexcept>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace sorl::sync {
@@ -92,6 +95,26 @@ envelope encode_version_ready(const version_ready& v) {
   });
 }
 
+version_ready decode_version_ready(msg::VersionReady::Reader r) {
+  version_ready v;
+  v.version = r.getVersion();
+  v.model_hash = r.getModelHash();
+  v.workers = r.getWorkers();
+  v.bytes_sent = r.getBytesSent();
+  v.dense_bytes = r.getDenseBytes();
+  v.publish_ns = r.getPublishNs();
+  v.changed_elements = r.getChangedElements();
+  v.elements = r.getElements();
+  v.encode_ns = r.getEncodeNs();
+  v.apply_ns_max = r.getApplyNsMax();
+  v.full_workers = r.getFullWorkers();
+  v.sparse_workers = r.getSparseWorkers();
+  v.resyncs = r.getResyncs();
+  v.sparse_bytes = r.getSparseBytes();
+  v.verified_workers = r.getVerifiedWorkers();
+  return v;
+}
+
 version_header decode_version_header(msg::WeightVersion::Reader v) {
   version_header h;
   h.version = v.getVersion();
@@ -143,6 +166,29 @@ weight_ack decode_ack(msg::WeightAck::Reader a) {
   w.apply_ns = a.getApplyNs();
   w.full = a.getFull();
   return w;
+}
+
+envelope encode_snapshot(const snapshot_view& s) {
+  if (s.shapes.size() != s.names.size() || s.data.size() != s.names.size())
+    throw std::invalid_argument(fmt::format("snapshot of version {}: {} names, {} shapes, {} "
+                                            "tensors",
+                                            s.version, s.names.size(), s.shapes.size(),
+                                            s.data.size()));
+  return build_envelope<msg::WeightSnapshot>([&](msg::WeightSnapshot::Builder b) {
+    const auto n = static_cast<unsigned>(s.names.size());
+    b.setVersion(s.version);
+    b.setDtype(to_msg(s.dtype));
+    auto names = b.initNames(n);
+    auto shapes = b.initShapes(n);
+    auto data = b.initData(n);
+    for (unsigned k = 0; k < n; ++k) {
+      names.set(k, s.names[k]);
+      auto shape = shapes.init(k, static_cast<unsigned>(s.shapes[k].size()));
+      for (size_t d = 0; d < s.shapes[k].size(); ++d)
+        shape.set(static_cast<unsigned>(d), s.shapes[k][d]);
+      data.set(k, kj::arrayPtr(reinterpret_cast<const kj::byte*>(s.data[k].data), s.data[k].size));
+    }
+  });
 }
 
 snapshot_view decode_snapshot(msg::WeightSnapshot::Reader s,

@@ -30,6 +30,9 @@ envelope encode_ack(const weight_ack& a, const std::string& worker);
 /// msg::VersionReady of `v`.
 envelope encode_version_ready(const version_ready& v);
 
+/// A VersionReady's fields.
+version_ready decode_version_ready(msg::VersionReady::Reader r);
+
 /// A WeightVersion's fields.
 version_header decode_version_header(msg::WeightVersion::Reader v);
 
@@ -38,6 +41,11 @@ bucket_view decode_bucket(msg::WeightBucket::Reader b);
 
 /// A WeightAck's fields (the worker name is the caller's to read).
 weight_ack decode_ack(msg::WeightAck::Reader a);
+
+/// msg::WeightSnapshot of `s`: version, dtype, then per tensor (model order) its name, shape
+/// and bit patterns, copied from `s.data`. Raises std::invalid_argument when names, shapes and
+/// data differ in count.
+envelope encode_snapshot(const snapshot_view& s);
 
 /// A WeightSnapshot's fields; `keep_alive` (the envelope's words) owns the borrowed bytes.
 /// Reads each tensor blob once (every blob access counts its size against the reader's

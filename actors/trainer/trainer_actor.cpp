@@ -22,8 +22,10 @@
 #include "actors/common/shell_util.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/rollout_wire.hpp"
+#include "actors/sync/sync_wire.hpp"
 #include "actors/trainer/rollout_mapping.hpp"
 #include "actors/trainer/step_driver.hpp"
+#include "actors/trainer/sync_mapping.hpp"
 #include "actors/trainer/train_wire.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
@@ -181,22 +183,7 @@ void feed(trainer_actor_t* self, trainer::event e, const envelope& current = env
 using trainer::from_msg;
 
 ev::version_ready from_msg(msg::VersionReady::Reader r) {
-  ev::version_ready x;
-  x.version = r.getVersion();
-  x.model_hash = r.getModelHash();
-  x.workers = r.getWorkers();
-  x.verified_workers = r.getVerifiedWorkers();
-  x.bytes_sent = r.getBytesSent();
-  x.dense_bytes = r.getDenseBytes();
-  x.sparse_bytes = r.getSparseBytes();
-  x.elements = r.getElements();
-  x.changed_elements = r.getChangedElements();
-  x.encode_ns = r.getEncodeNs();
-  x.apply_ns_max = r.getApplyNsMax();
-  x.full_workers = r.getFullWorkers();
-  x.sparse_workers = r.getSparseWorkers();
-  x.resyncs = r.getResyncs();
-  return x;
+  return trainer::version_ready_of(sync::decode_version_ready(r));
 }
 
 ev::rollout_finished from_msg(msg::Trajectory::Reader t) {

@@ -9,6 +9,7 @@
 #include "tests/support/same_bytes.hpp"
 
 #include <cstring>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -330,6 +331,14 @@ TEST_CASE("acknowledgements and VersionReady carry the shells' bytes and decode 
     CHECK(r.getResyncs() == 1);
     CHECK(r.getSparseBytes() == 300);
     CHECK(r.getVerifiedWorkers() == 3);
+    const auto back = decode_version_ready(r);
+    auto fields = [](const version_ready& x) {
+      return std::tie(x.version, x.model_hash, x.workers, x.bytes_sent, x.dense_bytes,
+                      x.publish_ns, x.changed_elements, x.elements, x.encode_ns, x.apply_ns_max,
+                      x.full_workers, x.sparse_workers, x.resyncs, x.sparse_bytes,
+                      x.verified_workers);
+    };
+    CHECK(fields(back) == fields(v));
   }));
 }
 
@@ -373,4 +382,24 @@ TEST_CASE("a version header and its buckets decode to what the worker's shell re
   REQUIRE(last.ack);
   CHECK(last.ack->ok);
   CHECK(w.model.tensors == m.tensors);
+}
+
+TEST_CASE("a snapshot encodes to the learner's bytes and decodes to the same fields") {
+  auto m = make_model({301, 7, 64}, 900);
+  auto reference = snapshot_envelope(m, 5);
+  const auto view = decoded(reference);
+  const auto again = encode_snapshot(view);
+  CHECK(same_bytes(again, reference));
+  const auto back = decoded(again);
+  CHECK(back.version == 5);
+  CHECK(back.names == std::vector<std::string>{"t0", "t1", "t2"});
+  CHECK(back.shapes == std::vector<std::vector<int64_t>>{{301}, {7}, {64}});
+  REQUIRE(back.data.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(back.data[i].size == m.tensors[i].size() * 2);
+    CHECK(std::memcmp(back.data[i].data, m.tensors[i].data(), back.data[i].size) == 0);
+  }
+  auto broken = view;
+  broken.shapes.pop_back();
+  CHECK_THROWS_WITH(encode_snapshot(broken), "snapshot of version 5: 3 names, 2 shapes, 3 tensors");
 }

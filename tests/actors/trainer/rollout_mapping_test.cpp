@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "actors/trainer/rollout_mapping.hpp"
+#include "actors/trainer/sync_mapping.hpp"
 
 using namespace sorl;
 using namespace sorl::trainer;
@@ -111,4 +112,38 @@ TEST_CASE("only a start event tells the driver where a rollout runs") {
   CHECK_FALSE(started_of(e));
   e.event.kind = rollout::event_kind::finish;
   CHECK_FALSE(started_of(e));
+}
+
+TEST_CASE("a VersionReady becomes the driver's event with every field it reads") {
+  sync::version_ready v;
+  v.version = 7;
+  v.model_hash = 0x0123456789abcdefULL;
+  v.workers = 3;
+  v.verified_workers = 2;
+  v.bytes_sent = 1000;
+  v.dense_bytes = 4000;
+  v.sparse_bytes = 300;
+  v.elements = 2000;
+  v.changed_elements = 17;
+  v.encode_ns = 21;
+  v.apply_ns_max = 34;
+  v.full_workers = 1;
+  v.sparse_workers = 2;
+  v.resyncs = 5;
+  v.publish_ns = 55;
+  const auto x = sorl::trainer::version_ready_of(v);
+  CHECK(x.version == 7);
+  CHECK(x.model_hash == 0x0123456789abcdefULL);
+  CHECK(x.workers == 3);
+  CHECK(x.verified_workers == 2);
+  CHECK(x.bytes_sent == 1000);
+  CHECK(x.dense_bytes == 4000);
+  CHECK(x.sparse_bytes == 300);
+  CHECK(x.elements == 2000);
+  CHECK(x.changed_elements == 17);
+  CHECK(x.encode_ns == 21);
+  CHECK(x.apply_ns_max == 34);
+  CHECK(x.full_workers == 1);
+  CHECK(x.sparse_workers == 2);
+  CHECK(x.resyncs == 5);
 }
