@@ -1,6 +1,7 @@
 // The learner's actor shell: every decision is the learner service's
-// (actors/learner/learner_service.hpp). This file only decodes each message through the train
-// protocol's codec (actors/trainer/train_wire.hpp), calls the service and sends what it returns.
+// (actors/learner/learner_service.hpp). This file only decodes each message through its
+// protocol's codec (actors/trainer/train_wire.hpp, actors/rollout/rollout_wire.hpp,
+// actors/sync/sync_wire.hpp), calls the service and sends what it returns.
 
 #include "actors/learner/learner_actor.hpp"
 
@@ -10,6 +11,7 @@
 
 #include "actors/common/shell_util.hpp"
 #include "actors/learner/learner_service.hpp"
+#include "actors/rollout/rollout_wire.hpp"
 #include "actors/sync/sync_wire.hpp"
 #include "actors/trainer/train_wire.hpp"
 
@@ -78,7 +80,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
     [self](const envelope& e) {
       auto& st = self->state;
       auto& svc = *st.service;
-      if (handle_as<msg::Trajectory>(e, st.me, [&](auto t) { svc.keep(t); }))
+      if (handle_as<msg::Trajectory>(e, st.me,
+                                     [&](auto t) { svc.keep(rollout::from_msg(t)); }))
         return;
       if (handle_as<msg::TrainBatch>(e, st.me, [&](msg::TrainBatch::Reader r) {
             auto batch = from_msg(r);

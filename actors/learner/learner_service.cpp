@@ -75,34 +75,31 @@ std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
 
 } // namespace
 
-rollout_sample sample_from(msg::Trajectory::Reader t) {
+rollout_sample sample_from(const rollout::trajectory_record& t) {
+  const auto& r = t.result;
   rollout_sample s;
-  s.group_id = t.getGroupId();
-  for (auto x : t.getPromptTokens())
-    s.prompt.push_back(x);
-  for (auto x : t.getResponseTokens())
-    s.response.push_back(x);
-  auto mask = t.getLossMask();
-  s.loss_mask.assign(mask.begin(), mask.end());
-  for (auto x : t.getSamplingLogprobs())
-    s.sampling_logprobs.push_back(x);
+  s.group_id = r.request.group_id;
+  s.prompt = r.prompt;
+  s.response = r.response;
+  s.loss_mask = r.loss_mask;
+  s.sampling_logprobs = r.logprobs;
   if (s.loss_mask.size() != s.response.size() || s.sampling_logprobs.size() != s.response.size())
     throw std::invalid_argument(fmt::format("trajectory {}: {} response tokens, {} mask "
                                             "bytes, {} log-probs",
-                                            t.getRequestId(), s.response.size(),
+                                            r.request.request_id, s.response.size(),
                                             s.loss_mask.size(), s.sampling_logprobs.size()));
   // Whatever a worker could not score (or serve) is masked out, never trained as a 0.
-  s.reward_failed = t.getStatus() != msg::RolloutStatus::OK || !std::isfinite(t.getReward());
-  s.reward = s.reward_failed ? 0.0f : t.getReward();
-  s.truncated = t.getFinishReason() == msg::FinishReason::LENGTH;
+  s.reward_failed = r.status != rollout::rollout_status::ok || !std::isfinite(r.reward);
+  s.reward = s.reward_failed ? 0.0f : static_cast<float>(r.reward);
+  s.truncated = r.finish == ml::finish_reason::length;
   return s;
 }
 
 // -- trajectory_buffer ---------------------------------------------------------------------
 
-void trajectory_buffer::keep(msg::Trajectory::Reader t) {
-  const auto id = t.getRequestId();
-  entry e{t.getStep(), std::string{}};
+void trajectory_buffer::keep(const rollout::trajectory_record& t) {
+  const auto id = t.result.request.request_id;
+  entry e{t.result.request.step, std::string{}};
   try {
     e.sample = sample_from(t);
   } catch (const std::exception& ex) {

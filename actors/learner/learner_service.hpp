@@ -3,8 +3,9 @@
 // Everything the learner role does between its messages, without CAF: it owns the policy
 // model, the learner_core, the task and the step counter, keeps the trajectories the trainer
 // forwards until their TrainBatch names them, and answers each request with a plain value.
-// The actor shell (learner_actor.cpp) only decodes messages (actors/trainer/train_wire.hpp),
-// calls this and encodes what it returns (ARCHITECTURE.md §3, step 5).
+// The actor shell (learner_actor.cpp) only decodes messages (actors/trainer/train_wire.hpp,
+// actors/rollout/rollout_wire.hpp), calls this and encodes what it returns (ARCHITECTURE.md §3,
+// step 5).
 
 #include <cstdint>
 #include <map>
@@ -16,9 +17,8 @@
 
 #include "actors/learner/learner_core.hpp"
 #include "actors/learner/rollout_sample.hpp"
+#include "actors/rollout/rollout_types.hpp"
 #include "actors/sync/publisher_core.hpp"
-#include "messages/rollout.capnp.h"
-#include "messages/train.capnp.h"
 #include "runtime/config.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/model.hpp"
@@ -26,11 +26,12 @@
 
 namespace sorl::learner {
 
-/// The learner's sample of one Trajectory: tokens, mask, sampling log-probs, reward and
-/// truncation. A rollout whose status is not ok, or whose reward is NaN / inf, is
-/// reward_failed (masked out, never trained as a 0). Raises std::invalid_argument naming the
-/// request id when loss mask or log-probs do not have one entry per response token.
-rollout_sample sample_from(msg::Trajectory::Reader t);
+/// The learner's sample of one Trajectory (as rollout::from_msg reads it): group id, tokens,
+/// mask, sampling log-probs, reward and truncation (finish reason length). A rollout whose
+/// status is not ok, or whose reward is NaN / inf, is reward_failed with reward 0 (masked out,
+/// never trained as a 0). Raises std::invalid_argument naming the request id when loss mask or
+/// log-probs do not have one entry per response token.
+rollout_sample sample_from(const rollout::trajectory_record& t);
 
 /// The trajectories of the steps whose TrainBatch has not arrived yet, by request id, and the
 /// assembly of a batch from them. No libtorch, no CAF.
@@ -38,7 +39,7 @@ class trajectory_buffer {
 public:
   /// Keeps `t` until the TrainBatch of its step. One that cannot be decoded (see sample_from)
   /// or repeats a kept request id is kept as that error, which the batch naming it reports.
-  void keep(msg::Trajectory::Reader t);
+  void keep(const rollout::trajectory_record& t);
 
   /// The samples of `request_ids`, in that order, for the TrainBatch of 0-based `step`.
   /// Removes every kept trajectory of a step ≤ `step`, also when it raises; those of later
@@ -113,7 +114,7 @@ public:
   sync::snapshot_view snapshot() const;
 
   /// Keeps a trajectory the trainer forwarded until its TrainBatch (trajectory_buffer::keep).
-  void keep(msg::Trajectory::Reader t) {
+  void keep(const rollout::trajectory_record& t) {
     trajectories_.keep(t);
   }
 

@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <capnp/message.h>
-
 #include "actors/learner/learner_service.hpp"
 #include "runtime/config.hpp"
 #include "tests/support/scratch_dir.hpp"
@@ -21,39 +19,27 @@ using namespace sorl::learner;
 
 namespace {
 
-/// A Trajectory of request `id` of 0-based `step`: group id / 2, prompt {256, id}, response
-/// {50, 51}, both tokens sampled, log-probs {-0.5, -0.25}, `reward`.
-struct trajectory_msg {
-  capnp::MallocMessageBuilder message;
-  msg::Trajectory::Builder t = message.initRoot<msg::Trajectory>();
-
-  trajectory_msg(uint64_t id, uint64_t step, float reward = 1.0f) {
-    t.setRequestId(id);
-    t.setStep(step);
-    t.setGroupId(id / 2);
-    auto prompt = t.initPromptTokens(2);
-    prompt.set(0, 256);
-    prompt.set(1, static_cast<int32_t>(id));
-    auto resp = t.initResponseTokens(2);
-    resp.set(0, 50);
-    resp.set(1, 51);
-    auto lp = t.initSamplingLogprobs(2);
-    lp.set(0, -0.5f);
-    lp.set(1, -0.25f);
-    const uint8_t mask[] = {1, 1};
-    t.setLossMask(kj::arrayPtr(mask, 2));
-    t.setReward(reward);
-    t.setFinishReason(msg::FinishReason::EOS);
-    t.setStatus(msg::RolloutStatus::OK);
-  }
-  msg::Trajectory::Reader reader() {
-    return t.asReader();
-  }
-};
+/// A Trajectory of request `id` of 0-based `step` as rollout::from_msg reads it: group id / 2,
+/// prompt {256, id}, response {50, 51}, both tokens sampled, log-probs {-0.5, -0.25}, `reward`,
+/// finished by EOS.
+rollout::trajectory_record trajectory(uint64_t id, uint64_t step, float reward = 1.0f) {
+  rollout::trajectory_record t;
+  auto& r = t.result;
+  r.request.request_id = id;
+  r.request.step = step;
+  r.request.group_id = id / 2;
+  r.prompt = {256, static_cast<int32_t>(id)};
+  r.response = {50, 51};
+  r.logprobs = {-0.5f, -0.25f};
+  r.loss_mask = {1, 1};
+  r.reward = reward;
+  r.finish = ml::finish_reason::eos;
+  r.status = rollout::rollout_status::ok;
+  return t;
+}
 
 void keep(trajectory_buffer& buf, uint64_t id, uint64_t step, float reward = 1.0f) {
-  trajectory_msg m{id, step, reward};
-  buf.keep(m.reader());
+  buf.keep(trajectory(id, step, reward));
 }
 
 /// The second prompt token of each sample: the request id it was built from.
@@ -77,9 +63,9 @@ std::string take_error(trajectory_buffer& buf, uint64_t step, const std::vector<
 } // namespace
 
 TEST_CASE("a trajectory decodes into the learner's sample field by field") {
-  trajectory_msg m{5, 0, 0.75f};
-  m.t.setFinishReason(msg::FinishReason::LENGTH);
-  auto s = sample_from(m.reader());
+  auto t = trajectory(5, 0, 0.75f);
+  t.result.finish = ml::finish_reason::length;
+  auto s = sample_from(t);
   CHECK(s.group_id == 2);
   CHECK(s.prompt == std::vector<int32_t>{256, 5});
   CHECK(s.response == std::vector<int32_t>{50, 51});
@@ -90,19 +76,19 @@ TEST_CASE("a trajectory decodes into the learner's sample field by field") {
   CHECK_FALSE(s.reward_failed);
 
   SECTION("a rollout whose reward failed, or is not finite, is masked and its reward is 0") {
-    m.t.setStatus(msg::RolloutStatus::REWARD_FAILED);
-    auto failed = sample_from(m.reader());
+    t.result.status = rollout::rollout_status::reward_failed;
+    auto failed = sample_from(t);
     CHECK(failed.reward_failed);
     CHECK(failed.reward == 0.0f);
-    m.t.setStatus(msg::RolloutStatus::OK);
-    m.t.setReward(std::nanf(""));
-    auto nan = sample_from(m.reader());
+    t.result.status = rollout::rollout_status::ok;
+    t.result.reward = std::nan("");
+    auto nan = sample_from(t);
     CHECK(nan.reward_failed);
     CHECK(nan.reward == 0.0f);
   }
   SECTION("a log-prob list of the wrong length names the request") {
-    m.t.initSamplingLogprobs(1);
-    CHECK_THROWS_WITH(sample_from(m.reader()),
+    t.result.logprobs.resize(1);
+    CHECK_THROWS_WITH(sample_from(t),
                       "trajectory 5: 2 response tokens, 2 mask bytes, 1 log-probs");
   }
 }
@@ -149,9 +135,9 @@ TEST_CASE("a batch that cannot be assembled names the requests and keeps later s
     CHECK(take_error(buf, 0, {0, 1}) == "two trajectories of request 1 arrived");
   }
   SECTION("a malformed trajectory, with sample_from's reason") {
-    trajectory_msg m{4, 0};
-    m.t.setLossMask(kj::ArrayPtr<const kj::byte>());
-    buf.keep(m.reader());
+    auto t = trajectory(4, 0);
+    t.result.loss_mask.clear();
+    buf.keep(t);
     CHECK(take_error(buf, 0, {0, 1, 4}) ==
           "trajectory 4: 2 response tokens, 0 mask bytes, 2 log-probs");
   }
@@ -185,8 +171,7 @@ TEST_CASE("the service answers a batch it cannot assemble with ok = false and ke
   CHECK(loaded.source == "fresh " + exp.model.preset + " init (seed " +
                            std::to_string(exp.run.seed) + ")");
   CHECK(loaded.trainer_state.empty());
-  trajectory_msg a{0, 0, 1.0f};
-  svc.keep(a.reader());
+  svc.keep(trajectory(0, 0, 1.0f));
   auto r = svc.train(0, {0, 1});
   CHECK_FALSE(r.ok);
   CHECK(r.step == 0);
