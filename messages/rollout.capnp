@@ -53,7 +53,8 @@ enum EventKind {
   finish @2;
 }
 
-# Timing of one rollout, sent by the worker to the SAGC controller and the scheduler.
+# Timing of one rollout, sent by the worker to the SAGC controller and the scheduler; start
+# events also to the trainer (its rollout watchdog names the worker of each missing rollout).
 struct RolloutEvent {
   requestId @0 :UInt64;
   step @1 :UInt64;

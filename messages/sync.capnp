@@ -1,6 +1,7 @@
 @0xa01134071c33ac36;
-# Weight synchronisation: learner → sync_publisher snapshots, publisher → rollout_worker
-# versions in bounded buckets, worker → publisher acknowledgements. Values travel as exact
+# Weight synchronisation: publisher → rollout_worker versions in bounded buckets, worker →
+# publisher acknowledgements, publisher → trainer VersionReady (the learner's WeightSnapshot
+# is in train.capnp). Values travel as exact
 # bf16 (or fp32) bit patterns. Ids are stable; evolve by adding fields only.
 
 using Cxx = import "/capnp/c++.capnp";

@@ -73,11 +73,13 @@ struct WeightSnapshot {
   data @4 :List(Data);       # one blob per tensor
 }
 
-# Trainer → learner: save a checkpoint of model, optimizer and RNG at `step`.
+# Trainer → learner: save a checkpoint of weights, optimizer state and step at `step` (no RNG
+# state: the learner's randomness derives from the seed and the step).
 struct CheckpointRequest {
   step @0 :UInt64;
   dir @1 :Text;              # run directory
-  trainerState @2 :Text;     # JSON: trainer RNG and counters, stored in the sidecar
+  trainerState @2 :Text;     # JSON: the trainer's counters, reward history and role states,
+                             # stored in the sidecar
 }
 
 struct CheckpointDone {

@@ -13,7 +13,8 @@
 namespace sorl::sagc {
 
 /// The timing event of a decoded RolloutEvent. A finish with the abort reason is an abort
-/// (deadline cuts, shutdown); the step is read as a signed step (ARCHITECTURE.md §3).
+/// (deadline cuts, shutdown); the step is read as a signed step, so one beyond int64's range
+/// reads negative and the timing refuses it as bad_step (actors/sagc/timing.hpp).
 timing_event timing_event_of(const rollout::event_record& r);
 
 /// The GroupSizeDecision of `d`: the reason is sent as "policy: reason", no deadline as 0,

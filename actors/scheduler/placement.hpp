@@ -4,9 +4,9 @@
 // runs which generation request. Cache-aware scheduling is designed but not built yet
 // (ARCHITECTURE.md §6); the config refuses it, so it has no policy here.
 //
-// Pure bookkeeping, free of CAF: the scheduler's actor shell turns worker joins, load reports,
-// placements, completions and DOWN messages into calls on one `placement` object and sends
-// what it returns. Every decision is a deterministic function of the calls made so far (no
+// Pure bookkeeping, free of CAF: the scheduler's core (scheduler_core.hpp) turns worker joins,
+// placements, completions and lost workers (the shell's peer_down) into calls on one
+// `placement` object; no caller sends load reports yet (report_load is tested alone). Every decision is a deterministic function of the calls made so far (no
 // clock, no randomness, no hash-order iteration), so a run replays exactly and the
 // single-process and multi-process topologies place requests the same way.
 
@@ -112,7 +112,7 @@ public:
   /// normally has nothing in flight, so the list is usually empty).
   std::vector<orphaned_request> leave(const std::string& name);
 
-  /// A worker died or disconnected (CAF DOWN message or peer_down, ARCHITECTURE.md §5).
+  /// A worker died or disconnected (the scheduler shell's peer_down, ARCHITECTURE.md §5).
   /// Forgets it and returns exactly the requests that were in flight on it, ordered by
   /// request id, for the caller to place again on the remaining workers. Groups whose home
   /// it was lose their home; the next sibling placed picks a new one. Raises

@@ -102,7 +102,7 @@ cmd::restore_role_state from_msg(msg::RoleStateRestore::Reader r);
 // -- the learner's side: the batch it trains on, its result and the requests it answers -----
 
 /// msg::TrainBatch of `c`: the 0-based step and the request ids in training order. The
-/// trajectories themselves travel ahead as their own Trajectory envelopes (ARCHITECTURE.md §4);
+/// trajectories themselves travel ahead as their own Trajectory envelopes (ARCHITECTURE.md §3);
 /// the old `trajectories` list is left empty.
 envelope to_msg(const cmd::train& c);
 
