@@ -558,7 +558,7 @@ void parse_run(table_reader& r, run_config& c) {
 }
 
 void parse_model(table_reader& r, model_config& c, const std::string& base) {
-  r.choice("preset", c.preset, {"tiny", "50m"});
+  r.choice("preset", c.preset, {"tiny", "tiny-2k", "50m"});
   r.string("checkpoint", c.checkpoint);
   c.checkpoint = resolve(base, c.checkpoint);
   if (!c.checkpoint.empty())
@@ -572,7 +572,7 @@ void parse_model(table_reader& r, model_config& c, const std::string& base) {
 }
 
 void parse_task(table_reader& r, task_config& c, const std::string& base) {
-  r.choice("name", c.name, {"arithmetic", "number_guess", "jsonl"});
+  r.choice("name", c.name, {"arithmetic", "number_guess", "file_search", "jsonl"});
   r.string("path", c.path);
   r.string("eval_path", c.eval_path);
   r.choice("match", c.match);
@@ -590,6 +590,11 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.integer("lo", c.lo, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
   r.integer("hi", c.hi, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
   r.integer("max_turns", c.max_turns, 1, 1 << 16);
+  r.integer("depth", c.depth, 1, 4);
+  r.integer("max_dirs", c.max_dirs, 1, 8);
+  r.integer("max_files", c.max_files, 1, 8);
+  r.integer("max_episode_tokens", c.max_episode_tokens, 64, 1 << 30);
+  r.number("detour_rate", c.detour_rate, 0.0, 1.0);
   r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);

@@ -125,7 +125,7 @@ struct run_config {
 
 /// [model]: which policy to build or load.
 struct model_config {
-  std::string preset = "tiny";    ///< "tiny" | "50m"
+  std::string preset = "tiny";    ///< "tiny" | "tiny-2k" (tiny, 2048-token context) | "50m"
   /// Checkpoint root (a directory of step-N checkpoints, runtime/ml/checkpoint.hpp) to start
   /// from; empty = random init from the preset. Relative to the config file.
   std::string checkpoint;
@@ -136,7 +136,7 @@ struct model_config {
 
 /// [task]: the verifiable-reward task or multi-turn environment (runtime/ml/tasks.hpp).
 struct task_config {
-  std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "jsonl"
+  std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "file_search" | "jsonl"
   std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
   std::string eval_path;           ///< optional held-out JSONL
   match_kind match = match_kind::exact; ///< jsonl answer match: "exact" | "integer"
@@ -146,7 +146,15 @@ struct task_config {
   bool allow_negative = true;
   int64_t lo = 1;                  ///< number_guess: hidden number range
   int64_t hi = 100;
-  int64_t max_turns = 10;          ///< number_guess: guesses per episode
+  int64_t max_turns = 10;          ///< number_guess, file_search: actions per episode, 1..65536
+  int64_t depth = 2;               ///< file_search: directory levels below "/" (key at the deepest), 1..4
+  int64_t max_dirs = 2;            ///< file_search: subdirectories per directory, 1..max_dirs; 1..8
+  int64_t max_files = 2;           ///< file_search: files per directory, 1..max_files; 1..8
+  /// file_search: transcript budget per episode, tokens (64..2^30). Keep it at most the
+  /// model's max_seq minus max_new_tokens: a longer episode is cut by the rollout's context
+  /// ("context full", finish reason length), and `sorl sft` refuses longer demonstrations.
+  int64_t max_episode_tokens = 1536;
+  double detour_rate = 0.1;        ///< file_search: expert demonstrations' detour probability per action, [0, 1]
   double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation

@@ -107,6 +107,11 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("lo", c.task.lo);
   e.integer("hi", c.task.hi);
   e.integer("max_turns", c.task.max_turns);
+  e.integer("depth", c.task.depth);
+  e.integer("max_dirs", c.task.max_dirs);
+  e.integer("max_files", c.task.max_files);
+  e.integer("max_episode_tokens", c.task.max_episode_tokens);
+  e.number("detour_rate", c.task.detour_rate);
   e.number("eval_fraction", c.task.eval_fraction);
   e.integer("max_new_tokens", c.task.max_new_tokens);
   e.integer("eval_prompts", c.task.eval_prompts);

@@ -16,6 +16,12 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.number_guess.lo = t.lo;
   o.number_guess.hi = t.hi;
   o.number_guess.max_turns = static_cast<int>(t.max_turns);
+  o.file_search.depth = static_cast<int>(t.depth);
+  o.file_search.max_dirs = static_cast<int>(t.max_dirs);
+  o.file_search.max_files = static_cast<int>(t.max_files);
+  o.file_search.max_turns = static_cast<int>(t.max_turns);
+  o.file_search.max_episode_tokens = t.max_episode_tokens;
+  o.file_search.detour_rate = t.detour_rate;
   o.jsonl.path = t.path;
   o.jsonl.eval_path = t.eval_path;
   o.jsonl.match =

@@ -85,25 +85,17 @@ int number_guess_environment::turns() const {
   return turns_;
 }
 
+std::uint64_t split_episode_seed(std::uint64_t task_seed, task_split split, std::uint64_t index) {
+  return detail::stream_seed(task_seed, split, index);
+}
+
 number_guess_task::number_guess_task(const number_guess_options& options, std::uint64_t seed)
-  : options_(options), seed_(seed) {
+  : seeded_environment_task(options, seed) {
   validate(options);
 }
 
 std::string_view number_guess_task::name() const {
   return "number_guess";
-}
-
-std::unique_ptr<environment> number_guess_task::make_environment() const {
-  return std::make_unique<number_guess_environment>(options_);
-}
-
-std::uint64_t number_guess_task::episode_seed(task_split split, std::uint64_t index) const {
-  return detail::stream_seed(seed_, split, index);
-}
-
-int number_guess_task::max_turns() const {
-  return options_.max_turns;
 }
 
 std::vector<chat_message> number_guess_task::demonstrate(std::uint64_t seed, bool correct) const {

@@ -52,6 +52,32 @@ private:
   bool running_ = false;
 };
 
+/// The reset seed of episode `index` of `split` for a task seeded with `task_seed`: the two
+/// splits are disjoint streams (a bijective mix of (index, split), index < 2^63).
+std::uint64_t split_episode_seed(std::uint64_t task_seed, task_split split, std::uint64_t index);
+
+/// What the built-in environment tasks share: their options, a fresh `Env(options)` per
+/// episode, episode seeds from `split_episode_seed`, and the turn budget
+/// `options.max_turns`. The derived task validates the options in its constructor.
+template <class Env, class Options>
+class seeded_environment_task : public multi_turn_task {
+public:
+  std::unique_ptr<environment> make_environment() const override {
+    return std::make_unique<Env>(options_);
+  }
+  std::uint64_t episode_seed(task_split split, std::uint64_t index) const override {
+    return split_episode_seed(seed_, split, index);
+  }
+  int max_turns() const override { return options_.max_turns; }
+
+protected:
+  seeded_environment_task(const Options& options, std::uint64_t seed)
+    : options_(options), seed_(seed) {}
+
+  Options options_;
+  std::uint64_t seed_;
+};
+
 /// The "number_guess" multi-turn task. Held out: episode seeds of the eval split are
 /// disjoint from train's. Hidden numbers themselves do overlap between splits: the
 /// range is small and the first observation is the same for all episodes, so what eval
@@ -60,20 +86,14 @@ private:
 /// Demonstrations: the expert bisects (guesses lo' + (hi' - lo') / 2 of the interval still
 /// possible) and so finds any number in at most ceil(log2(hi - lo + 2)) turns; the wrong
 /// policy guesses uniformly in [lo, hi], ignoring feedback.
-class number_guess_task final : public multi_turn_task {
+class number_guess_task final
+  : public seeded_environment_task<number_guess_environment, number_guess_options> {
 public:
   /// Throws std::invalid_argument naming the bad option.
   number_guess_task(const number_guess_options& options, std::uint64_t seed);
 
   std::string_view name() const override;
-  std::unique_ptr<environment> make_environment() const override;
-  std::uint64_t episode_seed(task_split split, std::uint64_t index) const override;
-  int max_turns() const override;
   std::vector<chat_message> demonstrate(std::uint64_t seed, bool correct) const override;
-
-private:
-  number_guess_options options_;
-  std::uint64_t seed_;
 };
 
 } // namespace sorl::ml

@@ -54,14 +54,15 @@ void model_dims::validate() const {
 
 model_dims preset(std::string_view name) {
   model_dims d;
-  if (name == "tiny") {
+  if (name == "tiny" || name == "tiny-2k") {
     d.vocab = 272;
     d.d_model = 128;
     d.n_layers = 4;
     d.n_heads = 4;
     d.n_kv_heads = 2;
     d.d_ff = 384;
-    d.max_seq = 512;
+    // tiny-2k: the same weights' shapes with a 2048-token context, for multi-turn episodes.
+    d.max_seq = name == "tiny" ? 512 : 2048;
   } else if (name == "50m") {
     d.vocab = 272;
     d.d_model = 768;
@@ -71,7 +72,7 @@ model_dims preset(std::string_view name) {
     d.d_ff = 2048;
     d.max_seq = 1024;
   } else {
-    throw std::invalid_argument(fmt::format("unknown model preset '{}' (known: tiny, 50m)", name));
+    throw std::invalid_argument(fmt::format("unknown model preset '{}' (known: tiny, tiny-2k, 50m)", name));
   }
   return d;
 }

@@ -47,7 +47,8 @@ struct model_dims {
 };
 
 /// Named model shapes. "tiny": d 128, 4 layers, 4 heads / 2 kv heads, d_ff 384, vocab 272,
-/// max_seq 512 (~0.83M parameters, learns the built-in tasks on 2 CPU cores in minutes).
+/// max_seq 512 (~0.83M parameters, learns the built-in tasks on 2 CPU cores in minutes);
+/// "tiny-2k": the same with max_seq 2048, for long multi-turn episodes (file_search).
 /// "50m": d 768, 8 layers, 12 heads / 4 kv heads, d_ff 2048, vocab 272, max_seq 1024
 /// (50.55M parameters). Throws std::invalid_argument for any other name.
 model_dims preset(std::string_view name);

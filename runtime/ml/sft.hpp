@@ -49,7 +49,7 @@ namespace sorl::ml {
 /// are tokenizer ids.
 struct sft_options {
   // -- model ---------------------------------------------------------------------------------
-  /// Model preset name (model.hpp: "tiny", "50m"); used when `dims` is empty.
+  /// Model preset name (model.hpp: "tiny", "tiny-2k", "50m"); used when `dims` is empty.
   std::string preset = "tiny";
   /// Explicit model shape; overrides `preset` when set (its vocab must be >= 272, the byte
   /// tokenizer's size). Checkpoint metadata then names the preset "custom".

@@ -1,6 +1,7 @@
 #include "runtime/ml/tasks.hpp"
 
 #include "runtime/ml/environments.hpp"
+#include "runtime/ml/file_search.hpp"
 #include "runtime/ml/jsonl_task.hpp"
 #include "runtime/ml/tasks_arithmetic.hpp"
 #include "runtime/ml/tasks_random.hpp"
@@ -31,7 +32,7 @@ std::string_view any_task::name() const {
 }
 
 std::vector<std::string> task_names() {
-  return {"arithmetic", "number_guess", "jsonl"};
+  return {"arithmetic", "number_guess", "file_search", "jsonl"};
 }
 
 any_task make_task(std::string_view name, const task_options& options) {
@@ -44,6 +45,8 @@ any_task make_task(std::string_view name, const task_options& options) {
                                                         options.eval_fraction);
   } else if (name == "number_guess") {
     out.multi_turn = std::make_shared<number_guess_task>(options.number_guess, options.seed);
+  } else if (name == "file_search") {
+    out.multi_turn = std::make_shared<file_search_task>(options.file_search, options.seed);
   } else if (name == "jsonl") {
     out.single_turn = std::make_shared<jsonl_task>(options.jsonl, options.eval_fraction);
   } else {

@@ -6,6 +6,7 @@
 // Built-in tasks (each in its own header):
 //   "arithmetic"    single-turn, generated      runtime/ml/tasks_arithmetic.hpp
 //   "number_guess"  multi-turn environment      runtime/ml/environments.hpp
+//   "file_search"   multi-turn environment      runtime/ml/file_search.hpp
 //   "jsonl"         single-turn, user dataset   runtime/ml/jsonl_task.hpp
 //
 // Rewards are in [0, 1]. Model output is untrusted: a malformed completion or action
@@ -117,7 +118,7 @@ class multi_turn_task {
 public:
   virtual ~multi_turn_task() = default;
 
-  /// The factory name ("number_guess").
+  /// The factory name ("number_guess", "file_search").
   virtual std::string_view name() const = 0;
 
   /// A fresh environment; call `reset(episode_seed(...))` on it.
@@ -171,6 +172,18 @@ struct number_guess_options {
   int max_turns = 10;    ///< guesses allowed; >= 1
 };
 
+/// Options of the "file_search" environment (runtime/ml/file_search.hpp).
+struct file_search_options {
+  int depth = 2;                 ///< levels of directories below "/"; the key is at the deepest; 1..4
+  int max_dirs = 2;              ///< subdirectories per directory above the deepest level: 1..max_dirs; 1..8
+  int max_files = 2;             ///< files per directory: 1..max_files; 1..8
+  int max_turns = 60;            ///< actions allowed; >= 1
+  /// Transcript budget, tokens (file_search_environment counts them); >= 64. Keep it at most
+  /// the model's max_seq minus max_new_tokens so that the last action fits the context.
+  std::int64_t max_episode_tokens = 1536;
+  double detour_rate = 0.1;      ///< demonstrations: the expert's detour probability per action, in [0, 1]
+};
+
 /// How a "jsonl" task compares a completion with the reference answer.
 enum class answer_match {
   exact,   ///< equal after trimming ASCII whitespace on both sides
@@ -197,6 +210,7 @@ struct task_options {
   double eval_fraction = 0.1;
   arithmetic_options arithmetic;
   number_guess_options number_guess;
+  file_search_options file_search;
   jsonl_options jsonl;
 };
 
@@ -211,7 +225,7 @@ struct any_task {
   std::string_view name() const;
 };
 
-/// Builds the task called `name` ("arithmetic", "number_guess" or "jsonl") from `options`.
+/// Builds the task called `name` ("arithmetic", "number_guess", "file_search" or "jsonl") from `options`.
 /// Throws std::invalid_argument for an unknown name (listing the known ones) or an
 /// invalid option (naming it), and task_data_error for an unreadable/malformed dataset.
 any_task make_task(std::string_view name, const task_options& options);

@@ -151,6 +151,33 @@ TEST_CASE("an out-of-range value names the range") {
   CHECK_THAT(e2.message, Catch::Contains("(0, 1]"));
 }
 
+TEST_CASE("the file_search keys are read and a malformed one is located at its value") {
+  auto cfg = parse_config("[model]\npreset = \"tiny-2k\"\n[task]\nname = \"file_search\"\ndepth = 3\n"
+                          "max_dirs = 4\nmax_files = 5\nmax_episode_tokens = 1000\n"
+                          "detour_rate = 0.25\n" + std::string{minimal},
+                          "test.toml", roles, ".");
+  CHECK(cfg.model.preset == "tiny-2k");
+  CHECK(cfg.task.name == "file_search");
+  CHECK(cfg.task.depth == 3);
+  CHECK(cfg.task.max_dirs == 4);
+  CHECK(cfg.task.max_files == 5);
+  CHECK(cfg.task.max_episode_tokens == 1000);
+  CHECK(cfg.task.detour_rate == 0.25);
+
+  auto e = only_error("[task]\nname = \"file_search\"\ndepth = 5\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.column == 9); // the value's column
+  CHECK(e.key == "task.depth");
+  CHECK_THAT(e.message, Catch::Contains("out of range [1, 4]"));
+  e = only_error("[task]\nmax_episode_tokens = \"lots\"\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "task.max_episode_tokens");
+  CHECK(e.message == "expected an integer, got a string");
+  e = only_error("[task]\n detour_rate = 1.5\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "task.detour_rate");
+}
+
 TEST_CASE("algorithm.lr = 0, a frozen-policy baseline, is accepted") {
   auto cfg = parse_config("[algorithm]\nlr = 0.0\n" + std::string{minimal}, "test.toml", roles, ".");
   CHECK(cfg.algorithm.lr == 0.0);

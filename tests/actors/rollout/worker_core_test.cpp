@@ -191,6 +191,58 @@ TEST_CASE("multi-turn rollouts interleave policy tokens with untrained environme
   CHECK(chunks == static_cast<int>(r.turns) - 1);
 }
 
+TEST_CASE("a file_search rollout masks exactly the environment's turns, replayed from its actions") {
+  at::set_num_threads(1);
+  ml::task_options o;
+  o.seed = 3;
+  o.file_search.max_turns = 6;
+  auto task = ml::make_task("file_search", o);
+  auto dims = small_dims();
+  dims.max_seq = 320;
+  worker_core w{dims, task, counting_clock()};
+  w.enqueue(request(1, 0, 0, 11, 6));
+  w.enqueue(request(2, 1, 0, 12, 6));
+  auto all = run(w);
+  REQUIRE(all.size() == 2);
+  ml::byte_tokenizer tok;
+  const auto end_turn = tok.special_id(ml::special_token::end_turn);
+  for (auto& r : all) {
+    INFO(r.reward_reason);
+    REQUIRE(r.loss_mask.size() == r.response.size());
+    auto env = task.multi_turn->make_environment();
+    env->reset(task.multi_turn->episode_seed(ml::task_split::train, r.request.task_index));
+    size_t i = 0, env_turns = 0;
+    uint32_t actions = 0;
+    while (i < r.response.size()) {
+      std::vector<int32_t> action;
+      for (; i < r.response.size() && r.loss_mask[i] == 1; ++i)
+        action.push_back(r.response[i]);
+      ++actions;
+      auto step = env->step(tok.decode(action, ml::decode_specials::skip));
+      if (i == r.response.size())
+        break;
+      // The environment's turn, in encode_chat's layout, none of it trained on.
+      std::vector<int32_t> expected;
+      if (action.empty() || action.back() != end_turn)
+        expected.push_back(end_turn);
+      expected.push_back(tok.special_id(ml::special_token::user));
+      auto obs = tok.encode(step.observation);
+      expected.insert(expected.end(), obs.begin(), obs.end());
+      expected.push_back(end_turn);
+      expected.push_back(tok.special_id(ml::special_token::assistant));
+      std::vector<int32_t> got;
+      for (; i < r.response.size() && r.loss_mask[i] == 0; ++i) {
+        got.push_back(r.response[i]);
+        CHECK(r.logprobs[i] == 0.0f);
+      }
+      CHECK(got == expected);
+      ++env_turns;
+    }
+    CHECK(actions == r.turns);
+    CHECK(env_turns + 1 == r.turns);
+  }
+}
+
 TEST_CASE("an episode whose next environment turn does not fit ends as truncated at length") {
   at::set_num_threads(1);
   auto task = guessing();

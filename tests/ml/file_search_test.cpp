@@ -1,0 +1,264 @@
+#include "runtime/ml/file_search.hpp"
+#include "runtime/ml/sft.hpp"
+#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/tokenizer.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using namespace sorl::ml;
+
+namespace {
+
+// Episode seed 7 with the default options gives this tree (key 3001):
+//   /          etc/ docs/ todo.txt index.html
+//   /etc       docs/ logs/ main.py
+//   /docs      src/ index.html notes.txt
+//   /etc/docs  data.csv ("key: 3001") config.ini
+//   /etc/logs  index.html
+//   /docs/src  notes.txt config.ini
+constexpr std::uint64_t seed7 = 7;
+
+std::string observe(file_search_environment& env, std::string_view action) {
+  const env_step s = env.step(action);
+  CHECK_FALSE(s.done);
+  CHECK(s.reward == 0.0);
+  return s.observation;
+}
+
+std::size_t percentile(std::vector<std::size_t> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+}
+
+} // namespace
+
+TEST_CASE("file_search answers every command from the episode's tree") {
+  file_search_environment env({});
+  CHECK(env.reset(seed7) == "find the key. in /");
+  CHECK(env.key() == "3001");
+  CHECK(observe(env, "ls") == "etc/ docs/ todo.txt index.html");
+  CHECK(observe(env, "cat todo.txt") == "see readme");
+  CHECK(observe(env, "cd etc") == "in /etc");
+  CHECK(observe(env, "  ls \n") == "docs/ logs/ main.py"); // actions are trimmed
+  CHECK(observe(env, "cd docs") == "in /etc/docs");
+  CHECK(observe(env, "ls") == "data.csv config.ini");
+  CHECK(observe(env, "cat config.ini") == "todo: tidy up");
+  CHECK(observe(env, "cat data.csv") == "key: 3001");
+  CHECK(observe(env, "cd ..") == "in /etc");
+  CHECK(observe(env, "cd ..") == "in /");
+  CHECK(env.cwd() == 0);
+  CHECK(env.turns() == 10);
+  const env_step s = env.step("answer 3001");
+  CHECK(s.done);
+  CHECK(s.reward == 1.0);
+  CHECK(s.observation.empty());
+  CHECK(s.reason == "right answer in 11 turns");
+  CHECK_FALSE(env.running());
+  CHECK_THROWS_AS(env.step("ls"), std::logic_error);
+}
+
+TEST_CASE("file_search answers bad commands with a templated observation and charges each a turn") {
+  file_search_environment env({});
+  env.reset(seed7);
+  CHECK(observe(env, "cd ..") == "already at /");
+  CHECK(observe(env, "cd logs") == "no such directory"); // a grandchild, not a child
+  CHECK(observe(env, "cd") == "unknown command");
+  CHECK(observe(env, "cat main.py") == "no such file"); // in /etc, not here
+  CHECK(observe(env, "cat") == "unknown command");
+  CHECK(observe(env, "ls -la") == "unknown command");
+  CHECK(observe(env, "rm -rf /") == "unknown command");
+  CHECK(observe(env, "") == "unknown command");
+  CHECK(observe(env, "LS") == "unknown command");
+  CHECK(env.cwd() == 0);
+  CHECK(env.turns() == 9);
+}
+
+TEST_CASE("a wrong or empty file_search answer ends the episode with reward 0") {
+  file_search_environment env({});
+  env.reset(seed7);
+  env_step s = env.step("answer 3002");
+  CHECK(s.done);
+  CHECK(s.reward == 0.0);
+  CHECK(s.reason == "wrong answer \"3002\" in 1 turns");
+  env.reset(seed7);
+  s = env.step("answer");
+  CHECK(s.done);
+  CHECK(s.reward == 0.0);
+  env.reset(seed7);
+  s = env.step("answer 30011"); // the key must match whole
+  CHECK(s.reward == 0.0);
+  env.reset(seed7);
+  s = env.step(" answer   3001 ");
+  CHECK(s.reward == 1.0);
+}
+
+TEST_CASE("file_search ends at the turn budget and at the token budget and says which") {
+  file_search_options o;
+  o.max_turns = 3;
+  file_search_environment env(o);
+  env.reset(seed7);
+  observe(env, "ls");
+  observe(env, "ls");
+  env_step s = env.step("ls");
+  CHECK(s.done);
+  CHECK(s.reward == 0.0);
+  CHECK(s.observation.empty());
+  CHECK(s.reason == "turn budget of 3 exhausted");
+
+  // Tokens: <|bos|> + (18 + 3) for the first observation = 22; each "ls" adds 2 + 1 and its
+  // listing "etc/ docs/ todo.txt index.html" 30 + 3: 36 per turn. 22 + 2 * 36 = 94 < 100,
+  // 22 + 3 * 36 = 130 >= 100.
+  o = {};
+  o.max_episode_tokens = 100;
+  file_search_environment small(o);
+  small.reset(seed7);
+  CHECK(small.tokens() == 22);
+  observe(small, "ls");
+  observe(small, "ls");
+  CHECK(small.tokens() == 94);
+  s = small.step("ls");
+  CHECK(s.done);
+  CHECK(s.reason == "token budget of 100 tokens exhausted after 3 turns");
+  CHECK(small.tokens() == 130);
+  // An answer always ends the episode on its own terms.
+  small.reset(seed7);
+  CHECK(small.step("answer 3001").reward == 1.0);
+}
+
+TEST_CASE("file_search options out of range are rejected by name") {
+  auto with = [](auto set) {
+    file_search_options o;
+    set(o);
+    return o;
+  };
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.depth = 0; })), Catch::Contains("depth"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.depth = 5; })), Catch::Contains("depth"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.max_dirs = 9; })), Catch::Contains("max_dirs"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.max_files = 0; })), Catch::Contains("max_files"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.max_turns = 0; })), Catch::Contains("max_turns"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.max_episode_tokens = 63; })),
+                    Catch::Contains("max_episode_tokens"));
+  CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.detour_rate = 1.5; }), 0),
+                    Catch::Contains("detour_rate"));
+}
+
+TEST_CASE("file_search trees are a function of the seed and hide the key at the deepest level") {
+  file_search_options o;
+  o.depth = 3;
+  o.max_dirs = 3;
+  o.max_files = 3;
+  file_search_environment a(o), b(o);
+  int differ = 0;
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    CHECK(a.reset(seed) == b.reset(seed));
+    REQUIRE(a.tree().size() == b.tree().size());
+    CHECK(a.key() == b.key());
+    int holders = 0;
+    for (std::size_t i = 0; i < a.tree().size(); ++i) {
+      const fs_directory& d = a.tree()[i];
+      CHECK(d.files == b.tree()[i].files);
+      CHECK(d.contents == b.tree()[i].contents);
+      CHECK((d.level < 3 ? d.subdirs.size() >= 1 && d.subdirs.size() <= 3 : d.subdirs.empty()));
+      CHECK((d.files.size() >= 1 && d.files.size() <= 3));
+      for (const auto& c : d.contents)
+        if (c == "key: " + a.key()) {
+          ++holders;
+          CHECK(d.level == 3);
+        }
+    }
+    CHECK(holders == 1);
+    a.reset(seed + 1000);
+    differ += a.key() != b.key();
+  }
+  CHECK(differ >= 45); // 4-digit keys: a collision in 50 draws is rare (p ~ 0.005 for 1)
+  const file_search_task task(o, 5);
+  CHECK(task.demonstrate(task.episode_seed(task_split::eval, 3), true)
+          .back().content == task.demonstrate(task.episode_seed(task_split::eval, 3), true).back().content);
+}
+
+TEST_CASE("the expert demonstration searches depth-first and answers the key") {
+  file_search_options o;
+  o.detour_rate = 0.0;
+  const file_search_task task(o, 0);
+  // The task's own seed stream is not the raw seed; use the environment's seed 7 directly.
+  const std::vector<chat_message> chat = task.demonstrate(seed7, true);
+  std::vector<std::string> actions;
+  for (const auto& m : chat)
+    if (m.role == chat_role::assistant)
+      actions.push_back(m.content);
+  const std::vector<std::string> expected{"ls", "cd etc", "ls", "cd docs", "ls", "cat data.csv",
+                                          "answer 3001"};
+  CHECK(actions == expected);
+  CHECK(chat.back().role == chat_role::assistant);
+  REQUIRE(chat.size() == 14);
+  CHECK(chat[8].content == "in /etc/docs");
+  CHECK(chat[10].content == "data.csv config.ini");
+}
+
+TEST_CASE("environment turns of a file_search episode are masked from the loss") {
+  const byte_tokenizer tok;
+  const file_search_task task({}, 2);
+  const std::vector<chat_message> chat = task.demonstrate(task.episode_seed(task_split::train, 0), true);
+  const sft_sequence e = encode_episode(tok, chat);
+  REQUIRE(e.loss_mask.size() == e.ids.size());
+  std::string trained, expected;
+  for (std::size_t i = 0; i < e.ids.size(); ++i)
+    if (e.loss_mask[i])
+      trained += tok.token_text(e.ids[i]);
+  for (const auto& m : chat)
+    if (m.role == chat_role::assistant)
+      expected += m.content + "<|end_turn|>";
+  CHECK(trained == expected);
+  // The environment's token count is the encoded transcript's length.
+  file_search_environment env({});
+  env.reset(task.episode_seed(task_split::train, 0));
+  for (const auto& m : chat)
+    if (m.role == chat_role::assistant)
+      env.step(m.content);
+  CHECK(env.tokens() == static_cast<std::int64_t>(e.ids.size()));
+}
+
+TEST_CASE("warm-start demonstrations have a long tail of episode lengths") {
+  // configs/agent.toml's settings: default tree, 60 turns, 1536 tokens, 30% wandering.
+  const file_search_task task({}, 1);
+  const auto demos = make_episode_demonstrations(task, task_split::train, 0, 1000, 0.3, 1);
+  std::vector<std::size_t> tokens, expert_turns;
+  std::size_t wanderers = 0, wanderers_at_budget = 0, expert_right = 0, experts = 0;
+  for (const auto& d : demos) {
+    std::size_t n = 1, turns = 0;
+    for (const auto& m : d.chat) {
+      n += m.content.size() + 2;
+      turns += m.role == chat_role::assistant;
+    }
+    tokens.push_back(n);
+    CHECK(n <= 1536 + 16); // the last action may cross the budget by its own length
+    CHECK(turns <= 60);
+    if (d.correct) {
+      ++experts;
+      expert_turns.push_back(turns);
+      expert_right += d.chat.back().content.rfind("answer ", 0) == 0;
+    } else {
+      ++wanderers;
+      wanderers_at_budget += d.chat.back().content.rfind("answer ", 0) != 0;
+    }
+  }
+  REQUIRE(experts == 700);
+  CHECK(expert_right == 700);
+  // Depth 2 and no detour: ls, cd, ls, cd, ls, cat, answer is the shortest expert episode.
+  CHECK(percentile(expert_turns, 0.0) >= 7);
+  // A wanderer answers with probability 1/40 a turn: (39/40)^60 = 0.219 of them reach the
+  // 60-turn budget (or the token budget first); 300 of them, binomial sd 0.024.
+  CHECK(static_cast<double>(wanderers_at_budget) / static_cast<double>(wanderers)
+        == Approx(0.219).margin(0.08));
+  const std::size_t p50 = percentile(tokens, 0.5), p99 = percentile(tokens, 0.99);
+  INFO("p50 " << p50 << " p99 " << p99);
+  // Measured with these seeds: p50 296, p99 1459 tokens (ratio 4.9; sorl_episode_lengths,
+  // with nearest-rank percentiles, prints p50 295).
+  CHECK(p50 >= 200);
+  CHECK(p50 <= 400);
+  CHECK(static_cast<double>(p99) >= 4.0 * static_cast<double>(p50));
+}
