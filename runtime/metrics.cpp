@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -235,12 +236,27 @@ metrics_record parse_metrics_line(std::string_view line) {
   return r;
 }
 
-std::string progress_line(const metrics_record& r, int64_t total_steps) {
+std::optional<double> reward_trailing_mean(const std::vector<double>& values,
+                                           std::size_t window) {
+  std::size_t k = std::min(window, values.size());
+  if (k == 0)
+    return std::nullopt;
+  double sum = 0;
+  for (auto it = values.end() - static_cast<std::ptrdiff_t>(k); it != values.end(); ++it)
+    sum += *it;
+  return sum / static_cast<double>(k);
+}
+
+std::string progress_line(const metrics_record& r, int64_t total_steps,
+                          std::optional<double> reward_smoothed) {
   std::vector<std::string> parts;
   parts.push_back("step " + std::to_string(r.step)
                   + (total_steps > 0 ? "/" + std::to_string(total_steps) : ""));
   if (r.reward_mean)
-    parts.push_back("reward " + fmt("%.2f", *r.reward_mean));
+    parts.push_back("reward " + fmt("%.2f", *r.reward_mean)
+                    + (reward_smoothed ? " (mean" + std::to_string(reward_mean_window) + " "
+                                           + fmt("%.2f", *reward_smoothed) + ")"
+                                       : ""));
   if (r.group_size)
     parts.push_back("G " + std::to_string(*r.group_size));
   std::string split;

@@ -21,6 +21,7 @@
 // `null` (JSON has no NaN) and read as missing. wall_s ≥ rollout_s + learn_s + sync_s; the
 // remainder is the trainer's own bookkeeping. Names never change meaning once written.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -210,12 +211,25 @@ std::string to_json_line(const metrics_record& record);
 /// no integer "step", or a schema key has the wrong type.
 metrics_record parse_metrics_line(std::string_view line);
 
+/// Steps in the trailing reward mean of the progress line (`reward_trailing_mean`).
+inline constexpr std::size_t reward_mean_window = 10;
+
+/// Mean of the last min(`window`, values.size()) entries of `values` (per-step mean rewards,
+/// oldest first): a trailing moving average, so that a trend shows through the step-to-step
+/// noise of a batch's sampled reward. nullopt when `values` is empty or `window` is 0.
+std::optional<double> reward_trailing_mean(const std::vector<double>& values,
+                                           std::size_t window = reward_mean_window);
+
 /// The terminal progress line of a step, e.g.
-///   "step 12/100  reward 0.43  G 8  step 3.1s (rollout 2.2 | learn 0.7 | sync 0.2)  412 tok/s"
-/// Parts whose fields are missing are left out; "stragglers N" is appended when N > 0.
-/// `total_steps` ≤ 0 prints "step 12" alone. Rewards show 2 decimals, seconds 1, tokens/s
-/// none. A pure function of its arguments, so the exact text is testable.
-std::string progress_line(const metrics_record& record, int64_t total_steps);
+///   "step 12/100  reward 0.43 (mean10 0.38)  G 8  step 3.1s (rollout 2.2 | learn 0.7 |
+///   sync 0.2)  412 tok/s"
+/// where "mean10" is `reward_smoothed` (the trailing mean over the last 10 steps, fewer in the
+/// first 9), shown only with the step's reward and when given. Parts whose fields are missing
+/// are left out; "stragglers N" is appended when N > 0. `total_steps` ≤ 0 prints "step 12"
+/// alone. Rewards show 2 decimals, seconds 1, tokens/s none. A pure function of its
+/// arguments, so the exact text is testable.
+std::string progress_line(const metrics_record& record, int64_t total_steps,
+                          std::optional<double> reward_smoothed = std::nullopt);
 
 /// How `metrics_sink` opens RUN_DIR/metrics.jsonl.
 enum class metrics_open_mode {

@@ -492,7 +492,8 @@ void step_driver::on(out& o, const ev::metrics_written& r) {
     fail(o, fmt::format("step {}: {}; {}", step_, *r.error, resume_hint()));
     return;
   }
-  o.push_back(cmd::print_line{progress_line(record_, opts_.steps)});
+  o.push_back(
+    cmd::print_line{progress_line(record_, opts_.steps, reward_trailing_mean(reward_history_))});
   bool last = step_ >= opts_.steps;
   auto every = opts_.checkpoint_every;
   if (last || (every > 0 && step_ % every == 0) || !stop_request_.empty()) {

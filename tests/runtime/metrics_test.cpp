@@ -85,6 +85,33 @@ TEST_CASE("the progress line leaves out missing fields", "[metrics]") {
         == "step 3/10  reward -0.50  step 12.0s (rollout 1.0 | sync 0.5)  stragglers 2");
 }
 
+TEST_CASE("the trailing reward mean averages the last window of steps, fewer at the start",
+          "[metrics]") {
+  using sorl::reward_trailing_mean;
+  CHECK_FALSE(reward_trailing_mean({}).has_value());
+  CHECK_FALSE(reward_trailing_mean({0.5}, 0).has_value());
+  CHECK(*reward_trailing_mean({0.5}) == 0.5);
+  // (0.25 + 0.5 + 1) / 3 = 0.58333...: all three when the window is wider.
+  CHECK(*reward_trailing_mean({0.25, 0.5, 1.0}) == Approx(1.75 / 3).epsilon(1e-15));
+  // Window 2 keeps only the last two: (0.5 + 1) / 2.
+  CHECK(*reward_trailing_mean({0.25, 0.5, 1.0}, 2) == 0.75);
+  // Twelve steps 0.1, 0.2, ..., 1.2: the default window of 10 averages 0.3 .. 1.2 = 0.75.
+  std::vector<double> twelve;
+  for (int i = 1; i <= 12; ++i)
+    twelve.push_back(0.1 * i);
+  CHECK(*reward_trailing_mean(twelve) == Approx(0.75).epsilon(1e-12));
+}
+
+TEST_CASE("the progress line puts the trailing mean after the step's reward", "[metrics]") {
+  metrics_record r;
+  r.step = 3;
+  CHECK(sorl::progress_line(r, 10, 0.3) == "step 3/10"); // no reward, no mean
+  r.reward_mean = 0.5;
+  r.group_size = 8;
+  CHECK(sorl::progress_line(r, 10, 0.3) == "step 3/10  reward 0.50 (mean10 0.30)  G 8");
+  CHECK(sorl::progress_line(r, 10) == "step 3/10  reward 0.50  G 8");
+}
+
 TEST_CASE("a record becomes one JSON line in schema order with missing fields omitted",
           "[metrics]") {
   metrics_record r;

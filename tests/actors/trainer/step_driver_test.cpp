@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -208,14 +209,15 @@ void to_learn(harness& h) {
   REQUIRE(h.d.now() == phase::learn);
 }
 
-/// From the rollout phase of step `step` (0-based, G = 2, requests 4·step .. 4·step + 3, all
-/// rewards 1 then 0 per group) through learn and sync to the metrics record being written;
-/// every event 1 s after the last, from `t`. Returns the time of the last event.
-int64_t run_step(harness& h, int64_t t, uint64_t step) {
+/// From the rollout phase of step `step` (0-based, G = 2, requests 4·step .. 4·step + 3 with
+/// `rewards`, by default 1 then 0 per group) through learn and sync to the metrics record
+/// being written; every event 1 s after the last, from `t`. Returns the time of the last event.
+int64_t run_step(harness& h, int64_t t, uint64_t step,
+                 std::array<double, 4> rewards = {1.0, 0.0, 1.0, 0.0}) {
   REQUIRE(h.at(t += sec, static_g(step, 2)).size() == 1);
   for (uint64_t i = 0; i < 4; ++i)
     h.at(t += sec, rollout(4 * step + i, 2 * step + i / 2, static_cast<uint32_t>(i % 2),
-                           i % 2 == 0 ? 1.0 : 0.0));
+                           rewards[i]));
   REQUIRE(std::holds_alternative<cmd::train>(h.last.back()));
   REQUIRE(h.at(t += sec, ev::train_result{step + 1, {}, {}}).empty());
   REQUIRE(h.at(t += sec, ready(step + 1)) == lines{"write_metrics step " + std::to_string(step + 1)});
@@ -356,7 +358,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
 
   // The last step: a checkpoint, for which both stateful roles are asked first.
   CHECK(h.at(6 * sec, ev::metrics_written{}) ==
-        lines{"print: step 1/1  reward 0.75  G 2  step 3.5s (rollout 2.0 | learn 1.0 | sync 0.5)  "
+        lines{"print: step 1/1  reward 0.75 (mean10 0.75)  G 2  step 3.5s (rollout 2.0 | learn 1.0 | sync 0.5)  "
               "9 tok/s  stragglers 1",
               "query_role_state sagc_controller step 1", "query_role_state scheduler step 1"});
   CHECK(h.d.now() == phase::checkpoint);
@@ -384,7 +386,7 @@ TEST_CASE("steps follow one another without a checkpoint until the last and the 
   start(h);
   auto t = run_step(h, sec, 0);
   CHECK(h.at(t, ev::metrics_written{}) ==
-        lines{"print: step 1/2  reward 0.50  G 2  step 7.0s (rollout 5.0 | learn 1.0 | sync 1.0)  "
+        lines{"print: step 1/2  reward 0.50 (mean10 0.50)  G 2  step 7.0s (rollout 5.0 | learn 1.0 | sync 1.0)  "
               "2 tok/s",
               "watchdog in 10000000000 ns for step 1", "query_group_size step 1"});
   t = run_step(h, t, 1);
@@ -394,6 +396,31 @@ TEST_CASE("steps follow one another without a checkpoint until the last and the 
   CHECK(h.at(t + sec, ev::checkpoint_done{2, "p", true, ""}) ==
         lines{"log info: checkpoint p",
               "finish: 2 steps; mean reward first 2 steps 0.500, last 2 steps 0.500; 15.0 s"});
+}
+
+TEST_CASE("the progress line shows the mean reward of the last 10 steps beside the step's") {
+  // Steps 1-5 reward 0, steps 6-12 reward 1: the trailing mean is 0 through step 5, then
+  // 1/6 at step 6, 5/10 at step 10, and once the window slides past step 1, 6/10 at step 11
+  // and 7/10 at step 12 (a mean over all steps would read 7/12 = 0.58 there).
+  auto o = two_steps();
+  o.steps = 12;
+  harness h{o};
+  start(h);
+  int64_t t = sec;
+  std::map<int, std::string> printed;
+  for (uint64_t s = 0; s < 12; ++s) {
+    double r = s < 5 ? 0.0 : 1.0;
+    t = run_step(h, t, s, {r, r, r, r});
+    auto out = h.at(t, ev::metrics_written{});
+    REQUIRE(!out.empty());
+    printed[static_cast<int>(s) + 1] = out.front().substr(0, out.front().find("  G 2"));
+  }
+  CHECK(printed[1] == "print: step 1/12  reward 0.00 (mean10 0.00)");
+  CHECK(printed[5] == "print: step 5/12  reward 0.00 (mean10 0.00)");
+  CHECK(printed[6] == "print: step 6/12  reward 1.00 (mean10 0.17)");
+  CHECK(printed[10] == "print: step 10/12  reward 1.00 (mean10 0.50)");
+  CHECK(printed[11] == "print: step 11/12  reward 1.00 (mean10 0.60)");
+  CHECK(printed[12] == "print: step 12/12  reward 1.00 (mean10 0.70)");
 }
 
 TEST_CASE("a failed metrics write or metrics file fails the job") {
@@ -641,7 +668,7 @@ TEST_CASE("an interrupt during a step finishes it, writes its checkpoint and sto
   CHECK(h.at(5 * sec, ready(1)) == lines{"write_metrics step 1"});
   // Not the last step and checkpoint_every = 0, yet the stop asks for a checkpoint.
   CHECK(h.at(5 * sec, ev::metrics_written{}) ==
-        lines{"print: step 1/2  reward 1.00  G 2  step 4.0s (rollout 2.0 | learn 1.0 | sync "
+        lines{"print: step 1/2  reward 1.00 (mean10 1.00)  G 2  step 4.0s (rollout 2.0 | learn 1.0 | sync "
               "1.0)  4 tok/s",
               "query_role_state sagc_controller step 1", "query_role_state scheduler step 1"});
   h.at(5 * sec, ev::role_state{1, "sagc_controller", "{}", true, ""});

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The default job against its frozen-policy control: configs/default.toml run twice, once as
+# shipped and once with `algorithm.lr = 0` (same seed, warm start, prompts and sampling, so
+# any rise in the frozen run is noise), then one table of both runs side by side: mean sampled
+# reward of the first and last 10 steps, held-out greedy accuracy before and after with its
+# standard error sqrt(p (1 - p) / n), and wall-clock.
+#
+#   bench/default_job/control.sh [--seed N] [--steps N]
+#
+# Both runs use the default job's warm start (runs/warm-start/arithmetic-tiny, written by the
+# first run when missing, inside that run's wall-clock). Runs land in runs/default-control/.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+seed=""
+steps=""
+while (($#)); do
+  case $1 in
+    --seed) seed=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) echo "control.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+source "$root/scripts/lib/need.sh"
+need_commands /usr/bin/python3:python3
+[[ -x build/sorl ]] || scripts/build
+out=runs/default-control
+mkdir -p "$out"
+for run in rl frozen; do
+  cfg="$out/$run.toml"
+  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" <<'PY'
+import re, sys
+cfg, name, seed, steps, root = sys.argv[1:]
+text = open(f"{root}/configs/default.toml").read()
+def sub(pattern, repl):
+    global text
+    text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
+    if n != 1:
+        sys.exit(f"control.sh: configs/default.toml has no line matching {pattern}")
+sub(r'^name = "default"$', f'name = "{name}"')
+sub(r'^output_dir = .*$', 'output_dir = "runs/default-control"')
+sub(r'^checkpoint = "\.\./', f'checkpoint = "{root}/')
+if seed:
+    sub(r'^seed = .*$', f"seed = {seed}")
+if steps:
+    sub(r'^steps = .*$', f"steps = {steps}")
+if name == "frozen":
+    # The [algorithm] table's lr (the [sft] table has its own).
+    text, n = re.subn(r'(?ms)^(\[algorithm\]\n.*?^)lr = [^\n]*', r'\1lr = 0.0', text, count=1)
+    if n != 1:
+        sys.exit("control.sh: configs/default.toml has no lr in [algorithm]")
+open(cfg, "w").write(text)
+PY
+  echo "== $run: build/sorl train $cfg --overwrite" >&2
+  start=$SECONDS
+  build/sorl train "$cfg" --overwrite > "$out/$run.log" 2>&1
+  echo $((SECONDS - start)) > "$out/$run.wall_s"
+  tail -1 "$out/$run.log" >&2
+done
+/usr/bin/python3 - "$out" <<'PY'
+import math, re, sys
+out = sys.argv[1]
+print(f"{'run':<8} {'reward first10':>14} {'last10':>7} {'held-out before':>16} {'after':>14}  {'n':>4} {'wall s':>7}")
+for run in ("rl", "frozen"):
+    log = open(f"{out}/{run}.log").read()
+    m = re.search(r"mean reward first \d+ steps ([\d.]+), last \d+ steps ([\d.]+); "
+                  r"held-out accuracy ([\d.]+) → ([\d.]+)", log)
+    n = re.search(r"held-out accuracy \(after, greedy, (\d+) prompts\)", log)
+    if not m or not n:
+        sys.exit(f"control.sh: no final summary in {out}/{run}.log")
+    first, last, before, after = map(float, m.groups())
+    n = int(n.group(1))
+    se = lambda p: math.sqrt(p * (1 - p) / n)
+    wall = float(open(f"{out}/{run}.wall_s").read())
+    print(f"{run:<8} {first:>14.3f} {last:>7.3f} {before:>9.3f} ± {se(before):.3f} "
+          f"{after:>6.3f} ± {se(after):.3f}  {n:>4} {wall:>7.0f}")
+PY
