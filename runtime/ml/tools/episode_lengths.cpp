@@ -12,6 +12,7 @@
 // max_new=N (tokens per action, default 16)  split=train|eval (default train).
 // Prints one line per statistic to stdout.
 
+#include "actors/sagc/timing.hpp"
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/model.hpp"
@@ -30,11 +31,10 @@ using namespace sorl::ml;
 
 namespace {
 
-// Nearest-rank percentile, as the run metrics compute theirs.
-long percentile(std::vector<long> v, double p) {
-  std::sort(v.begin(), v.end());
-  const auto rank = static_cast<std::size_t>(p * static_cast<double>(v.size()) + 0.999999);
-  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+// Nearest-rank percentile, p in [0, 1], as the run metrics compute theirs.
+long percentile(const std::vector<long>& v, double p) {
+  return static_cast<long>(
+    sorl::sagc::nearest_rank_percentile(std::vector<int64_t>(v.begin(), v.end()), 100 * p));
 }
 
 void print(const char* what, const std::vector<long>& v) {
