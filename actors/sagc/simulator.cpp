@@ -322,6 +322,32 @@ best_static_choice best_static(const std::vector<sim_summary>& statics, double t
   return {lowest, false};
 }
 
+std::optional<size_t> best_static_on_objective(const std::vector<sim_summary>& statics,
+                                               bool constrained, double target_rate,
+                                               int64_t steps) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < statics.size(); ++i) {
+    const auto& a = statics[i];
+    if (constrained && !meets_straggler_target(a.straggler_rate, target_rate, steps))
+      continue;
+    if (!best) {
+      best = i;
+      continue;
+    }
+    const auto& b = statics[*best];
+    if (a.weighted_rollouts_per_s != b.weighted_rollouts_per_s) {
+      if (a.weighted_rollouts_per_s > b.weighted_rollouts_per_s)
+        best = i;
+    } else if (a.straggler_rate != b.straggler_rate) {
+      if (a.straggler_rate < b.straggler_rate)
+        best = i;
+    } else if (a.mean_g < b.mean_g) {
+      best = i;
+    }
+  }
+  return best;
+}
+
 std::vector<double> read_duration_trace(const std::string& path) {
   std::ifstream in(path);
   if (!in)

@@ -48,6 +48,7 @@
 // assumption, not a measurement), the time to reach a reward scales as its inverse.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,18 @@ struct best_static_choice {
 };
 best_static_choice best_static(const std::vector<sim_summary>& statics, double target_rate,
                                int64_t steps);
+
+/// The static run with the most utility-weighted rollouts per second (the objective the
+/// bench reports, sim_summary::weighted_rollouts_per_s), among all of `statics` when
+/// `constrained` is false, else among those whose straggler-event rate meets ε =
+/// `target_rate` over `steps` steps (meets_straggler_target). Ties: the lower straggler-event
+/// rate, then the smaller mean G. nullopt when `constrained` and none meets ε, or when
+/// `statics` is empty. Unlike best_static (the largest G under the constraint, what sagc's
+/// own objective, the mean of U(G), prefers), this is the static G a user tuning G by hand
+/// for throughput of useful samples would pick.
+std::optional<size_t> best_static_on_objective(const std::vector<sim_summary>& statics,
+                                               bool constrained, double target_rate,
+                                               int64_t steps);
 
 /// q(t), the probability that a rollout of step t is a long one (the tail schedule, else
 /// tail_fraction).

@@ -18,10 +18,14 @@
 //      mean G, straggler-event rate and utility-weighted rollouts/s are printed for sagc and
 //      that static G.
 //
-// The best static G is searched over every G in [g_min, g_max] (best_static in
-// actors/sagc/simulator.hpp: the largest G whose straggler-event rate meets ε). After each
-// scenario's table, a second one compares sagc with every static G on the objective,
-// utility-weighted rollouts/s, and on rollouts/s.
+// After each scenario's table, a second one puts sagc next to every static G in
+// [g_min, g_max] and the deadline baseline on the objective (utility-weighted rollouts/s and
+// rollouts/s, as ratios sagc / that policy) and on the straggler-event rate, and marks three
+// static G (actors/sagc/simulator.hpp): L, the largest G whose rate meets ε (best_static:
+// the most mean U under the constraint, sagc's own objective); C, the most U-roll/s among
+// the G that meet ε; O, the most U-roll/s of all, constraint ignored
+// (best_static_on_objective). A static G that breaks ε can beat sagc on the objective:
+// the constraint costs throughput, and the O row says how much.
 //
 // Column "U-roll/s": utility-weighted rollouts per second, Σ_t Σ_j n_tj·U(n_tj) / total
 // time, n_tj = finished rollouts of prompt j at step t, U(n) = 1 − 1/n (without a cut,
@@ -31,7 +35,11 @@
 //
 // Usage: sagc_sim [--trace FILE] [--steps N] [--seed S] [--prompts B] [--workers W]
 //                 [--batch-limit L] [--epsilon E] [--v V] [--kappa K] [--deadline-kappa K]
-//                 [--drift-tail Q]
+//                 [--drift-tail Q] [--g-min G] [--g-max G] [--group-size G]
+//                 [--load-slowdown BETA] [--decode-tokens-per-s R]
+//                 [--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift]
+// (--group-size: sagc's initial G and the deadline baseline's G; --scenarios: which tables,
+// "long" being the trace when --trace is given; the rest set sim_options.)
 
 #include <algorithm>
 #include <cmath>
@@ -53,13 +61,18 @@ struct args {
   sim_options sim;
   group_policy_options policy;
   double drift_tail = 0.005; ///< q at the end of the drifting scenario
+  /// Comma-separated scenarios to run: "long" (the long-tailed mixture, or the trace),
+  /// "light", "drift".
+  std::string scenarios = "long,light,drift";
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "sagc_sim: %s\nusage: sagc_sim [--trace FILE] [--steps N] [--seed S] "
                "[--prompts B] [--workers W] [--batch-limit L] [--epsilon E] [--v V] "
-               "[--kappa K] [--deadline-kappa K] [--drift-tail Q]\n",
+               "[--kappa K] [--deadline-kappa K] [--drift-tail Q] [--g-min G] [--g-max G] "
+               "[--group-size G] [--load-slowdown BETA] [--decode-tokens-per-s R] "
+               "[--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift]\n",
                why);
   std::exit(2);
 }
@@ -108,10 +121,34 @@ args parse(int argc, char** argv) {
       a.policy.deadline_kappa = number(flag, value);
     else if (flag == "--drift-tail")
       a.drift_tail = number(flag, value);
+    else if (flag == "--g-min")
+      a.policy.g_min = static_cast<int64_t>(number(flag, value));
+    else if (flag == "--g-max")
+      a.policy.g_max = static_cast<int64_t>(number(flag, value));
+    else if (flag == "--group-size")
+      a.policy.group_size = static_cast<int64_t>(number(flag, value));
+    else if (flag == "--load-slowdown")
+      a.sim.load_slowdown = number(flag, value);
+    else if (flag == "--decode-tokens-per-s")
+      a.sim.decode_tokens_per_s = number(flag, value);
+    else if (flag == "--learner-tokens-per-s")
+      a.sim.learner_tokens_per_s = number(flag, value);
+    else if (flag == "--overhead-s")
+      a.sim.overhead_s = number(flag, value);
+    else if (flag == "--scenarios")
+      a.scenarios = value;
     else
       usage(("unknown option " + flag).c_str());
   }
   a.policy.prompts_per_step = a.sim.prompts_per_step;
+  size_t from = 0;
+  while (from <= a.scenarios.size()) {
+    const size_t comma = std::min(a.scenarios.find(',', from), a.scenarios.size());
+    const std::string name = a.scenarios.substr(from, comma - from);
+    if (name != "long" && name != "light" && name != "drift")
+      usage(("--scenarios: unknown scenario '" + name + "' (long, light, drift)").c_str());
+    from = comma + 1;
+  }
   return a;
 }
 
@@ -154,7 +191,9 @@ void run_scenario(const std::string& title, const sim_options& sim,
   group_policy_options d = base;
   d.policy = sorl::group_policy_kind::deadline;
   auto deadline = make_group_policy(d);
-  print_row(simulate(*deadline, sim, "deadline " + std::to_string(d.group_size)).summary);
+  const sim_summary deadline_run =
+    simulate(*deadline, sim, "deadline " + std::to_string(d.group_size)).summary;
+  print_row(deadline_run);
   group_policy_options s = base;
   s.policy = sorl::group_policy_kind::sagc;
   sagc_group_policy sagc(s);
@@ -162,41 +201,87 @@ void run_scenario(const std::string& title, const sim_options& sim,
   const sim_summary& m = sagc_run.summary;
   print_row(m);
 
-  // The best static G over every G sagc may pick (best_static, actors/sagc/simulator.hpp).
-  const best_static_choice choice = best_static(statics, base.target_rate, sim.steps);
-  const sim_summary* best = &statics[choice.index];
-  const char* why = choice.meets
-                      ? "the largest static G in [g_min, g_max] with straggler rate <= epsilon "
-                        "+ 1 s.e."
-                      : "no static G meets epsilon: the one with the lowest rate";
-  std::printf("sagc vs best static (%s, %s): rollouts/s x%.3f, mean step time x%.3f, "
-              "mean U x%.3f, U-roll/s x%.3f\n",
-              best->label.c_str(), why, m.rollouts_per_s / best->rollouts_per_s,
-              m.mean_step_s / best->mean_step_s, m.mean_utility / best->mean_utility,
-              m.weighted_rollouts_per_s / best->weighted_rollouts_per_s);
-  std::printf("sagc vs every static G (objective: U-roll/s; ratio > 1: sagc ahead):\n");
-  std::printf("  %4s %8s %6s %8s %10s %12s %13s\n", "G", "strag/st", "meets", "U-roll/s",
-              "rollouts/s", "sagc/G U-r/s", "sagc/G roll/s");
-  for (const auto& st : statics)
-    std::printf("  %4.0f %8.3f %6s %8.3f %10.3f %12.3f %13.3f\n", st.mean_g, st.straggler_rate,
-                meets_straggler_target(st.straggler_rate, base.target_rate, sim.steps) ? "yes"
-                                                                                      : "no",
-                st.weighted_rollouts_per_s, st.rollouts_per_s,
-                m.weighted_rollouts_per_s / st.weighted_rollouts_per_s,
-                m.rollouts_per_s / st.rollouts_per_s);
+  // Every static G next to sagc on the objective and on the constraint, with three marks:
+  // L, the largest G that meets epsilon (best_static: what sagc's own objective, mean U,
+  // prefers under the constraint); C, the most U-roll/s among the G that meet epsilon; O,
+  // the most U-roll/s of all (best_static_on_objective, actors/sagc/simulator.hpp).
+  const best_static_choice largest = best_static(statics, base.target_rate, sim.steps);
+  const auto on_c = best_static_on_objective(statics, true, base.target_rate, sim.steps);
+  const auto on_o = best_static_on_objective(statics, false, base.target_rate, sim.steps);
+  std::printf("sagc vs every static G and the deadline (objective: U-roll/s; ratio > 1: sagc "
+              "ahead; meets: strag/st <= epsilon + 1 s.e.):\n");
+  std::printf("  %-12s %6s %8s %6s %8s %10s %12s %13s  %s\n", "policy", "mean G", "strag/st",
+              "meets", "U-roll/s", "rollouts/s", "sagc/x U-r/s", "sagc/x roll/s", "mark");
+  auto compare = [&](const sim_summary& x, const std::string& mark) {
+    std::printf("  %-12s %6.2f %8.3f %6s %8.3f %10.3f %12.3f %13.3f  %s\n", x.label.c_str(),
+                x.mean_g, x.straggler_rate,
+                meets_straggler_target(x.straggler_rate, base.target_rate, sim.steps) ? "yes"
+                                                                                     : "no",
+                x.weighted_rollouts_per_s, x.rollouts_per_s,
+                m.weighted_rollouts_per_s / x.weighted_rollouts_per_s,
+                m.rollouts_per_s / x.rollouts_per_s, mark.c_str());
+  };
+  for (size_t i = 0; i < statics.size(); ++i) {
+    std::string mark;
+    if (largest.meets && largest.index == i)
+      mark += "L";
+    if (on_c == i)
+      mark += "C";
+    if (on_o == i)
+      mark += "O";
+    compare(statics[i], mark);
+  }
+  compare(deadline_run, "");
+  compare(m, "");
+  std::printf("marks: L = largest static G meeting epsilon (max mean U under the constraint, "
+              "sagc's own objective); C = most U-roll/s among static G meeting epsilon; O = "
+              "most U-roll/s among all static G\n");
+  auto verdict = [&](const char* what, const sim_summary& x) {
+    std::printf("sagc vs %s (%s, strag/st %.3f): U-roll/s x%.3f, rollouts/s x%.3f, mean U "
+                "x%.3f, mean step time x%.3f\n",
+                what, x.label.c_str(), x.straggler_rate,
+                m.weighted_rollouts_per_s / x.weighted_rollouts_per_s,
+                m.rollouts_per_s / x.rollouts_per_s, m.mean_utility / x.mean_utility,
+                m.mean_step_s / x.mean_step_s);
+  };
+  if (largest.meets)
+    verdict("L, the largest static G meeting epsilon", statics[largest.index]);
+  if (on_c)
+    verdict("C, the best static G on U-roll/s meeting epsilon", statics[*on_c]);
+  else
+    std::printf("no static G in [g_min, g_max] meets epsilon\n");
+  verdict("O, the best static G on U-roll/s, constraint ignored", statics[*on_o]);
   std::printf("sagc: final Q = %.2f, straggler rate %.4f vs epsilon %.3f\n",
               sagc.virtual_queue(), m.straggler_rate, base.target_rate);
   if (phases.empty())
     return;
-  const auto& best_steps = static_steps[choice.index];
+  std::vector<size_t> shown;
+  if (on_c)
+    shown.push_back(*on_c);
+  if (!on_c || *on_c != *on_o)
+    shown.push_back(*on_o);
   std::printf("per phase (mean G, strag/st, U-roll/s):\n");
   for (const auto& ph : phases) {
     const sim_summary a = summarize_phase(sagc_run.steps, ph);
-    const sim_summary c = summarize_phase(best_steps, ph);
-    std::printf("  %-34s sagc %5.2f %6.3f %7.3f | %-9s %5.2f %6.3f %7.3f\n", ph.name.c_str(),
-                a.mean_g, a.straggler_rate, a.weighted_rollouts_per_s, best->label.c_str(),
-                c.mean_g, c.straggler_rate, c.weighted_rollouts_per_s);
+    std::printf("  %-34s sagc %5.2f %6.3f %7.3f", ph.name.c_str(), a.mean_g, a.straggler_rate,
+                a.weighted_rollouts_per_s);
+    for (size_t i : shown) {
+      const sim_summary c = summarize_phase(static_steps[i], ph);
+      std::printf(" | %-9s %5.2f %6.3f %7.3f", statics[i].label.c_str(), c.mean_g,
+                  c.straggler_rate, c.weighted_rollouts_per_s);
+    }
+    std::printf("\n");
   }
+}
+
+/// The long-tailed and drifting scenarios' mixture, less its tail probability:
+/// lognormal(median 20 s, sigma 0.3) + Pareto(x_m 60 s, alpha 1.5, cap 300 s).
+void set_long_tailed_mixture(sim_durations& d) {
+  d.median_s = 20;
+  d.sigma = 0.3;
+  d.tail_xm_s = 60;
+  d.tail_alpha = 1.5;
+  d.tail_cap_s = 300;
 }
 
 } // namespace
@@ -226,39 +311,40 @@ int main(int argc, char** argv) try {
               "sum over steps and prompts of n*U(n) / total time, n = finished rollouts of "
               "the prompt (= sum_t U(G_t)*B*G_t / total time without a cut)\n");
 
-  sim_options heavy = o;
-  std::string title;
-  if (!a.trace.empty()) {
-    heavy.durations.trace_s = read_duration_trace(a.trace);
-    title = "trace " + a.trace + " (" + std::to_string(heavy.durations.trace_s.size())
-            + " durations, resampled)";
-  } else {
-    heavy.durations.median_s = 20;
-    heavy.durations.sigma = 0.3;
-    heavy.durations.tail_fraction = 0.002;
-    heavy.durations.tail_xm_s = 60;
-    heavy.durations.tail_alpha = 1.5;
-    heavy.durations.tail_cap_s = 300;
-    title = "long-tailed: lognormal(median 20 s, sigma 0.3) + 0.2% Pareto(x_m 60 s, alpha 1.5, "
-            "cap 300 s)";
+  auto wants = [&](const std::string& name) {
+    return ("," + a.scenarios + ",").find("," + name + ",") != std::string::npos;
+  };
+  if (wants("long")) {
+    sim_options heavy = o;
+    std::string title;
+    if (!a.trace.empty()) {
+      heavy.durations.trace_s = read_duration_trace(a.trace);
+      title = "trace " + a.trace + " (" + std::to_string(heavy.durations.trace_s.size())
+              + " durations, resampled)";
+    } else {
+      set_long_tailed_mixture(heavy.durations);
+      heavy.durations.tail_fraction = 0.002;
+      title = "long-tailed: lognormal(median 20 s, sigma 0.3) + 0.2% Pareto(x_m 60 s, alpha 1.5, "
+              "cap 300 s)";
+    }
+    run_scenario(title, heavy, a.policy);
   }
-  run_scenario(title, heavy, a.policy);
 
-  sim_options light = o;
-  light.durations.median_s = 20;
-  light.durations.sigma = 0.25;
-  light.durations.tail_fraction = 0;
-  run_scenario("light-tailed: lognormal(median 20 s, sigma 0.25), no long rollouts", light,
-               a.policy);
+  if (wants("light")) {
+    sim_options light = o;
+    light.durations.median_s = 20;
+    light.durations.sigma = 0.25;
+    light.durations.tail_fraction = 0;
+    run_scenario("light-tailed: lognormal(median 20 s, sigma 0.25), no long rollouts", light,
+                 a.policy);
+  }
 
+  if (!wants("drift"))
+    return 0;
   // Drifting tail (a modelling assumption, header comment): the long-tailed mixture with q
   // = 0 over the first third, a linear ramp to q_end over the middle third, q_end after.
   sim_options drift = o;
-  drift.durations.median_s = 20;
-  drift.durations.sigma = 0.3;
-  drift.durations.tail_xm_s = 60;
-  drift.durations.tail_alpha = 1.5;
-  drift.durations.tail_cap_s = 300;
+  set_long_tailed_mixture(drift.durations);
   const int64_t third = o.steps / 3;
   drift.durations.tail_schedule = {{third, 0.0}, {2 * third, a.drift_tail}};
   char q_end[32];

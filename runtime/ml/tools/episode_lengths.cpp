@@ -9,7 +9,10 @@
 // seed=N (task seed, default 1)  max_turns=N (default: the task's)  wrong=X (share of
 // wandering demonstrations, default 0.3)  checkpoint=ROOT (sample episodes from the latest
 // checkpoint under ROOT instead, at temperature 1)  preset=NAME (default tiny-2k)
-// max_new=N (tokens per action, default 16)  split=train|eval (default train).
+// max_new=N (tokens per action, default 16)  split=train|eval (default train)
+// out=FILE (also write each episode's length to FILE: a header line "tokens,turns", then one
+// episode per line, in episode order; bench/sagc/replay_agent.sh turns it into a duration
+// trace for the SAGC simulator).
 // Prints one line per statistic to stdout.
 
 #include "actors/sagc/timing.hpp"
@@ -46,7 +49,7 @@ void print(const char* what, const std::vector<long>& v) {
 } // namespace
 
 int main(int argc, char** argv) try {
-  std::string task_name = "file_search", checkpoint, preset_name = "tiny-2k";
+  std::string task_name = "file_search", checkpoint, preset_name = "tiny-2k", out;
   task_options to;
   to.seed = 1;
   long n = 1000, max_new = 16;
@@ -68,6 +71,7 @@ int main(int argc, char** argv) try {
     else if (key == "checkpoint") checkpoint = value;
     else if (key == "preset") preset_name = value;
     else if (key == "max_new") max_new = std::stol(value);
+    else if (key == "out") out = value;
     else if (key == "split") split = value == "eval" ? task_split::eval : task_split::train;
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
@@ -142,6 +146,21 @@ int main(int argc, char** argv) try {
   std::printf("success %.3f\n", static_cast<double>(right) / static_cast<double>(turns.size()));
   print("turns", turns);
   print("tokens", tokens);
+  if (!out.empty()) {
+    std::FILE* f = std::fopen(out.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "sorl_episode_lengths: cannot write %s\n", out.c_str());
+      return 1;
+    }
+    std::fprintf(f, "tokens,turns\n");
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      std::fprintf(f, "%ld,%ld\n", tokens[i], turns[i]);
+    if (std::fclose(f) != 0) {
+      std::fprintf(stderr, "sorl_episode_lengths: cannot write %s\n", out.c_str());
+      return 1;
+    }
+    std::printf("wrote %zu episodes to %s\n", tokens.size(), out.c_str());
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "sorl_episode_lengths: %s\n", e.what());

@@ -244,6 +244,39 @@ TEST_CASE("the best static G is the largest one whose rate meets epsilon, over e
   CHECK_THROWS_AS(best_static({}, 0.1, 100), std::invalid_argument);
 }
 
+TEST_CASE("the best static G on the objective is the most utility-weighted rollouts per "
+          "second, with or without the straggler constraint",
+          "[simulator]") {
+  auto run = [](double g, double rate, double weighted) {
+    sim_summary m;
+    m.mean_g = g;
+    m.straggler_rate = rate;
+    m.weighted_rollouts_per_s = weighted;
+    return m;
+  };
+  // ε = 0.1 over 100 steps: a rate <= 0.13 meets it (the test above). G = 6 is the largest
+  // G that meets ε (best_static), but G = 5 has more U-roll/s among those that do; G = 8
+  // breaks ε and has the most of all.
+  const std::vector<sim_summary> every{run(2, 0.01, 1.0), run(4, 0.05, 1.7), run(5, 0.08, 2.1),
+                                       run(6, 0.125, 2.0), run(7, 0.16, 2.2),
+                                       run(8, 0.3, 2.4)};
+  CHECK(every[best_static(every, 0.1, 100).index].mean_g == 6);
+  const auto c = best_static_on_objective(every, true, 0.1, 100);
+  REQUIRE(c);
+  CHECK(every[*c].mean_g == 5);
+  const auto o = best_static_on_objective(every, false, 0.1, 100);
+  REQUIRE(o);
+  CHECK(every[*o].mean_g == 8);
+  // Ties on the objective: the lower rate, then the smaller G.
+  const std::vector<sim_summary> tied{run(3, 0.05, 2.0), run(4, 0.02, 2.0), run(2, 0.02, 2.0)};
+  CHECK(tied[*best_static_on_objective(tied, false, 0.1, 100)].mean_g == 2);
+  // None meets ε: nothing under the constraint, the objective's best without it.
+  const std::vector<sim_summary> none{run(2, 0.5, 1.0), run(3, 0.4, 1.5)};
+  CHECK_FALSE(best_static_on_objective(none, true, 0.1, 100));
+  CHECK(none[*best_static_on_objective(none, false, 0.1, 100)].mean_g == 3);
+  CHECK_FALSE(best_static_on_objective({}, false, 0.1, 100));
+}
+
 TEST_CASE("simulator options out of range are rejected by name", "[simulator]") {
   static_group_policy p(4);
   sim_options o;

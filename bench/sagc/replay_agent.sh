@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Replays the multi-turn file_search workload (configs/agent.toml) in the SAGC simulator with
+# tens of rollout workers, in one command:
+#
+#   bench/sagc/replay_agent.sh [--checkpoint DIR] [--episodes N] [--seconds-per-token S]
+#                              [--workers "32 64"] [--steps N] [other sagc_sim options]
+#
+# 1. Samples N episodes (default 200) of file_search from the latest checkpoint under DIR
+#    (default runs/warm-start/agent-tiny-2k, the warm start configs/agent.toml trains from)
+#    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
+#    transcript tokens (out=FILE).
+# 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
+#    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
+#    an action and prefills an observation). S defaults to 0.0006 s/token, measured on a
+#    6-step run of configs/agent.toml on 2 shared cores (README.md, "Group size"). The
+#    simulator decodes at 1/S tokens per base second, so its token counts are the episodes'.
+# 3. Runs bench/sagc/sagc_sim.sh on that trace (scenario "long" only) once per worker
+#    count W, with B = 8 prompts per step (configs/agent.toml), G in [2, 32], and the
+#    straggler rule and ε of the simulator's defaults (κ = 3, ε = 0.1).
+#
+# The comparison does not depend on S except through the fixed per-step costs (learner
+# tokens/s and the per-step overhead, --learner-tokens-per-s and --overhead-s of sagc_sim):
+# scaling every duration by c scales every rollout phase by c, and the straggler rule is a
+# ratio to the median. Extra arguments go to sagc_sim. Files land in runs/sagc-replay/.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+me=bench/sagc/replay_agent.sh
+checkpoint=runs/warm-start/agent-tiny-2k
+episodes=200
+spt=0.0006
+workers="32 64"
+steps=2000
+extra=()
+while (($#)); do
+  case $1 in
+    --checkpoint) checkpoint=$2; shift 2 ;;
+    --episodes) episodes=$2; shift 2 ;;
+    --seconds-per-token) spt=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) extra+=("$1"); shift ;;
+  esac
+done
+source "$root/scripts/lib/need.sh"
+need_commands awk:gawk
+build=${BUILD_DIR:-$root/build}
+build_target "$build" sorl_episode_lengths
+if [[ ! -f "$checkpoint/latest" ]]; then
+  echo "$me: no checkpoint under $checkpoint; create the warm start first" \
+    "(build/sorl train configs/agent.toml writes it before training)" >&2
+  exit 2
+fi
+out=runs/sagc-replay
+mkdir -p "$out"
+episodes_csv=$out/episodes.csv
+trace=$out/trace_s.txt
+nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search checkpoint="$checkpoint" \
+  n="$episodes" out="$episodes_csv"
+awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf "%.6f\n", $1 * s }' \
+  "$episodes_csv" >"$trace"
+rate=$(awk -v s="$spt" 'BEGIN { printf "%.6g", 1 / s }')
+for w in $workers; do
+  echo
+  echo "### W = $w rollout workers, trace $trace ($episodes episodes x $spt s/token)"
+  BUILD_DIR=$build nice -n 5 bench/sagc/sagc_sim.sh --trace "$trace" --scenarios long \
+    --workers "$w" --prompts 8 --steps "$steps" --decode-tokens-per-s "$rate" "${extra[@]}"
+done
