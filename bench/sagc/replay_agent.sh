@@ -8,7 +8,8 @@
 # 1. Samples N episodes (default 200) of file_search from the latest checkpoint under DIR
 #    (default runs/warm-start/agent-tiny-2k, the warm start configs/agent.toml trains from)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
-#    transcript tokens (out=FILE).
+#    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
+#    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
 #    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
 #    an action and prefills an observation). S defaults to 0.0006 s/token, measured on a
@@ -46,7 +47,10 @@ source "$root/scripts/lib/need.sh"
 need_commands awk:gawk
 build=${BUILD_DIR:-$root/build}
 build_target "$build" sorl_episode_lengths
-if [[ ! -f "$checkpoint/latest" ]]; then
+source_args=(checkpoint="$checkpoint")
+if [[ $checkpoint == demonstrations ]]; then
+  source_args=(wrong=0.3) # the scripted warm-start demonstrations, sft.wrong_fraction's share
+elif [[ ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl train configs/agent.toml writes it before training)" >&2
   exit 2
@@ -55,7 +59,7 @@ out=runs/sagc-replay
 mkdir -p "$out"
 episodes_csv=$out/episodes.csv
 trace=$out/trace_s.txt
-nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search checkpoint="$checkpoint" \
+nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
   n="$episodes" out="$episodes_csv"
 awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf "%.6f\n", $1 * s }' \
   "$episodes_csv" >"$trace"
