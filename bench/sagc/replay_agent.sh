@@ -32,6 +32,7 @@ episodes=200
 spt=0.0006
 workers="32 64"
 steps=2000
+metrics=
 extra=()
 while (($#)); do
   case $1 in
@@ -40,6 +41,7 @@ while (($#)); do
     --seconds-per-token) spt=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --metrics) metrics=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -61,6 +63,25 @@ episodes_csv=$out/episodes.csv
 trace=$out/trace_s.txt
 nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
   n="$episodes" out="$episodes_csv"
+if [[ -n $metrics ]]; then
+  # Per-step costs and seconds per token from a real run of the same workload: seconds per
+  # token = median over steps of duration_p50_s / the sampled episodes' median tokens; the
+  # learner's tokens/s = sum tokens_trained / sum learn_s; the per-step overhead = median of
+  # wall_s - rollout_s - learn_s (sync and the rest).
+  read -r spt learner overhead < <(/usr/bin/python3 - "$metrics" "$episodes_csv" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+tokens = sorted(int(l.split(",")[0]) for l in list(open(sys.argv[2]))[1:])
+p50 = tokens[(len(tokens) + 1) // 2 - 1]  # nearest rank
+spt = statistics.median(r["duration_p50_s"] for r in recs) / p50
+learner = sum(r["tokens_trained"] for r in recs) / sum(r["learn_s"] for r in recs)
+overhead = statistics.median(r["wall_s"] - r["rollout_s"] - r["learn_s"] for r in recs)
+print(f"{spt:.6g} {learner:.6g} {overhead:.6g}")
+PY
+  )
+  echo "from $metrics: $spt s/token, learner $learner tokens/s, overhead $overhead s per step"
+  extra=(--learner-tokens-per-s "$learner" --overhead-s "$overhead" "${extra[@]}")
+fi
 awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf "%.6f\n", $1 * s }' \
   "$episodes_csv" >"$trace"
 rate=$(awk -v s="$spt" 'BEGIN { printf "%.6g", 1 / s }')
