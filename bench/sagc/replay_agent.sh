@@ -2,7 +2,8 @@
 # Replays the multi-turn file_search workload (configs/agent.toml) in the SAGC simulator with
 # tens of rollout workers, in one command:
 #
-#   bench/sagc/replay_agent.sh [--checkpoint DIR] [--episodes N] [--seconds-per-token S]
+#   bench/sagc/replay_agent.sh [--checkpoint DIR|demonstrations] [--episodes N]
+#                              [--metrics FILE] [--seconds-per-token S]
 #                              [--workers "32 64"] [--steps N] [other sagc_sim options]
 #
 # 1. Samples N episodes (default 200) of file_search from the latest checkpoint under DIR
@@ -12,9 +13,12 @@
 #    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
 #    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
-#    an action and prefills an observation). S defaults to 0.0006 s/token, measured on a
-#    6-step run of configs/agent.toml on 2 shared cores (README.md, "Group size"). The
-#    simulator decodes at 1/S tokens per base second, so its token counts are the episodes'.
+#    an action and prefills an observation). With --metrics FILE (a real run's
+#    metrics.jsonl of the same workload) S = median duration_p50_s / the sampled episodes'
+#    median tokens, and the learner's tokens/s and the per-step overhead come from the same
+#    file; without it S = --seconds-per-token (default 0.0006, an assumption) and the steps
+#    have no fixed costs (the rollout phase alone). The simulator decodes at 1/S tokens per
+#    base second, so its token counts are the episodes'.
 # 3. Runs bench/sagc/sagc_sim.sh on that trace (scenario "long" only) once per worker
 #    count W, with B = 8 prompts per step (configs/agent.toml), G in [2, 32], and the
 #    straggler rule and ε of the simulator's defaults (κ = 3, ε = 0.1).
@@ -81,6 +85,9 @@ PY
   )
   echo "from $metrics: $spt s/token, learner $learner tokens/s, overhead $overhead s per step"
   extra=(--learner-tokens-per-s "$learner" --overhead-s "$overhead" "${extra[@]}")
+else
+  # No fixed per-step costs: the rollout phase alone, where the comparison is scale-free.
+  extra=(--learner-tokens-per-s 1e12 --overhead-s 0 "${extra[@]}")
 fi
 awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf "%.6f\n", $1 * s }' \
   "$episodes_csv" >"$trace"
