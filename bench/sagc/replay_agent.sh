@@ -4,13 +4,16 @@
 #
 #   bench/sagc/replay_agent.sh [--checkpoint DIR|demonstrations] [--episodes N]
 #                              [--metrics FILE] [--seconds-per-token S]
-#                              [--workers "32 64"] [--steps N] [other sagc_sim options]
+#                              [--workers "32 64"] [--steps N] [--episodes-file CSV]
+#                              [other sagc_sim options]
 #
-# 1. Samples N episodes (default 200) of file_search from the latest checkpoint under DIR
+# 1. Samples N episodes (default 48) of file_search from the latest checkpoint under DIR
 #    (default runs/warm-start/agent-tiny-2k, the warm start configs/agent.toml trains from)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
+#    `--episodes-file CSV` reuses such a file (sampling at the warm start re-prefills every
+#    chat at every turn: ~10 s an episode on 2 shared cores) instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
 #    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
 #    an action and prefills an observation). With --metrics FILE (a real run's
@@ -32,11 +35,12 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
 checkpoint=runs/warm-start/agent-tiny-2k
-episodes=200
+episodes=48
 spt=0.0006
 workers="32 64"
 steps=2000
 metrics=
+episodes_file=
 extra=()
 while (($#)); do
   case $1 in
@@ -46,6 +50,7 @@ while (($#)); do
     --workers) workers=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
+    --episodes-file) episodes_file=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -56,7 +61,7 @@ build_target "$build" sorl_episode_lengths
 source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
   source_args=(wrong=0.3) # the scripted warm-start demonstrations, sft.wrong_fraction's share
-elif [[ ! -f "$checkpoint/latest" ]]; then
+elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl train configs/agent.toml writes it before training)" >&2
   exit 2
@@ -65,8 +70,12 @@ out=runs/sagc-replay
 mkdir -p "$out"
 episodes_csv=$out/episodes.csv
 trace=$out/trace_s.txt
-nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
-  n="$episodes" out="$episodes_csv"
+if [[ -n $episodes_file ]]; then
+  episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
+else
+  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
+    n="$episodes" out="$episodes_csv"
+fi
 if [[ -n $metrics ]]; then
   # Per-step costs and seconds per token from a real run of the same workload: seconds per
   # token = median over steps of duration_p50_s / the sampled episodes' median tokens; the
@@ -94,7 +103,7 @@ awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf 
 rate=$(awk -v s="$spt" 'BEGIN { printf "%.6g", 1 / s }')
 for w in $workers; do
   echo
-  echo "### W = $w rollout workers, trace $trace ($episodes episodes x $spt s/token)"
+  echo "### W = $w rollout workers, trace $trace ($(grep -vc '^#' "$trace") episodes x $spt s/token)"
   BUILD_DIR=$build nice -n 5 bench/sagc/sagc_sim.sh --trace "$trace" --scenarios long \
     --workers "$w" --prompts 8 --steps "$steps" --decode-tokens-per-s "$rate" "${extra[@]}"
 done
