@@ -5,6 +5,7 @@
 #   bench/sagc/replay_agent.sh [--checkpoint DIR|demonstrations] [--episodes N]
 #                              [--metrics FILE] [--seconds-per-token S]
 #                              [--workers "32 64"] [--steps N] [--episodes-file CSV]
+#                              [--task-seed N]
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 48) of file_search from the latest checkpoint under DIR
@@ -12,6 +13,7 @@
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
+#    --task-seed N picks the episodes (the task seed, default 1).
 #    `--episodes-file CSV` reuses such a file (sampling at the warm start re-prefills every
 #    chat at every turn: ~10 s an episode on 2 shared cores) instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
@@ -41,6 +43,7 @@ workers="32 64"
 steps=2000
 metrics=
 episodes_file=
+task_seed=1
 extra=()
 while (($#)); do
   case $1 in
@@ -51,6 +54,7 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
     --episodes-file) episodes_file=$2; shift 2 ;;
+    --task-seed) task_seed=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -74,7 +78,7 @@ if [[ -n $episodes_file ]]; then
   episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
 else
   nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
-    n="$episodes" out="$episodes_csv"
+    n="$episodes" seed="$task_seed" out="$episodes_csv"
 fi
 if [[ -n $metrics ]]; then
   # Per-step costs and seconds per token from a real run of the same workload: seconds per
