@@ -28,8 +28,8 @@ struct generator_options {
   /// samples' one-token decodes and the prefills as two forward passes, so that the decode
   /// rows are not padded to the prefill's length (forward_cached pads every query to the
   /// longest); shorter prefills share the decodes' pass, where the padding costs less than a
-  /// second pass. Tokens, >= 2.
-  std::int64_t separate_prefill_tokens = 32;
+  /// second pass (bench/decode_bench --mixed measures both). Tokens, >= 2.
+  std::int64_t separate_prefill_tokens = 16;
 };
 
 /// Handle of a parked KV sequence (see generator); 0 = none. Never reused by a generator.
