@@ -49,6 +49,7 @@ struct options {
   int threads = 2;
   std::string json;
   std::string dump;
+  bool mixed = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -62,9 +63,11 @@ std::vector<std::string> split(const std::string& s) {
 void usage() {
   std::cerr << "usage: decode_bench [--quick] [--presets tiny,50m] [--batches 1,8,64] [--prompt 8]\n"
                "                    [--new-tiny 64] [--new-50m 32] [--repeats 5] [--threads 2]\n"
-               "                    [--gemm auto|aten] [--json FILE] [--dump DIR]\n"
+               "                    [--gemm auto|aten] [--json FILE] [--dump DIR] [--mixed]\n"
                "  --quick     tiny preset, batches 1 and 8, 3 repeats (options after it still apply)\n"
-               "  --repeats   timed runs per configuration and implementation; medians are reported\n";
+               "  --repeats   timed runs per configuration and implementation; medians are reported\n"
+               "  --mixed     instead: time of a step that admits one prefill of 8..1024 tokens next to\n"
+               "              batch - 1 decoding samples (tiny-2k), in one forward pass and in two\n";
 }
 
 options parse(int argc, char** argv) {
@@ -91,6 +94,7 @@ options parse(int argc, char** argv) {
     else if (a == "--gemm") o.gemm = value();
     else if (a == "--json") o.json = value();
     else if (a == "--dump") o.dump = value();
+    else if (a == "--mixed") o.mixed = true;
     else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
@@ -175,6 +179,49 @@ double run_reference(const reference_llama& ref, std::int64_t vocab, std::int64_
   return static_cast<double>((new_tokens - 1) * batch) / seconds(t0, clock_type::now());
 }
 
+// Seconds of the one step() that admits a prompt of `prefill` tokens next to batch - 1 samples
+// decoding at ~100 tokens of context each; separate = generator_options::separate_prefill_tokens.
+double run_mixed_step(const policy_model& m, std::int64_t batch, std::int64_t prefill, std::int64_t separate) {
+  generator_options go;
+  go.max_batch = batch;
+  go.separate_prefill_tokens = separate;
+  go.cache.initial_blocks = batch * 11 + prefill / 16 + 2;  // no pool growth in the timed step
+  generator g(m, go);
+  sampling_params p;
+  p.temperature = 1.0f;
+  p.max_new_tokens = 64;
+  for (std::int64_t b = 0; b + 1 < batch; ++b) {
+    p.seed = static_cast<std::uint64_t>(b);
+    g.submit(random_prompt(100, m.dims().vocab, static_cast<std::uint64_t>(b) + 1), p);
+  }
+  g.step();
+  g.step();
+  g.submit(random_prompt(prefill, m.dims().vocab, 999), p);
+  const auto t0 = clock_type::now();
+  g.step();
+  return seconds(t0, clock_type::now());
+}
+
+// --mixed: median step time of a prefill joining decoding samples, one pass vs two.
+void mixed(const options& o) {
+  const policy_model m(preset("tiny-2k"), 0, 0.02);
+  std::printf("%6s %8s %14s %14s %7s\n", "batch", "prefill", "one pass ms", "two passes ms", "ratio");
+  run_mixed_step(m, 8, 8, 2);  // warm up
+  for (const std::int64_t b : o.batches) {
+    for (const std::int64_t n : {8, 16, 32, 64, 256, 1024}) {
+      std::vector<double> one, two;
+      for (std::int64_t k = 0; k < o.repeats; ++k) {
+        one.push_back(run_mixed_step(m, b, n, 1 << 30));
+        two.push_back(run_mixed_step(m, b, n, 2));
+      }
+      std::sort(one.begin(), one.end());
+      std::sort(two.begin(), two.end());
+      const double a = one[one.size() / 2] * 1e3, c = two[two.size() / 2] * 1e3;
+      std::printf("%6lld %8lld %14.2f %14.2f %7.2f\n", static_cast<long long>(b), static_cast<long long>(n), a, c, a / c);
+    }
+  }
+}
+
 std::string json_list(const std::vector<double>& v) {
   std::string out = "[";
   for (std::size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{:.3f}", i ? "," : "", v[i]);
@@ -239,6 +286,10 @@ bool dump(const std::string& dir) {
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   at::set_num_threads(o.threads);
+  if (o.mixed) {
+    mixed(o);
+    return 0;
+  }
   std::FILE* json = o.json.empty() ? stdout : std::fopen(o.json.c_str(), "w");
   if (json == nullptr) throw std::runtime_error("cannot open " + o.json);
   if (!o.dump.empty() && !dump(o.dump)) return 1;

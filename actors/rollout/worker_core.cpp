@@ -58,6 +58,9 @@ struct worker_core::rollout_state {
   std::string failure;
   bool truncated = false;                  ///< the context filled up between turns
   bool live = false;                       ///< submitted to the generator
+  /// Multi-turn, between turns: the generator's parked KV of `context` minus its last token,
+  /// which the next turn continues from; released by finalize(). 0 = none.
+  ml::parked_kv kv = 0;
 };
 
 worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts)
@@ -81,6 +84,8 @@ ml::policy_model& worker_core::model() {
 void worker_core::weights_changed() {
   if (!rollouts_.empty())
     throw std::logic_error("worker_core: weights changed with rollouts in flight");
+  // KV computed under the old weights must never be continued under the new ones.
+  gen_->release_all_parked();
   model_->refresh_compute_weights();
 }
 
@@ -154,14 +159,18 @@ ml::sampling_params worker_core::sampling_for(const rollout_request& r, uint32_t
 }
 
 void worker_core::submit_turn(rollout_state& st) {
+  // A later turn continues from the previous turn's KV: only the environment's tokens and
+  // the last action token are prefilled.
   uint64_t id = 0;
   try {
     id = gen_->submit(st.context, sampling_for(st.req, st.turns),
-                      std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)});
+                      std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)}, {},
+                      ml::kv_reuse{true, st.kv});
   } catch (const std::invalid_argument& e) {
     fail(st, fmt::format("turn {} refused by the generator: {}", st.turns + 1, e.what()));
     return;
   }
+  st.kv = 0;  // spent: the request owns the sequence now
   by_gen_[{id, st.req.sample_index}] = st.req.request_id;
   st.live = true;
 }
@@ -187,7 +196,8 @@ void worker_core::flush_pending() {
         streams.push_back(members[i]->req.sample_index);
       uint64_t id = 0;
       try {
-        id = gen_->submit(members[from]->context, sampling_for(members[from]->req, members[from]->turns), streams);
+        id = gen_->submit(members[from]->context, sampling_for(members[from]->req, members[from]->turns), streams,
+                          {}, ml::kv_reuse{task_.multi_turn != nullptr, 0});
       } catch (const std::invalid_argument& e) {
         for (size_t i = from; i < to; ++i)
           fail(*members[i], std::string{"refused by the generator: "} + e.what());
@@ -231,6 +241,7 @@ std::vector<rollout_result> worker_core::step() {
     by_gen_.erase(it);
     auto& st = *rollouts_.at(id);
     st.live = false;
+    st.kv = g.parked;
     if (finish_turn(st, g))
       ready_.push_back(finalize(st, st.truncated ? ml::finish_reason::length : g.reason));
   }
@@ -299,6 +310,8 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
 }
 
 rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason) {
+  // Every way out of a rollout passes here (end, truncation, failure, abort).
+  gen_->release(std::exchange(st.kv, 0));
   rollout_result r;
   r.request = st.req;
   r.prompt = std::move(st.prompt_tokens);

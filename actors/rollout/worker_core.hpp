@@ -3,7 +3,9 @@
 // The rollout worker's logic, free of CAF (ARCHITECTURE.md §3 step 3): continuous batching of
 // rollout requests over the bf16 policy, prompt prefill once per group of siblings that
 // arrive together, reward scoring for single-turn tasks and environment stepping for
-// multi-turn ones, and worker-clock timing events for every rollout.
+// multi-turn ones, and worker-clock timing events for every rollout. A multi-turn rollout
+// keeps its KV between turns (generator parked KV): each later turn prefills only the
+// environment's tokens and the previous action's last token, not the whole transcript.
 //
 // Token layout of a rollout (the same as the warm start's, runtime/ml/sft.hpp):
 //   single-turn  prompt = <|bos|> encode(prompt text); response = sampled tokens (<|eos|> kept)
@@ -58,6 +60,8 @@ public:
   /// The rollout weights; the sync path writes into parameters() in place, then calls
   /// weights_changed(). Never change weights while rollouts are in flight.
   ml::policy_model& model();
+  /// Frees any parked KV (computed under the old weights) and rebuilds the model's compute
+  /// image. Raises std::logic_error while rollouts are in flight.
   void weights_changed();
 
   /// Queues a rollout and emits its start event. Siblings queued before the next step() are

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 namespace sorl::ml {
 
@@ -158,6 +159,9 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const mult
     std::vector<std::string> actions;
     bool done = false;
     eval_sample result;
+    std::vector<token_id> ids;  // the chat as last submitted
+    parked_kv kv = 0;           // the last action's KV: ids + action tokens but the last
+    std::vector<token_id> kv_tokens;
   };
   std::vector<episode> eps(static_cast<std::size_t>(opts.count));
   for (std::size_t i = 0; i < eps.size(); ++i) {
@@ -174,28 +178,39 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const mult
       opts, {tok.special_id(special_token::end_turn), tok.special_id(special_token::eos)});
   std::int64_t generated = 0;
   std::int64_t cut = 0;
-  // One generator per turn wave: every waiting episode's next action is decoded in one batch.
-  // TODO(perf): keep each episode's KV across turns instead of re-prefilling the whole chat.
+  // Turn waves: every waiting episode's next action is decoded in one batch. One generator
+  // for all of them keeps each episode's KV from its last action, so a turn prefills only the
+  // new observation (and the action's stop token), not the whole chat again.
+  generator gen(model, generator_options{opts.batch, kv_cache_options{}});
   for (int turn = 0; turn < task.max_turns(); ++turn) {
-    generator gen(model, generator_options{opts.batch, kv_cache_options{}});
     std::unordered_map<std::uint64_t, std::size_t> slot;
     for (std::size_t i = 0; i < eps.size(); ++i) {
       episode& e = eps[i];
       if (e.done) continue;
-      std::vector<token_id> ids = encode_chat(tok, e.chat, /*add_generation_prompt=*/true);
-      if (static_cast<std::int64_t>(ids.size()) >= max_seq) {
+      e.ids = encode_chat(tok, e.chat, /*add_generation_prompt=*/true);
+      kv_reuse reuse{true, std::exchange(e.kv, 0)};
+      // The chat is re-encoded from text: an action whose tokens do not round-trip (a special
+      // token inside it) no longer extends the KV, and that turn prefills from scratch.
+      const bool extends = e.kv_tokens.size() < e.ids.size() &&
+                           std::equal(e.kv_tokens.begin(), e.kv_tokens.end(), e.ids.begin());
+      if (reuse.from != 0 && !extends) gen.release(std::exchange(reuse.from, 0));
+      if (static_cast<std::int64_t>(e.ids.size()) >= max_seq) {
+        gen.release(reuse.from);
         e.done = true;
         e.result.reason = fmt::format("chat of {} tokens fills the model's context ({})",
-                                      ids.size(), max_seq);
+                                      e.ids.size(), max_seq);
         continue;
       }
       sampling_params p = base;
       p.seed = sample_seed(opts.seed, e.result.index, turn);
-      slot[gen.submit(std::move(ids), p, 1)] = i;
+      slot[gen.submit(e.ids, p, 1, {}, reuse)] = i;
     }
     if (slot.empty()) break;
     for (const generation_result& r : gen.run_until_idle()) {
       episode& e = eps[slot.at(r.request_id)];
+      e.kv = r.parked;
+      e.kv_tokens = e.ids;
+      e.kv_tokens.insert(e.kv_tokens.end(), r.tokens.begin(), r.tokens.end() - (r.tokens.empty() ? 0 : 1));
       std::string action = completion_text(tok, r);
       e.result.response_tokens += static_cast<std::int64_t>(r.tokens.size());
       generated += static_cast<std::int64_t>(r.tokens.size());
@@ -206,10 +221,12 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const mult
       e.result.reason = step.reason;
       e.actions.push_back(action);
       e.chat.push_back({chat_role::assistant, std::move(action)});
-      if (step.done)
+      if (step.done) {
         e.done = true;
-      else
+        gen.release(std::exchange(e.kv, 0));
+      } else {
         e.chat.push_back({chat_role::user, step.observation});
+      }
     }
   }
 

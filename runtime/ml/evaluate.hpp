@@ -91,7 +91,8 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const sing
                      const eval_options& opts = {});
 
 /// Evaluates `model` on `count` whole episodes of `task` (episode seeds first_index.. of
-/// `split`): all episodes advance together, one batched generation per turn; each action is
+/// `split`): all episodes advance together, one batched generation per turn, each episode
+/// continuing from its KV of the previous turn (generator parked KV); each action is
 /// the assistant turn's decoded text and the observation comes back as the next user turn,
 /// until the environment says done or after task.max_turns() actions. An episode whose chat
 /// no longer fits the context (max_seq - 1 tokens before an action) ends unsuccessfully there.

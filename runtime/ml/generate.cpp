@@ -15,6 +15,9 @@ struct generator::request {
   std::int64_t group_size = 1;
   std::vector<std::int64_t> streams;  // random stream (= result sample_index) of each sibling
   stop_checker stop;
+  bool park = false;         // park each sample's KV at a normal finish
+  seq_id base = -1;          // taken-over parked sequence until admission, else -1
+  std::int64_t base_len = 0; // its cached tokens: the prompt's prefix not to prefill
 
   request(std::uint64_t id_, std::vector<std::int32_t> prompt_, const sampling_params& p,
           std::vector<std::int64_t> streams_, detokenize_fn detok)
@@ -39,6 +42,9 @@ generator::generator(const policy_model& model, generator_options opts)
     : model_(model), opts_(opts) {
   if (opts.max_batch < 1)
     throw std::invalid_argument(fmt::format("generator_options.max_batch must be >= 1, got {}", opts.max_batch));
+  if (opts.separate_prefill_tokens < 2)
+    throw std::invalid_argument(fmt::format("generator_options.separate_prefill_tokens must be >= 2, got {}",
+                                            opts.separate_prefill_tokens));
   cache_ = std::make_unique<kv_cache>(model.dims(), opts.cache, model.device(), c10::kFloat);
 }
 
@@ -57,17 +63,18 @@ std::int64_t generator::queued_requests() const noexcept { return static_cast<st
 const kv_cache& generator::cache() const noexcept { return *cache_; }
 
 std::uint64_t generator::submit(std::vector<std::int32_t> prompt, const sampling_params& params,
-                                std::int64_t group_size, detokenize_fn detokenize) {
+                                std::int64_t group_size, detokenize_fn detokenize, kv_reuse reuse) {
   if (group_size < 1 || group_size > opts_.max_batch)
     throw std::invalid_argument(fmt::format(
         "generator::submit: group_size {} outside [1, max_batch = {}]", group_size, opts_.max_batch));
   std::vector<std::int64_t> streams(static_cast<std::size_t>(group_size));
   for (std::int64_t i = 0; i < group_size; ++i) streams[static_cast<std::size_t>(i)] = i;
-  return submit(std::move(prompt), params, std::move(streams), std::move(detokenize));
+  return submit(std::move(prompt), params, std::move(streams), std::move(detokenize), reuse);
 }
 
 std::uint64_t generator::submit(std::vector<std::int32_t> prompt, const sampling_params& params,
-                                std::vector<std::int64_t> streams, detokenize_fn detokenize) {
+                                std::vector<std::int64_t> streams, detokenize_fn detokenize,
+                                kv_reuse reuse) {
   validate(params);
   const auto group_size = static_cast<std::int64_t>(streams.size());
   for (std::size_t i = 0; i < streams.size(); ++i) {
@@ -89,15 +96,73 @@ std::uint64_t generator::submit(std::vector<std::int32_t> prompt, const sampling
   if (group_size < 1 || group_size > opts_.max_batch)
     throw std::invalid_argument(fmt::format(
         "generator::submit: group_size {} outside [1, max_batch = {}]", group_size, opts_.max_batch));
+  auto parked = parked_.end();
+  if (reuse.from != 0) {
+    parked = parked_.find(reuse.from);
+    if (parked == parked_.end())
+      throw std::invalid_argument(fmt::format(
+          "generator::submit: KV handle {} is not parked (released, already continued, or never issued)", reuse.from));
+    const std::vector<std::int32_t>& cached = parked->second.tokens;
+    const auto m = static_cast<std::int64_t>(cached.size());
+    if (m >= n)
+      throw std::invalid_argument(fmt::format(
+          "generator::submit: parked KV {} caches {} tokens; the prompt of {} tokens must extend it by at least one",
+          reuse.from, m, n));
+    const auto diff = std::mismatch(cached.begin(), cached.end(), prompt.begin());
+    if (diff.first != cached.end()) {
+      const auto at = diff.first - cached.begin();
+      throw std::invalid_argument(fmt::format(
+          "generator::submit: parked KV {} ({} tokens) is not a prefix of the prompt ({} tokens): position {} "
+          "holds token {} there and {} in the prompt",
+          reuse.from, m, n, at, *diff.first, *diff.second));
+    }
+  }
   const std::uint64_t id = next_request_++;
-  queue_.push_back(std::make_shared<request>(id, std::move(prompt), params, std::move(streams), std::move(detokenize)));
+  auto r = std::make_shared<request>(id, std::move(prompt), params, std::move(streams), std::move(detokenize));
+  r->park = reuse.park;
+  queue_.push_back(std::move(r));
+  if (parked != parked_.end()) {
+    queue_.back()->base = parked->second.seq;
+    queue_.back()->base_len = static_cast<std::int64_t>(parked->second.tokens.size());
+    parked_.erase(parked);
+  }
   return id;
 }
 
+bool generator::release(parked_kv handle) {
+  const auto it = parked_.find(handle);
+  if (it == parked_.end()) return false;
+  cache_->release(it->second.seq);
+  parked_.erase(it);
+  return true;
+}
+
+void generator::release_all_parked() {
+  for (const auto& [handle, p] : parked_) cache_->release(p.seq);
+  parked_.clear();
+}
+
+std::int64_t generator::parked_count() const noexcept { return static_cast<std::int64_t>(parked_.size()); }
+
+void generator::drop_request_kv(request& r) {
+  if (r.base >= 0 && cache_->contains(r.base)) cache_->release(r.base);
+  r.base = -1;
+}
+
 generation_result generator::finish(sample& s, finish_reason reason) {
-  if (s.seq >= 0 && cache_->contains(s.seq)) cache_->release(s.seq);
-  s.seq = -1;
   generation_result r;
+  if (s.seq >= 0 && cache_->contains(s.seq)) {
+    if (s.req->park && reason != finish_reason::abort && !s.tokens.empty()) {
+      // The last sampled token was never fed: the sequence caches everything before it.
+      parked_seq p{s.seq, s.req->prompt};
+      p.tokens.insert(p.tokens.end(), s.tokens.begin(), s.tokens.end() - 1);
+      r.parked = next_parked_++;
+      parked_.emplace(r.parked, std::move(p));
+    } else {
+      cache_->release(s.seq);
+    }
+  }
+  s.seq = -1;
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
@@ -116,6 +181,8 @@ std::vector<generation_result> generator::step() {
     admitted.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
+  // Decode rows (one token per live sample), then prefill rows (an admitted prompt, or the
+  // part of it past a continuation's parked KV).
   std::vector<seq_id> seqs;
   std::vector<std::vector<std::int32_t>> toks;
   seqs.reserve(live_.size() + admitted.size());
@@ -125,18 +192,32 @@ std::vector<generation_result> generator::step() {
     toks.push_back({s->tokens.back()});
   }
   std::vector<seq_id> prefill;
+  std::size_t longest = 0;
   for (const auto& r : admitted) {
-    prefill.push_back(cache_->create());
+    prefill.push_back(r->base >= 0 ? r->base : cache_->create());
     seqs.push_back(prefill.back());
-    toks.push_back(r->prompt);
+    toks.emplace_back(r->prompt.begin() + r->base_len, r->prompt.end());
+    longest = std::max(longest, toks.back().size());
   }
   if (seqs.empty()) return {};
+  const bool separate = !live_.empty() && !admitted.empty() &&
+                        static_cast<std::int64_t>(longest) >= opts_.separate_prefill_tokens;
 
   std::vector<std::unique_ptr<sample>> fresh;
   std::vector<sampled_token> drawn;
   try {
-    const at::Tensor logits =
-        model_.forward_cached(*cache_, seqs, toks, logits_for::last).to(c10::kCPU).contiguous();
+    at::Tensor logits;
+    if (separate) {
+      const auto cut = static_cast<std::ptrdiff_t>(live_.size());
+      const std::vector<seq_id> dseqs(seqs.begin(), seqs.begin() + cut), pseqs(seqs.begin() + cut, seqs.end());
+      const std::vector<std::vector<std::int32_t>> dtoks(toks.begin(), toks.begin() + cut),
+          ptoks(toks.begin() + cut, toks.end());
+      const at::Tensor decoded = model_.forward_cached(*cache_, dseqs, dtoks, logits_for::last).to(c10::kCPU);
+      const at::Tensor prefilled = model_.forward_cached(*cache_, pseqs, ptoks, logits_for::last).to(c10::kCPU);
+      logits = at::cat({decoded, prefilled}).contiguous();
+    } else {
+      logits = model_.forward_cached(*cache_, seqs, toks, logits_for::last).to(c10::kCPU).contiguous();
+    }
     const std::int64_t vocab = logits.size(1);
     const float* row = logits.data_ptr<float>();
     for (const auto& s : live_) {
@@ -154,18 +235,26 @@ std::vector<generation_result> generator::step() {
     }
   } catch (...) {
     // Leave the generator as before the step: live samples back to their lengths, admitted
-    // groups back at the head of the queue.
+    // groups back at the head of the queue (a continuation keeps its parked prefix).
     for (const auto& s : live_) {
       const auto len = static_cast<std::int64_t>(s->req->prompt.size() + s->tokens.size()) - 1;
       if (cache_->length(s->seq) > len) cache_->truncate(s->seq, len);
     }
     for (const auto& f : fresh)
-      if (cache_->contains(f->seq)) cache_->release(f->seq);
-    for (const seq_id s : prefill)
-      if (cache_->contains(s)) cache_->release(s);
+      if (f->seq != f->req->base && cache_->contains(f->seq)) cache_->release(f->seq);
+    for (std::size_t r = 0; r < admitted.size(); ++r) {
+      const seq_id s = prefill[r];
+      if (!cache_->contains(s)) continue;
+      if (admitted[r]->base == s) {
+        if (cache_->length(s) > admitted[r]->base_len) cache_->truncate(s, admitted[r]->base_len);
+      } else {
+        cache_->release(s);
+      }
+    }
     for (auto it = admitted.rbegin(); it != admitted.rend(); ++it) queue_.push_front(*it);
     throw;
   }
+  for (const auto& r : admitted) r->base = -1;  // its first sample owns the sequence now
 
   std::vector<generation_result> done;
   std::vector<std::unique_ptr<sample>> next;
@@ -211,6 +300,7 @@ std::vector<generation_result> generator::abort(std::uint64_t request_id) {
       sample s(*it, (*it)->streams[static_cast<std::size_t>(i)], -1);
       out.push_back(finish(s, finish_reason::abort));
     }
+    drop_request_kv(**it);
     it = queue_.erase(it);
   }
   std::vector<std::unique_ptr<sample>> keep;

@@ -2,8 +2,10 @@
 
 // Batched generation with continuous batching: a generator owns a kv_cache, admits groups of
 // samples, prefills each group's prompt once (siblings fork the prompt's KV), and advances all
-// live samples by one token per step() in one forward pass; finished samples leave the batch
-// at once and queued groups take their place. Called from one thread (a rollout worker).
+// live samples by one token per step(); finished samples leave the batch at once and queued
+// groups take their place. A finished sample's KV can be parked and a later request that
+// extends its tokens (the next turn of a multi-turn episode) continues from it, prefilling only
+// the new tokens. Called from one thread (a rollout worker).
 
 #include "runtime/ml/kv_cache.hpp"
 #include "runtime/ml/model.hpp"
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace sorl::ml {
@@ -21,6 +24,26 @@ struct generator_options {
   /// Most samples decoding at once; a group is admitted whole when it fits (FIFO).
   std::int64_t max_batch = 64;
   kv_cache_options cache{};
+  /// A step whose longest admitted prefill has at least this many new tokens runs the live
+  /// samples' one-token decodes and the prefills as two forward passes, so that the decode
+  /// rows are not padded to the prefill's length (forward_cached pads every query to the
+  /// longest); shorter prefills share the decodes' pass, where the padding costs less than a
+  /// second pass (bench/decode_bench --mixed measures both). Tokens, >= 2.
+  std::int64_t separate_prefill_tokens = 16;
+};
+
+/// Handle of a parked KV sequence (see generator); 0 = none. Never reused by a generator.
+using parked_kv = std::uint64_t;
+
+/// How a request uses KV across requests (multi-turn continuation).
+struct kv_reuse {
+  /// Park each sample's KV when it finishes by eos, stop or length (not abort, not when the
+  /// step throws): its generation_result::parked names it.
+  bool park = false;
+  /// A parked sequence whose tokens are a strict prefix of the new prompt; the request takes
+  /// it over (the handle is spent at submit) and prefills only the prompt's remaining tokens.
+  /// Siblings of a group fork it. 0 = prefill the whole prompt.
+  parked_kv from = 0;
 };
 
 /// One finished sample of a request.
@@ -31,10 +54,18 @@ struct generation_result {
   std::vector<std::int32_t> tokens;     ///< completion, EOS / stop-completing token included
   std::vector<float> logprobs;          ///< training log-prob of each token (sampler.hpp)
   finish_reason reason = finish_reason::length;
+  /// The sample's parked KV when its request asked for kv_reuse::park, else 0. It caches
+  /// prompt + tokens minus the last token (sampled, never fed): prompt_tokens + tokens.size()
+  /// - 1 positions. The caller submits a continuation from it or release()s it.
+  parked_kv parked = 0;
 };
 
 /// Continuous-batching sampler over a policy_model. The model must outlive the generator and
 /// must not change weights while samples are in flight (their KV would mix two versions).
+/// Parked KV was computed under the weights of its time: whoever changes the model's weights
+/// calls release_all_parked() with the change (worker_core::weights_changed does), or a later
+/// continuation would attend to keys and values of the old policy. Parked sequences hold
+/// cache blocks until they are continued, released, or the generator is destroyed.
 class generator {
  public:
   /// Throws std::invalid_argument for max_batch < 1 or bad cache options.
@@ -48,25 +79,39 @@ class generator {
   /// requests in flight (up to the floating-point caveat in sampler.hpp). `detokenize` is
   /// needed when params.stop_strings is non-empty. Returns the request id.
   /// Throws std::invalid_argument for bad params, an empty or too long prompt, token ids
-  /// outside the vocabulary, or group_size outside [1, max_batch].
+  /// outside the vocabulary, or group_size outside [1, max_batch]; and, for reuse.from, an
+  /// unknown (released or spent) handle or parked tokens that are not a strict prefix of
+  /// `prompt` (the message names both lengths and the first mismatch). On a throw the
+  /// parked sequence stays parked.
   std::uint64_t submit(std::vector<std::int32_t> prompt, const sampling_params& params,
-                       std::int64_t group_size = 1, detokenize_fn detokenize = {});
+                       std::int64_t group_size = 1, detokenize_fn detokenize = {}, kv_reuse reuse = {});
   /// As above with explicit random streams: sibling i draws from sampler_rng(params.seed,
   /// streams[i]) and comes back with sample_index = streams[i]. A rollout worker that holds
   /// only some samples of a group passes their indices, so each sample's tokens are the same
   /// whichever worker generates it. Throws std::invalid_argument also for negative or
   /// repeated streams.
   std::uint64_t submit(std::vector<std::int32_t> prompt, const sampling_params& params,
-                       std::vector<std::int64_t> streams, detokenize_fn detokenize = {});
+                       std::vector<std::int64_t> streams, detokenize_fn detokenize = {},
+                       kv_reuse reuse = {});
 
-  /// Admits queued groups that fit, runs one forward pass (prefill of admitted prompts and
-  /// one decode token for every live sample, ragged) and samples one token for each.
+  /// Frees a parked sequence's cache blocks. Returns false (and does nothing) for 0 or a
+  /// handle that is not parked (already released, or spent by a continuation).
+  bool release(parked_kv handle);
+  /// Frees every parked sequence; call it whenever the model's weights change.
+  void release_all_parked();
+  /// Parked sequences held now.
+  std::int64_t parked_count() const noexcept;
+
+  /// Admits queued groups that fit, runs the forward pass (prefill of admitted prompts, or of
+  /// a continuation's new tokens, and one decode token for every live sample; one pass, or
+  /// two, see generator_options::separate_prefill_tokens) and samples one token for each.
   /// Returns the samples that finished in this step (empty when idle).
   std::vector<generation_result> step();
   /// Calls step() until nothing is queued or live; returns every finished sample in order.
   std::vector<generation_result> run_until_idle();
   /// Cancels a request: its live and queued samples come back now with finish_reason::abort
-  /// and the tokens generated so far. Unknown or finished ids return nothing.
+  /// and the tokens generated so far; nothing is parked, and the parked sequence a queued
+  /// continuation took over is freed. Unknown or finished ids return nothing.
   std::vector<generation_result> abort(std::uint64_t request_id);
 
   std::int64_t live_samples() const noexcept;
@@ -85,7 +130,12 @@ class generator {
  private:
   struct request;
   struct sample;
+  struct parked_seq {
+    seq_id seq = -1;
+    std::vector<std::int32_t> tokens;  // what the sequence caches
+  };
   generation_result finish(sample& s, finish_reason reason);
+  void drop_request_kv(request& r);
 
   const policy_model& model_;
   generator_options opts_;
@@ -93,6 +143,8 @@ class generator {
   std::deque<std::shared_ptr<request>> queue_;
   std::vector<std::unique_ptr<sample>> live_;
   std::uint64_t next_request_ = 1;
+  std::unordered_map<parked_kv, parked_seq> parked_;
+  parked_kv next_parked_ = 1;
 };
 
 }  // namespace sorl::ml

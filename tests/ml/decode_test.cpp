@@ -227,3 +227,28 @@ TEST_CASE("the cached forward rejects bad calls and leaves the cache as it was",
   const seq_id w = wrong.create();
   CHECK_THROWS_WITH(m.forward_cached(wrong, {w}, {{1}}), Catch::Contains("does not match"));
 }
+
+TEST_CASE("a sequence continued by a new turn gives the logits of a fresh prefill of the whole chat", "[decode]") {
+  // What generator continuation does: turn 1 is a prefill and one-token decodes next to a batch
+  // mate, turn 2 appends the last sampled token and an observation in one pass. Not bit-exact
+  // against one fresh prefill: GEMMs over other row counts and attention over other key splits
+  // round differently in fp32; logits_atol bounds it (max |d| ~1e-6 in practice).
+  const policy_model m(small_dims(), 17, small_init_std);
+  const std::vector<std::int32_t> prompt = tokens(7, 40, 40);
+  const std::vector<std::int32_t> action = tokens(4, 40, 41);
+  const std::vector<std::int32_t> obs = tokens(11, 40, 42);
+  kv_cache c(m.dims(), small_blocks());
+  const seq_id s = c.create(), mate = c.create();
+  m.forward_cached(c, {s, mate}, {prompt, tokens(3, 40, 43)});
+  for (std::size_t t = 0; t + 1 < action.size(); ++t) m.forward_cached(c, {s, mate}, {{action[t]}, {action[t]}});
+  REQUIRE(c.length(s) == 10);
+  const at::Tensor got =
+      m.forward_cached(c, {mate, s}, {{action[0]}, concat({action.back()}, obs)}, logits_for::all).narrow(0, 1, 12);
+  kv_cache fresh(m.dims(), small_blocks());
+  const std::vector<std::int32_t> chat = concat(concat(prompt, action), obs);
+  const at::Tensor ref = m.forward_cached(fresh, {fresh.create()}, {chat}, logits_for::all).narrow(0, 10, 12);
+  const double diff = max_abs_diff(got, ref);
+  INFO("max |d logit| " << diff);
+  CHECK(diff < logits_atol);
+  CHECK(max_abs_diff(got, full_logits(m, chat).narrow(0, 10, 12)) < logits_atol);
+}

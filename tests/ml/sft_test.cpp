@@ -4,12 +4,14 @@
 
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/evaluate.hpp"
+#include "runtime/ml/generate.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -222,6 +224,55 @@ TEST_CASE("evaluate runs multi-turn episodes to the environment's end", "[sft]")
     CHECK(r.samples[i].response_tokens >= r.samples[i].turns);
     CHECK(r.samples[i].response_tokens <= 3 * r.samples[i].turns);
   }
+}
+
+TEST_CASE("multi-turn evaluation continued from each episode's KV takes the actions of re-prefilling every turn",
+          "[sft]") {
+  // Weights of std 0.3: attention far from uniform and greedy argmaxes far from ties, so any
+  // wrong key, value or position changes an action while fp32 rounding (~1e-6) does not.
+  const policy_model model(test_dims(), 3, 0.3);
+  const byte_tokenizer tok;
+  task_options to;
+  to.number_guess.max_turns = 4;
+  const any_task task = make_task("number_guess", to);
+  eval_options o;
+  o.count = 5;
+  o.max_new_tokens = 4;
+  o.keep_samples = 5;
+  const eval_report r = evaluate(model, tok, task, o);
+  REQUIRE(r.samples.size() == 5);
+  int later_turns = 0;
+  for (std::size_t i = 0; i < 5; ++i) {
+    // The reference: a fresh generator per turn prefills the whole chat.
+    auto env = task.multi_turn->make_environment();
+    std::vector<chat_message> chat{{chat_role::user, env->reset(task.multi_turn->episode_seed(o.split, i))}};
+    std::string actions;
+    double reward = 0.0;
+    for (int turn = 0; turn < task.multi_turn->max_turns(); ++turn) {
+      const std::vector<token_id> ids = encode_chat(tok, chat, true);
+      if (static_cast<std::int64_t>(ids.size()) >= test_dims().max_seq) break;
+      sampling_params p;
+      p.temperature = 0.0;
+      p.max_new_tokens = o.max_new_tokens;
+      p.eos_token_ids = {tok.special_id(special_token::end_turn), tok.special_id(special_token::eos)};
+      generator g(model);
+      g.submit(ids, p);
+      const generation_result out = g.run_until_idle().at(0);
+      std::vector<token_id> body = out.tokens;
+      if (out.reason == finish_reason::eos) body.pop_back();
+      const std::string action = tok.decode(body, decode_specials::skip);
+      actions += (turn == 0 ? "" : " | ") + action;
+      later_turns += turn > 0;
+      const env_step step = env->step(action);
+      reward += step.reward;
+      chat.push_back({chat_role::assistant, action});
+      if (step.done) break;
+      chat.push_back({chat_role::user, step.observation});
+    }
+    CHECK(r.samples[i].completion == actions);
+    CHECK(r.samples[i].reward == std::clamp(reward, 0.0, 1.0));
+  }
+  CHECK(later_turns > 0);
 }
 
 TEST_CASE("training sequences put the loss on the answer and the turn ends only", "[sft]") {

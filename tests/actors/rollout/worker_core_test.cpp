@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -241,6 +242,57 @@ TEST_CASE("a file_search rollout masks exactly the environment's turns, replayed
     CHECK(actions == r.turns);
     CHECK(env_turns + 1 == r.turns);
   }
+}
+
+TEST_CASE("multi-turn rollouts continue from parked KV with the full forward's log-probs and free it at "
+          "the end") {
+  at::set_num_threads(1);
+  worker_options o = counting_clock();
+  o.chunk_tokens = 0; // chunk events only at turn ends
+  worker_core w{small_dims(), guessing(), o};
+  {
+    // Weights far from uniform attention (std ~0.3), so a wrong key, value or position shows.
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : w.model().parameters())
+      if (name.find("norm") == std::string::npos)
+        t.mul_(15.0);
+  }
+  w.weights_changed();
+  for (uint32_t i = 0; i < 3; ++i)
+    w.enqueue(request(1 + i, i, 0, 21 + i, 4));
+  auto all = run(w);
+  REQUIRE(all.size() == 3);
+  CHECK(w.kv_blocks_in_use() == 0); // each episode's last parked KV is freed at its end
+  size_t continued = 0;
+  for (auto& r : all) {
+    INFO(r.reward_reason);
+    REQUIRE(r.status == rollout_status::ok);
+    continued += r.turns >= 2;
+    // Temperature 1: each action token's log-prob is log_softmax of the full forward's logits.
+    std::vector<int32_t> seq = r.prompt;
+    seq.insert(seq.end(), r.response.begin(), r.response.end());
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::tensor(std::vector<int64_t>(seq.begin(), seq.end()), at::kLong).unsqueeze(0);
+    const at::Tensor lp = at::log_softmax(w.model().forward(ids).squeeze(0), -1);
+    for (size_t i = 0; i < r.response.size(); ++i)
+      if (r.loss_mask[i] == 1)
+        CHECK(r.logprobs[i] ==
+              Approx(lp[static_cast<int64_t>(r.prompt.size() + i) - 1][r.response[i]].item<double>()).margin(1e-4));
+  }
+  CHECK(continued > 0);
+
+  // Between turns an episode holds its parked KV; aborting it frees it.
+  w.enqueue(request(9, 9, 0, 33, 4));
+  bool between_turns = false;
+  for (int guard = 0; guard < 100 && !between_turns; ++guard) {
+    REQUIRE(w.step().empty());
+    for (auto& e : w.take_events())
+      between_turns = between_turns || e.kind == event_kind::chunk;
+  }
+  REQUIRE(between_turns);
+  CHECK(w.kv_blocks_in_use() > 0);
+  CHECK(w.abort_all().size() == 1);
+  CHECK(w.kv_blocks_in_use() == 0);
 }
 
 TEST_CASE("an episode whose next environment turn does not fit ends as truncated at length") {
