@@ -17,6 +17,7 @@
 #include "actors/sync/publisher_actor.hpp"
 #include "messages/rollout.capnp.h"
 #include "messages/sync.capnp.h"
+#include "messages/train.capnp.h"
 #include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
@@ -59,10 +60,25 @@ struct worker_harness {
     // The learner sends version 0 on its roster: the others know their peers by then.
     for (auto& a : {worker, publisher, learner})
       trainer->send(a, roster_atom::value, roster);
-    expect<msg::VersionReady>(trainer, [](msg::VersionReady::Reader r) {
-      CHECK(r.getVersion() == 0);
-      CHECK(r.getWorkers() == 1);
-    });
+    // The learner sends its LearnerReady to the trainer after handing version 0 to the
+    // publisher, so the worker's VersionReady may arrive first: take both, in either order,
+    // so that neither is left for the checks below.
+    bool version_ready = false, learner_ready = false;
+    while (!(version_ready && learner_ready))
+      trainer->receive(
+        [&](const envelope& e) {
+          if (e.schema_id() == capnp::typeId<msg::VersionReady>()) {
+            version_ready = true;
+            CHECK_FALSE(with_envelope<msg::VersionReady>(e, [](msg::VersionReady::Reader r) {
+              CHECK(r.getVersion() == 0);
+              CHECK(r.getWorkers() == 1);
+            }));
+          } else {
+            REQUIRE(e.schema_id() == capnp::typeId<msg::LearnerReady>());
+            learner_ready = true;
+          }
+        },
+        caf::after(std::chrono::seconds(20)) >> [&] { FAIL("no VersionReady and LearnerReady"); });
   }
   ~worker_harness() {
     for (auto& a : {worker, publisher, learner})
