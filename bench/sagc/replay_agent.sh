@@ -8,14 +8,13 @@
 #                              [--task-seed N]
 #                              [other sagc_sim options]
 #
-# 1. Samples N episodes (default 48) of file_search from the latest checkpoint under DIR
+# 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
 #    (default runs/warm-start/agent-tiny-2k, the warm start configs/agent.toml trains from)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
 #    --task-seed N picks the episodes (the task seed, default 1).
-#    `--episodes-file CSV` reuses such a file (sampling at the warm start re-prefills every
-#    chat at every turn: ~10 s an episode on 2 shared cores) instead of sampling.
+#    `--episodes-file CSV` reuses such a file instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
 #    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
 #    an action and prefills an observation). With --metrics FILE (a real run's
@@ -37,7 +36,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
 checkpoint=runs/warm-start/agent-tiny-2k
-episodes=48
+episodes=400
 spt=0.0006
 workers="32 64"
 steps=2000

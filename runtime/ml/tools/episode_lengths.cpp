@@ -12,7 +12,9 @@
 // max_new=N (tokens per action, default 16)  split=train|eval (default train)
 // out=FILE (also write each episode's length to FILE: a header line "tokens,turns", then one
 // episode per line, in episode order; bench/sagc/replay_agent.sh turns it into a duration
-// trace for the SAGC simulator).
+// trace for the SAGC simulator). With checkpoint=: greedy=1 decodes greedily instead of
+// sampling; show=N prints the first N episodes (first observation, the actions joined with
+// " | ", reward and its reason).
 // Prints one line per statistic to stdout.
 
 #include "actors/sagc/timing.hpp"
@@ -52,7 +54,8 @@ int main(int argc, char** argv) try {
   std::string task_name = "file_search", checkpoint, preset_name = "tiny-2k", out;
   task_options to;
   to.seed = 1;
-  long n = 1000, max_new = 16;
+  long n = 1000, max_new = 16, show = 0;
+  bool greedy = false;
   double wrong = 0.3;
   task_split split = task_split::train;
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +75,8 @@ int main(int argc, char** argv) try {
     else if (key == "preset") preset_name = value;
     else if (key == "max_new") max_new = std::stol(value);
     else if (key == "out") out = value;
+    else if (key == "show") show = std::stol(value);
+    else if (key == "greedy") greedy = value == "1" || value == "true";
     else if (key == "split") split = value == "eval" ? task_split::eval : task_split::train;
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
@@ -126,7 +131,7 @@ int main(int argc, char** argv) try {
     eo.split = split;
     eo.count = n;
     eo.max_new_tokens = max_new;
-    eo.greedy = false;
+    eo.greedy = greedy;
     eo.temperature = 1.0;
     eo.keep_samples = n;
     const eval_report rep = evaluate(model, tok, mt, eo);
@@ -139,9 +144,14 @@ int main(int argc, char** argv) try {
         from = bar + 3;
       }
       record(s.index, actions);
+      if (static_cast<long>(s.index) < show)
+        std::printf("episode %llu: %s\n  actions: %s\n  reward %.0f: %s\n",
+                    static_cast<unsigned long long>(s.index), s.prompt.c_str(),
+                    s.completion.c_str(), s.reward, s.reason.c_str());
     }
-    std::printf("%s sampled at temperature 1 from %s: %ld episodes, accuracy %.3f\n",
-                task_name.c_str(), dir->string().c_str(), n, rep.accuracy);
+    std::printf("%s %s from %s: %ld episodes, accuracy %.3f\n", task_name.c_str(),
+                greedy ? "decoded greedily" : "sampled at temperature 1", dir->string().c_str(), n,
+                rep.accuracy);
   }
   std::printf("success %.3f\n", static_cast<double>(right) / static_cast<double>(turns.size()));
   print("turns", turns);
