@@ -6,7 +6,8 @@
 //   sorl_episode_lengths [key=value ...]
 //
 // Keys (all optional): task=file_search|number_guess  n=N (episodes, default 1000)
-// seed=N (task seed, default 1)  max_turns=N (default: the task's)  wrong=X (share of
+// seed=N (task seed, default 1)  max_turns=N (default: the task's)  depth=N (file_search
+// directory levels, default 2)  wrong=X (share of
 // wandering demonstrations, default 0.3)  checkpoint=ROOT (sample episodes from the latest
 // checkpoint under ROOT instead, at temperature 1)  preset=NAME (default tiny-2k)
 // max_new=N (tokens per action, default 16)  split=train|eval (default train)
@@ -76,6 +77,7 @@ int main(int argc, char** argv) try {
     else if (key == "max_new") max_new = std::stol(value);
     else if (key == "out") out = value;
     else if (key == "show") show = std::stol(value);
+    else if (key == "depth") to.file_search.depth = std::stoi(value);
     else if (key == "greedy") greedy = value == "1" || value == "true";
     else if (key == "split") split = value == "eval" ? task_split::eval : task_split::train;
     else {
