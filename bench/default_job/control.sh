@@ -5,7 +5,11 @@
 # reward of the first and last 10 steps, held-out greedy accuracy before and after with its
 # standard error sqrt(p (1 - p) / n), and wall-clock.
 #
-#   bench/default_job/control.sh [--seed N] [--steps N]
+#   bench/default_job/control.sh [--seed N] [--steps N] [--set TABLE.KEY=VALUE ...]
+#
+# --set changes one key of configs/default.toml in both runs (VALUE as TOML writes it, e.g.
+# --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the frozen run's
+# algorithm.lr = 0 is applied after it.
 #
 # Both runs use the default job's warm start (runs/warm-start/arithmetic-tiny, written by the
 # first run when missing, inside that run's wall-clock). Runs land in runs/default-control/.
@@ -14,9 +18,11 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 seed=""
 steps=""
+sets=()
 while (($#)); do
   case $1 in
     --seed) seed=$2; shift 2 ;;
+    --set) sets+=("$2"); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     *) echo "control.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -28,9 +34,9 @@ out=runs/default-control
 mkdir -p "$out"
 for run in rl frozen; do
   cfg="$out/$run.toml"
-  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" <<'PY'
+  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" ${sets[@]+"${sets[@]}"} <<'PY'
 import re, sys
-cfg, name, seed, steps, root = sys.argv[1:]
+cfg, name, seed, steps, root = sys.argv[1:6]
 text = open(f"{root}/configs/default.toml").read()
 def sub(pattern, repl):
     global text
@@ -44,6 +50,19 @@ if seed:
     sub(r'^seed = .*$', f"seed = {seed}")
 if steps:
     sub(r'^steps = .*$', f"steps = {steps}")
+for s in sys.argv[6:]:
+    key, eq, value = s.partition("=")
+    table, dot, leaf = key.partition(".")
+    if not eq or not dot or not leaf:
+        sys.exit(f"control.sh: --set wants TABLE.KEY=VALUE, got {s}")
+    # Within [table] up to the next table header: replace the key's line, or add one.
+    m = re.search(r'(?ms)^\[' + re.escape(table) + r'\]\n(.*?)(?=^\[|\Z)', text)
+    if not m:
+        sys.exit(f"control.sh: configs/default.toml has no [{table}] table")
+    body, n = re.subn(r'(?m)^' + re.escape(leaf) + r' = [^\n]*', lambda _: f"{leaf} = {value}", m.group(1), count=1)
+    if n == 0:
+        body = f"{leaf} = {value}\n" + body
+    text = text[:m.start(1)] + body + text[m.end(1):]
 if name == "frozen":
     # The [algorithm] table's lr (the [sft] table has its own).
     text, n = re.subn(r'(?ms)^(\[algorithm\]\n.*?^)lr = [^\n]*', r'\1lr = 0.0', text, count=1)
