@@ -632,6 +632,7 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
   r.choice("on_reward_failure", c.on_reward_failure);
   r.integer("epochs", c.epochs, 1, 1000);
   r.integer("minibatches", c.minibatches, 1, 1 << 16);
+  r.integer("micro_batch_tokens", c.micro_batch_tokens, 0, int64_t{1} << 40);
   r.number("lr", c.lr, 0.0, 1.0); // 0: a frozen policy (learner_options::lr)
   r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0);
   if (c.clip_eps_low >= 1.0) // the ratio floor 1 − ε_low must stay above 0

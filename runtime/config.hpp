@@ -189,6 +189,10 @@ struct algorithm_config {
   reward_failure_kind on_reward_failure = reward_failure_kind::mask;
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
+  /// Bound on one learner forward, padded tokens (rows × longest prompt + response), >= 0;
+  /// 0 = none. Larger minibatches run as micro-batches of similar-length rows whose
+  /// gradients add up to the minibatch's (actors/learner/learner_core.hpp).
+  int64_t micro_batch_tokens = 16384;
   /// AdamW learning rate, in [0, 1]; 0 = a frozen policy (rollouts, rewards and loss metrics
   /// of the starting weights, which never change: a baseline on the same prompts and seeds).
   double lr = 1e-4;

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -197,6 +198,38 @@ packed_batch pack(const std::vector<rollout_sample>& batch, c10::Device device, 
   return p;
 }
 
+/// Rows of one forward pass of a packed_batch, with what the loss needs to weigh them.
+struct micro_batch {
+  at::Tensor idx;   // [k] int64 row indices; undefined = every row of the batch, in order
+  std::int64_t L = 1, T = 0; // longest sequence and response among the rows, tokens
+  at::Tensor mask;  // [k, T] fp32
+  double tokens = 0.0; // trained tokens
+  double seqs = 0.0;   // rows with at least one trained token
+  /// The rows of a [N, *] tensor, first `cols` columns; the tensor itself when idx is undefined.
+  at::Tensor rows_of(const at::Tensor& t, std::int64_t cols) const {
+    return idx.defined() ? t.index_select(0, idx).narrow(1, 0, cols) : t;
+  }
+};
+
+/// The micro_batch of `rows`; `whole` = the rows are the batch in order and need no copy.
+micro_batch slice(const packed_batch& p, const std::vector<std::int64_t>& rows, c10::Device device,
+                  bool whole) {
+  micro_batch mb;
+  for (const std::int64_t r : rows) {
+    mb.L = std::max(mb.L, p.seq_len[static_cast<std::size_t>(r)]);
+    mb.T = std::max(mb.T, p.resp_len[static_cast<std::size_t>(r)]);
+  }
+  if (whole) {
+    mb.mask = p.mask;
+  } else {
+    mb.idx = at::tensor(rows, at::kLong).to(device);
+    mb.mask = mb.rows_of(p.mask, mb.T);
+  }
+  mb.tokens = mb.mask.sum().item<double>();
+  mb.seqs = mb.mask.sum(1).gt(0).sum().item<double>();
+  return mb;
+}
+
 /// Log-probs [n, T] fp32 of `targets` read from the logits at `rows`, and optionally the
 /// per-position entropy [n, T] (never differentiable). The log-probs are differentiable when
 /// grad mode is on.
@@ -218,6 +251,31 @@ at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
     *entropy = -(lsm.exp() * lsm).sum(-1);
   }
   return lsm.gather(2, targets.unsqueeze(-1)).squeeze(-1);
+}
+
+/// token_logprobs over `groups` of rows, one forward each, each trimmed to its own longest
+/// row; scattered back into [N, T] (zeros beyond each row's response). One group that is the
+/// whole batch in order is the plain single forward, bit for bit.
+at::Tensor chunked_logprobs(const ml::policy_model& model, const packed_batch& p,
+                            const std::vector<std::vector<std::int64_t>>& groups,
+                            double temperature, at::Tensor* entropy) {
+  if (groups.size() == 1 && static_cast<std::int64_t>(groups[0].size()) == p.ids.size(0))
+    return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature, entropy);
+  at::Tensor out = at::zeros(p.rows.sizes(), at::TensorOptions(at::kFloat).device(p.ids.device()));
+  if (entropy != nullptr)
+    *entropy = at::zeros_like(out);
+  for (const auto& group : groups) {
+    const micro_batch mb = slice(p, group, p.ids.device(), false);
+    at::Tensor ent;
+    const at::Tensor logp =
+      token_logprobs(model, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
+                     mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T), temperature,
+                     entropy != nullptr ? &ent : nullptr);
+    out.narrow(1, 0, mb.T).index_copy_(0, mb.idx, logp);
+    if (entropy != nullptr)
+      entropy->narrow(1, 0, mb.T).index_copy_(0, mb.idx, ent);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,6 +355,7 @@ learner_options learner_options_from(const experiment_config& cfg) {
   o.temperature = a.temperature > 0 ? a.temperature : 1.0;
   o.epochs = static_cast<int>(a.epochs);
   o.minibatches = static_cast<int>(a.minibatches);
+  o.micro_batch_tokens = a.micro_batch_tokens;
   return o;
 }
 
@@ -334,10 +393,47 @@ void learner_options::validate() const {
     fail("minibatches", minibatches, ">= 1");
   if (max_idle_steps < 0)
     fail("max_idle_steps", max_idle_steps, ">= 0");
+  if (micro_batch_tokens < 0)
+    fail("micro_batch_tokens", static_cast<double>(micro_batch_tokens), ">= 0");
 }
 
 // ---------------------------------------------------------------------------------------------
 // Free functions
+
+std::vector<std::vector<std::int64_t>> plan_micro_batches(const std::vector<std::int64_t>& rows,
+                                                          const std::vector<std::int64_t>& seq_len,
+                                                          std::int64_t budget) {
+  if (budget < 0)
+    throw std::invalid_argument(
+      fmt::format("plan_micro_batches: budget must be >= 0 tokens, got {}", budget));
+  std::int64_t longest = 0;
+  for (const std::int64_t r : rows) {
+    if (r < 0 || r >= static_cast<std::int64_t>(seq_len.size()))
+      throw std::invalid_argument(fmt::format(
+        "plan_micro_batches: row {} is outside the batch of {} rows", r, seq_len.size()));
+    longest = std::max(longest, seq_len[static_cast<std::size_t>(r)]);
+  }
+  if (rows.empty())
+    return {};
+  if (budget == 0 || static_cast<std::int64_t>(rows.size()) * longest <= budget)
+    return {rows};
+  std::vector<std::int64_t> order = rows;
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return seq_len[static_cast<std::size_t>(a)] > seq_len[static_cast<std::size_t>(b)];
+  });
+  std::vector<std::vector<std::int64_t>> groups;
+  std::int64_t group_longest = 0; // the first row's length: rows come longest first
+  for (const std::int64_t r : order) {
+    const std::int64_t len = seq_len[static_cast<std::size_t>(r)];
+    if (groups.empty()
+        || (static_cast<std::int64_t>(groups.back().size()) + 1) * group_longest > budget) {
+      groups.emplace_back();
+      group_longest = len;
+    }
+    groups.back().push_back(r);
+  }
+  return groups;
+}
 
 std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
                                     const learner_options& options) {
@@ -426,10 +522,13 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   // 3./4. Old log-probs (and entropy, mismatch) with the current weights, reference log-probs.
   const auto n = static_cast<std::int64_t>(batch.size());
   const std::int64_t n_mb = std::min<std::int64_t>(options_.minibatches, n);
-  // With one epoch of one minibatch, the only update's forward runs on the pre-update weights
-  // and the very same tensors: its log-probs *are* the old ones, bit for bit, so the separate
-  // no-grad pass is skipped (a quarter of the step's compute).
-  const bool single_pass = options_.epochs == 1 && n_mb == 1;
+  std::vector<std::int64_t> all_rows(static_cast<std::size_t>(n));
+  std::iota(all_rows.begin(), all_rows.end(), std::int64_t{0});
+  const auto whole = plan_micro_batches(all_rows, p.seq_len, options_.micro_batch_tokens);
+  // With one epoch of one minibatch in one forward, the only update's forward runs on the
+  // pre-update weights and the very same tensors: its log-probs *are* the old ones, bit for
+  // bit, so the separate no-grad pass is skipped (a quarter of the step's compute).
+  const bool single_pass = options_.epochs == 1 && n_mb == 1 && whole.size() == 1;
   at::Tensor old_logp, ref_logp, first_new_logp, entropy;
   if (single_pass) {
     first_new_logp =
@@ -439,11 +538,9 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   {
     at::NoGradGuard no_grad;
     if (!single_pass)
-      old_logp = token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature,
-                                &entropy);
+      old_logp = chunked_logprobs(model_, p, whole, options_.temperature, &entropy);
     if (reference_)
-      ref_logp =
-        token_logprobs(*reference_, p.ids, p.attention, p.rows, p.targets, options_.temperature);
+      ref_logp = chunked_logprobs(*reference_, p, whole, options_.temperature, nullptr);
     const at::Tensor trained = p.mask.ne(0);
     m.tokens_trained = static_cast<std::int64_t>(p.mask.sum().item<double>());
     if (m.tokens_trained > 0) {
@@ -456,7 +553,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     }
   }
 
-  // 5. Epochs × minibatches of updates.
+  // 5. Epochs × minibatches of updates, each the sum of its micro-batches' gradients.
   const auto& params = model_.parameters();
   double loss_sum = 0.0, pg_sum = 0.0, kl_sum = 0.0, clip_lo_sum = 0.0, clip_hi_sum = 0.0;
   double ratio_sum = 0.0, gnorm_sum = 0.0;
@@ -468,43 +565,69 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       // Near-equal contiguous slices of the shuffled order: sizes differ by at most one.
       const std::int64_t begin = b * n / n_mb, end = (b + 1) * n / n_mb;
       std::vector<std::int64_t> rows_idx;
-      std::int64_t L = 1, T = 0;
-      for (std::int64_t k = begin; k < end; ++k) {
-        const std::int64_t i = n_mb > 1 ? order[static_cast<std::size_t>(k)] : k;
-        rows_idx.push_back(i);
-        L = std::max(L, p.seq_len[static_cast<std::size_t>(i)]);
-        T = std::max(T, p.resp_len[static_cast<std::size_t>(i)]);
-      }
-      // The minibatch's rows, trimmed to its own longest sequence (shorter forwards); the
+      for (std::int64_t k = begin; k < end; ++k)
+        rows_idx.push_back(n_mb > 1 ? order[static_cast<std::size_t>(k)] : k);
+      // Each micro-batch's rows, trimmed to its own longest sequence (shorter forwards); the
       // whole batch as it is in the single pass.
-      const at::Tensor idx =
-        single_pass ? at::Tensor() : at::tensor(rows_idx, at::kLong).to(device);
-      auto rows_of = [&](const at::Tensor& t, std::int64_t cols) {
-        return single_pass ? t : t.index_select(0, idx).narrow(1, 0, cols);
-      };
-      const at::Tensor mask_mb = rows_of(p.mask, T);
-      if (mask_mb.sum().item<double>() == 0.0) {
-        ++m.skipped_updates;
-        continue;
+      std::vector<micro_batch> parts;
+      double tokens_total = 0.0, seqs_total = 0.0;
+      for (const auto& group :
+           single_pass ? whole : plan_micro_batches(rows_idx, p.seq_len, options_.micro_batch_tokens)) {
+        micro_batch mb = slice(p, group, device, single_pass);
+        tokens_total += mb.tokens;
+        seqs_total += mb.seqs;
+        parts.push_back(std::move(mb));
       }
-      const at::Tensor new_logp =
-        single_pass
-          ? first_new_logp
-          : token_logprobs(model_, rows_of(p.ids, L), rows_of(p.attention, L), rows_of(p.rows, T),
-                           rows_of(p.targets, T), options_.temperature);
-      const loss_terms terms = policy_loss(
-        new_logp, rows_of(old_logp, T), single_pass ? advantages : advantages.index_select(0, idx),
-        mask_mb, ref_logp.defined() ? rows_of(ref_logp, T) : at::Tensor(), options_.loss);
-
-      const double loss_value = terms.loss.item<double>();
-      if (!std::isfinite(loss_value)) {
+      if (tokens_total == 0.0) {
         ++m.skipped_updates;
-        ++m.nonfinite_updates;
         continue;
       }
       for (const auto& np : params)
         np.second.mutable_grad() = at::Tensor();
-      terms.loss.backward();
+      // Every aggregate is a weighted sum over micro-batches that equals the minibatch's own:
+      // token-normalised terms weigh by trained tokens, sequence-normalised ones by trained
+      // sequences. One micro-batch has weight exactly 1.
+      double loss_value = 0.0, pg = 0.0, kl = 0.0, clip_lo = 0.0, clip_hi = 0.0, ratio = 0.0;
+      double ratio_max = 0.0;
+      bool finite = true;
+      for (const micro_batch& mb : parts) {
+        if (mb.tokens == 0.0)
+          continue; // no trained token: its gradient is exactly zero
+        const at::Tensor new_logp =
+          single_pass ? first_new_logp
+                      : token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
+                                       mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
+                                       options_.temperature);
+        const loss_terms terms = policy_loss(
+          new_logp, mb.rows_of(old_logp, mb.T),
+          mb.idx.defined() ? advantages.index_select(0, mb.idx) : advantages, mb.mask,
+          ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss);
+        const double value = terms.loss.item<double>();
+        if (!std::isfinite(value)) {
+          finite = false;
+          break;
+        }
+        const double share = mb.tokens / tokens_total;
+        const double w = options_.loss.norm == loss_norm::token ? share : mb.seqs / seqs_total;
+        if (parts.size() == 1)
+          terms.loss.backward();
+        else
+          (terms.loss * w).backward();
+        loss_value += value * w;
+        pg += terms.pg_loss * w;
+        kl += terms.kl * w;
+        clip_lo += terms.clip_frac_low * share;
+        clip_hi += terms.clip_frac_high * share;
+        ratio += terms.ratio_mean * share;
+        ratio_max = std::max(ratio_max, terms.ratio_max);
+      }
+      if (!finite) {
+        for (const auto& np : params)
+          np.second.mutable_grad() = at::Tensor();
+        ++m.skipped_updates;
+        ++m.nonfinite_updates;
+        continue;
+      }
 
       // Global L2 norm over every gradient, as torch.nn.utils.clip_grad_norm_ computes it.
       double grad_norm = 0.0;
@@ -536,12 +659,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
 
       ++m.updates;
       loss_sum += loss_value;
-      pg_sum += terms.pg_loss;
-      kl_sum += terms.kl;
-      clip_lo_sum += terms.clip_frac_low;
-      clip_hi_sum += terms.clip_frac_high;
-      ratio_sum += terms.ratio_mean;
-      m.ratio_max = std::max(m.ratio_max, terms.ratio_max);
+      pg_sum += pg;
+      kl_sum += kl;
+      clip_lo_sum += clip_lo;
+      clip_hi_sum += clip_hi;
+      ratio_sum += ratio;
+      m.ratio_max = std::max(m.ratio_max, ratio_max);
       gnorm_sum += grad_norm;
       m.grad_norm_max = std::max(m.grad_norm_max, grad_norm);
     }

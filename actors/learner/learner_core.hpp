@@ -71,6 +71,12 @@ struct learner_options {
   /// Optimizer updates per epoch (≥ 1); the batch is shuffled and split into this many
   /// near-equal minibatches (fewer when the batch has fewer samples).
   int minibatches = 1;
+  /// Bound on one forward pass, in padded tokens (rows × the longest row's prompt + response),
+  /// ≥ 0; 0 = no bound. A minibatch or the old-log-prob pass that would exceed it is split
+  /// into micro-batches of rows of similar length (plan_micro_batches) whose gradients add up
+  /// to the minibatch's, so long-tailed multi-turn batches stop padding every episode to the
+  /// longest one. A batch within the bound runs in one forward, exactly as without the bound.
+  std::int64_t micro_batch_tokens = 16384;
   /// train_step throws training_stalled once this many consecutive steps applied no update
   /// for lack of trained tokens (every response masked out); 0 = never. Steps that drop
   /// updates for non-finite values fail at once instead (see training_stalled).
@@ -166,6 +172,17 @@ std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
                                                   const std::vector<rollout_sample>& batch,
                                                   double temperature = 1.0);
 
+/// Rows of one forward pass each: `rows` (indices into `seq_len`) split so that every group's
+/// padded size, its row count × its longest seq_len (tokens), is at most `budget`; a row longer
+/// than the budget gets a group of its own. When all of `rows` fit (or budget is 0) the result
+/// is the one group `rows` in the given order; otherwise rows are taken longest first (stable
+/// among equal lengths), each group filled greedily, so that rows of similar length share a
+/// forward. Empty `rows` gives no group. Throws std::invalid_argument for a negative budget or
+/// a row index outside seq_len.
+std::vector<std::vector<std::int64_t>> plan_micro_batches(const std::vector<std::int64_t>& rows,
+                                                          const std::vector<std::int64_t>& seq_len,
+                                                          std::int64_t budget);
+
 /// GRPO / DAPO learner over a caller-owned fp32 policy_model. Not thread-safe: call it from
 /// one thread (the learner actor's). libtorch's intra-op thread pool is used as configured by
 /// the caller (at::set_num_threads).
@@ -191,8 +208,10 @@ public:
   /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
   /// response token t is read from the logits at position prompt.size() + t − 1.
   /// Cost: epochs × (forward + backward) over the batch, plus one no-grad forward for the old
-  /// log-probs unless epochs = minibatches = 1 (then the update's own forward provides them,
-  /// bit-identically), plus one no-grad forward of the reference when kl_coef > 0.
+  /// log-probs unless epochs = minibatches = 1 and the batch fits micro_batch_tokens (then the
+  /// update's own forward provides them, bit-identically), plus one no-grad forward of the
+  /// reference when kl_coef > 0. Each pass runs in micro-batches of at most micro_batch_tokens
+  /// padded tokens; micro-batches without a trained token are skipped in the updates.
   /// An exception from libtorch midway may leave a partial update. Throws training_stalled
   /// (after the step) when training has stopped happening (see there).
   step_metrics train_step(const std::vector<rollout_sample>& batch);

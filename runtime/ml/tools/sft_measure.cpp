@@ -7,7 +7,8 @@
 // Keys (all optional): task=arithmetic|number_guess  steps=N  batch=N  lr=X  wrong=X
 // warmup=N  pool=N  seed=N  eval=N  threads=N (default 1: on a shared 2-core machine two
 // OpenMP threads wait on each other, see sft_options::threads; never more than 2 here)
-// out=DIR (write the checkpoint there)  every=N (evaluate every N steps).
+// out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
+// preset=NAME (model.hpp)  operators=+-  negative=0|1 (arithmetic options, tasks.hpp).
 // A live progress line goes to stderr, the summary to stdout.
 
 #include "runtime/ml/cpu_kernels.hpp"
@@ -50,6 +51,9 @@ int main(int argc, char** argv) try {
     else if (key == "threads") o.threads = std::stoi(value);
     else if (key == "out") o.output_dir = value;
     else if (key == "every") o.eval_every = std::stoll(value);
+    else if (key == "preset") o.preset = value;
+    else if (key == "operators") o.task_config.arithmetic.operators = value;
+    else if (key == "negative") o.task_config.arithmetic.allow_negative = value == "1";
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
       return 2;

@@ -266,6 +266,84 @@ TEST_CASE("the same inputs and seed give bit-identical weights") {
   CHECK_FALSE(same_weights(a, c));
 }
 
+TEST_CASE("micro-batches group rows of similar length under the padded-token budget") {
+  const std::vector<std::int64_t> len = {5, 20, 7, 20, 3};
+  const std::vector<std::int64_t> rows = {0, 1, 2, 3, 4};
+  using groups = std::vector<std::vector<std::int64_t>>;
+  // 5 rows × 20 tokens = 100 fit: one forward, the rows in their own order.
+  CHECK(plan_micro_batches(rows, len, 100) == groups{{0, 1, 2, 3, 4}});
+  CHECK(plan_micro_batches(rows, len, 0) == groups{{0, 1, 2, 3, 4}});
+  // Longest first: {1, 3} pads to 2 × 20 = 40; a third row would make 60. Then {2, 0, 4}
+  // pads to 3 × 7 = 21.
+  CHECK(plan_micro_batches(rows, len, 40) == groups{{1, 3}, {2, 0, 4}});
+  // A row longer than the budget still gets a forward of its own.
+  CHECK(plan_micro_batches(rows, len, 10) == groups{{1}, {3}, {2}, {0, 4}});
+  CHECK(plan_micro_batches({3, 0}, len, 20) == groups{{3}, {0}});
+  CHECK(plan_micro_batches({}, len, 10).empty());
+  CHECK_THROWS_WITH(plan_micro_batches(rows, len, -1), Catch::Contains("budget must be >= 0"));
+  CHECK_THROWS_WITH(plan_micro_batches({5}, len, 10), Catch::Contains("row 5 is outside"));
+}
+
+TEST_CASE("an update split into micro-batches equals the update in one forward") {
+  at::set_num_threads(1);
+  for (const loss_norm norm : {loss_norm::token, loss_norm::sequence}) {
+    INFO("norm " << (norm == loss_norm::token ? "token" : "sequence"));
+    learner_options o = test_options();
+    o.lr = 1e-1;
+    // Adam divides by sqrt(v̂) + eps: with eps ≪ |g| it maps a gradient of 1e-9 and one of
+    // 1e-12 to the same ±lr step, so rounding in near-zero gradients would dominate the
+    // weights. eps = 1 keeps the update a smooth function of the gradient.
+    o.adam_eps = 1.0;
+    o.minibatches = 2;
+    o.loss.kl_coef = 0.05;
+    o.loss.norm = norm;
+    // Responses of 4..19 tokens after 6-token prompts, and one sample that trains nothing,
+    // so that some micro-batch may hold no trained token.
+    auto batch = synthetic_batch(3, 4, small_dims().vocab, 6, 4);
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      batch[i].response = tokens(4 + 5 * (i % 4) - i % 3, small_dims().vocab,
+                                 static_cast<std::uint32_t>(i + 77));
+    for (auto& s : batch) {
+      s.loss_mask.assign(s.response.size(), 1);
+      s.sampling_logprobs.assign(s.response.size(), 0.0f);
+    }
+    batch[5].loss_mask.assign(batch[5].response.size(), 0);
+
+    learner_options whole = o;
+    whole.micro_batch_tokens = 0;
+    learner_options split = o;
+    split.micro_batch_tokens = 40; // one to three rows per forward
+    ml::policy_model a(small_dims(), 31), b(small_dims(), 31);
+    learner_core la(a, whole, 5), lb(b, split, 5);
+    for (int step = 0; step < 2; ++step) {
+      const step_metrics ma = la.train_step(batch);
+      const step_metrics mb = lb.train_step(batch);
+      CHECK(mb.updates == ma.updates);
+      CHECK(mb.tokens_trained == ma.tokens_trained);
+      CHECK(mb.loss == Approx(ma.loss).margin(1e-6));
+      CHECK(mb.pg_loss == Approx(ma.pg_loss).margin(1e-6));
+      CHECK(mb.kl == Approx(ma.kl).margin(1e-7));
+      CHECK(mb.ratio_mean == Approx(ma.ratio_mean).epsilon(1e-6));
+      CHECK(mb.clip_frac_low == Approx(ma.clip_frac_low).margin(1e-9));
+      CHECK(mb.clip_frac_high == Approx(ma.clip_frac_high).margin(1e-9));
+      CHECK(mb.grad_norm == Approx(ma.grad_norm).epsilon(1e-5));
+      CHECK(mb.entropy == Approx(ma.entropy).epsilon(1e-6));
+    }
+    // The same updates up to fp32 summation order: after two steps every weight agrees to
+    // 1e-6 while the steps themselves moved weights by far more.
+    double diff = 0.0, moved = 0.0;
+    ml::policy_model start(small_dims(), 31);
+    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+      const at::Tensor& wa = a.parameters()[i].second;
+      diff = std::max(diff, (wa - b.parameters()[i].second).abs().max().item<double>());
+      moved = std::max(moved, (wa - start.parameters()[i].second).abs().max().item<double>());
+    }
+    INFO("max |a - b| " << diff << ", max movement " << moved);
+    CHECK(diff < 1e-6);
+    CHECK(moved > 1e-3);
+  }
+}
+
 TEST_CASE("lr = 0 leaves every weight bit as it was while the loss and gradients are computed") {
   at::set_num_threads(1);
   learner_options o = test_options(); // weight decay 0.01: a zero lr must not apply it either
