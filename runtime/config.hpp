@@ -192,7 +192,7 @@ struct algorithm_config {
   /// Bound on one learner forward, padded tokens (rows × longest prompt + response), >= 0;
   /// 0 = none. Larger minibatches run as micro-batches of similar-length rows whose
   /// gradients add up to the minibatch's (actors/learner/learner_core.hpp).
-  int64_t micro_batch_tokens = 16384;
+  int64_t micro_batch_tokens = 4096;
   /// AdamW learning rate, in [0, 1]; 0 = a frozen policy (rollouts, rewards and loss metrics
   /// of the starting weights, which never change: a baseline on the same prompts and seeds).
   double lr = 1e-4;

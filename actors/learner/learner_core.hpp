@@ -76,7 +76,7 @@ struct learner_options {
   /// into micro-batches of rows of similar length (plan_micro_batches) whose gradients add up
   /// to the minibatch's, so long-tailed multi-turn batches stop padding every episode to the
   /// longest one. A batch within the bound runs in one forward, exactly as without the bound.
-  std::int64_t micro_batch_tokens = 16384;
+  std::int64_t micro_batch_tokens = 4096;
   /// train_step throws training_stalled once this many consecutive steps applied no update
   /// for lack of trained tokens (every response masked out); 0 = never. Steps that drop
   /// updates for non-finite values fail at once instead (see training_stalled).
