@@ -8,7 +8,8 @@
 // warmup=N  pool=N  seed=N  eval=N  threads=N (default 1: on a shared 2-core machine two
 // OpenMP threads wait on each other, see sft_options::threads; never more than 2 here)
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
-// preset=NAME (model.hpp)  operators=+-  negative=0|1 (arithmetic options, tasks.hpp).
+// preset=NAME (model.hpp)  operators=+-  negative=0|1 (arithmetic options)
+// depth=N  dirs=N  files=N (file_search options; tasks.hpp).
 // A live progress line goes to stderr, the summary to stdout.
 
 #include "runtime/ml/cpu_kernels.hpp"
@@ -54,6 +55,9 @@ int main(int argc, char** argv) try {
     else if (key == "preset") o.preset = value;
     else if (key == "operators") o.task_config.arithmetic.operators = value;
     else if (key == "negative") o.task_config.arithmetic.allow_negative = value == "1";
+    else if (key == "depth") o.task_config.file_search.depth = std::stoi(value);
+    else if (key == "dirs") o.task_config.file_search.max_dirs = std::stoi(value);
+    else if (key == "files") o.task_config.file_search.max_files = std::stoi(value);
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
       return 2;
