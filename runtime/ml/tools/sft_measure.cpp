@@ -9,7 +9,8 @@
 // OpenMP threads wait on each other, see sft_options::threads; never more than 2 here)
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
 // preset=NAME (model.hpp)  operators=+-  negative=0|1 (arithmetic options)
-// depth=N  dirs=N  files=N (file_search options; tasks.hpp).
+// depth=N  dirs=N  files=N (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
+// layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
 
 #include "runtime/ml/cpu_kernels.hpp"
@@ -19,6 +20,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -32,6 +34,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "CPU kernels: %s\n", sorl::cpu_kernels_summary().c_str());
   sft_options o;
   o.threads = 1;
+  std::int64_t d_model = 0, layers = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto eq = arg.find('=');
@@ -55,6 +58,8 @@ int main(int argc, char** argv) try {
     else if (key == "preset") o.preset = value;
     else if (key == "operators") o.task_config.arithmetic.operators = value;
     else if (key == "negative") o.task_config.arithmetic.allow_negative = value == "1";
+    else if (key == "d_model") d_model = std::stoll(value);
+    else if (key == "layers") layers = std::stoll(value);
     else if (key == "depth") o.task_config.file_search.depth = std::stoi(value);
     else if (key == "dirs") o.task_config.file_search.max_dirs = std::stoi(value);
     else if (key == "files") o.task_config.file_search.max_files = std::stoi(value);
@@ -62,6 +67,17 @@ int main(int argc, char** argv) try {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
       return 2;
     }
+  }
+
+  if (d_model > 0 || layers > 0) {
+    model_dims d = preset(o.preset);
+    if (d_model > 0) {
+      d.d_model = d_model;
+      d.d_ff = 3 * d_model;
+    }
+    if (layers > 0)
+      d.n_layers = layers;
+    o.dims = d;
   }
 
   // The live line a CLI would print: step, loss, tokens/s, elapsed; evaluations on their own line.
