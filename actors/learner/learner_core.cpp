@@ -8,9 +8,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <numeric>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
