@@ -203,13 +203,19 @@ struct micro_batch {
   at::Tensor idx;   // [k] int64 row indices; undefined = every row of the batch, in order
   std::int64_t L = 1, T = 0; // longest sequence and response among the rows, tokens
   at::Tensor mask;  // [k, T] fp32
-  double tokens = 0.0; // trained tokens
-  double seqs = 0.0;   // rows with at least one trained token
+  double tokens = 0.0; // trained tokens (set by count_trained)
+  double seqs = 0.0;   // rows with at least one trained token (set by count_trained)
   /// The rows of a [N, *] tensor, first `cols` columns; the tensor itself when idx is undefined.
   at::Tensor rows_of(const at::Tensor& t, std::int64_t cols) const {
     return idx.defined() ? t.index_select(0, idx).narrow(1, 0, cols) : t;
   }
 };
+
+/// Fills mb.tokens and mb.seqs, which only the updates need.
+void count_trained(micro_batch& mb) {
+  mb.tokens = mb.mask.sum().item<double>();
+  mb.seqs = mb.mask.sum(1).gt(0).sum().item<double>();
+}
 
 /// The micro_batch of `rows`; `whole` = the rows are the batch in order and need no copy.
 micro_batch slice(const packed_batch& p, const std::vector<std::int64_t>& rows, c10::Device device,
@@ -225,8 +231,6 @@ micro_batch slice(const packed_batch& p, const std::vector<std::int64_t>& rows, 
     mb.idx = at::tensor(rows, at::kLong).to(device);
     mb.mask = mb.rows_of(p.mask, mb.T);
   }
-  mb.tokens = mb.mask.sum().item<double>();
-  mb.seqs = mb.mask.sum(1).gt(0).sum().item<double>();
   return mb;
 }
 
@@ -574,6 +578,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       for (const auto& group :
            single_pass ? whole : plan_micro_batches(rows_idx, p.seq_len, options_.micro_batch_tokens)) {
         micro_batch mb = slice(p, group, device, single_pass);
+        count_trained(mb);
         tokens_total += mb.tokens;
         seqs_total += mb.seqs;
         parts.push_back(std::move(mb));
