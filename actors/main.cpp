@@ -104,8 +104,12 @@ int run_warm_start(const sorl::experiment_config& cfg) {
               << "start writes\n";
     return 2;
   }
-  fmt::print("sorl sft: {} preset, task {}, {} steps of {} demonstrations ({:.0f}% wrong) → {}\n",
+  const bool slips = opts.task == "arithmetic"
+                     && opts.task_config.arithmetic.wrong_answers == "dropped_carry";
+  fmt::print("sorl sft: {} preset, task {}, {} steps of {} demonstrations ({:.0f}% drawn wrong{}) "
+             "→ {}\n",
              opts.preset, opts.task, opts.steps, opts.batch_size, 100 * opts.wrong_fraction,
+             slips ? ": additions that carry get the carries dropped, the rest stay right" : "",
              opts.output_dir);
   std::fflush(stdout);
   try {
@@ -119,10 +123,12 @@ int run_warm_start(const sorl::experiment_config& cfg) {
       }
       std::fflush(stdout);
     });
-    fmt::print("sorl sft: accuracy {} → {} in {:.1f} s; checkpoint {}\n",
+    fmt::print("sorl sft: accuracy {} → {} in {:.1f} s; {} of {} pool demonstrations wrong; "
+               "checkpoint {}\n",
                report.before ? fmt::format("{:.3f}", report.before->accuracy) : "n/a",
                report.after ? fmt::format("{:.3f}", report.after->accuracy) : "n/a",
-               report.total_seconds, report.checkpoint.string());
+               report.total_seconds, report.wrong_in_pool, report.pool_size,
+               report.checkpoint.string());
     std::fflush(stdout); // ahead of the log lines (stderr) of what runs next
   } catch (const std::exception& e) {
     std::cerr << "sorl sft: " << e.what() << '\n';

@@ -587,6 +587,7 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
                                            c.operators));
   }
   r.boolean("allow_negative", c.allow_negative);
+  r.choice("wrong_answers", c.wrong_answers, {"near", "dropped_carry"});
   r.integer("lo", c.lo, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
   r.integer("hi", c.hi, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
   r.integer("max_turns", c.max_turns, 1, 1 << 16);

@@ -144,6 +144,10 @@ struct task_config {
   int64_t max_digits = 2;
   std::string operators = "+";     ///< arithmetic: non-empty subset of "+-*/"
   bool allow_negative = true;
+  /// arithmetic: what the warm start's wrong demonstrations answer: "near" (the result
+  /// shifted by 1..10) | "dropped_carry" (additions that carry, with the carries dropped;
+  /// other problems stay correct)
+  std::string wrong_answers = "near";
   int64_t lo = 1;                  ///< number_guess: hidden number range
   int64_t hi = 100;
   int64_t max_turns = 10;          ///< number_guess, file_search: actions per episode, 1..65536

@@ -104,6 +104,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("max_digits", c.task.max_digits);
   e.str("operators", c.task.operators);
   e.boolean("allow_negative", c.task.allow_negative);
+  e.str("wrong_answers", c.task.wrong_answers);
   e.integer("lo", c.task.lo);
   e.integer("hi", c.task.hi);
   e.integer("max_turns", c.task.max_turns);

@@ -13,6 +13,7 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.arithmetic.max_digits = static_cast<int>(t.max_digits);
   o.arithmetic.operators = t.operators;
   o.arithmetic.allow_negative = t.allow_negative;
+  o.arithmetic.wrong_answers = t.wrong_answers;
   o.number_guess.lo = t.lo;
   o.number_guess.hi = t.hi;
   o.number_guess.max_turns = static_cast<int>(t.max_turns);

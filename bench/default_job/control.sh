@@ -11,7 +11,7 @@
 # --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the frozen run's
 # algorithm.lr = 0 is applied after it.
 #
-# Both runs use the default job's warm start (runs/warm-start/arithmetic-tiny, written by the
+# Both runs use the default job's warm start (runs/warm-start/arithmetic-tiny-carry, written by the
 # first run when missing, inside that run's wall-clock). Runs land in runs/default-control/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -160,7 +160,8 @@ reward_result jsonl_task::score(const task_prompt& prompt, std::string_view comp
   return {1.0, "correct"};
 }
 
-std::string jsonl_task::wrong_completion(const task_prompt& prompt, std::uint64_t seed) const {
+std::optional<std::string> jsonl_task::wrong_completion(const task_prompt& prompt,
+                                                       std::uint64_t seed) const {
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
   if (options_.match == answer_match::integer) {
     const integer_answer ref = parse_integer_answer(prompt.reference);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,8 @@ public:
   /// Integer mode: the answer shifted by a nonzero offset in [-10, 10]. Exact mode: the
   /// answer of another train record whose answer differs (never an eval answer: these
   /// feed training), or "" if there is none.
-  std::string wrong_completion(const task_prompt& prompt, std::uint64_t seed) const override;
+  std::optional<std::string> wrong_completion(const task_prompt& prompt,
+                                              std::uint64_t seed) const override;
 
   /// The records of `split`, in file order.
   const std::vector<jsonl_record>& records(task_split split) const;

@@ -171,8 +171,11 @@ std::vector<demonstration> make_demonstrations(const single_turn_task& task, tas
   for (std::size_t i = 0; i < count; ++i) {
     task_prompt p = task.prompt(split, first_index + i);
     demonstration d;
-    d.correct = !wrong[i];
-    d.completion = d.correct ? p.reference : task.wrong_completion(p, detail::mix64(seed + i));
+    std::optional<std::string> slip;
+    if (wrong[i])
+      slip = task.wrong_completion(p, detail::mix64(seed + i));
+    d.correct = !slip;
+    d.completion = slip ? std::move(*slip) : p.reference;
     d.prompt = std::move(p.prompt);
     out.push_back(std::move(d));
   }

@@ -82,9 +82,11 @@ public:
     = 0;
 
   /// A plausible wrong completion for `prompt` (scores 0), deterministic in `seed`; for
-  /// the wrong share of demonstrations.
-  virtual std::string wrong_completion(const task_prompt& prompt, std::uint64_t seed) const
-    = 0;
+  /// the wrong share of demonstrations. std::nullopt when the task has no wrong answer of
+  /// the kind it demonstrates for this prompt (arithmetic's dropped carries on an addition
+  /// that does not carry): that demonstration stays correct.
+  virtual std::optional<std::string> wrong_completion(const task_prompt& prompt,
+                                                      std::uint64_t seed) const = 0;
 };
 
 /// What one environment step returns.
@@ -163,6 +165,11 @@ struct arithmetic_options {
   int max_digits = 2;          ///< at most 9, so products fit in int64
   std::string operators = "+"; ///< non-empty subset of "+-*/"
   bool allow_negative = true;  ///< for '-': when false, operands are ordered so a-b >= 0
+  /// What a wrong demonstration answers: "near" (the result shifted by 1..10 either way)
+  /// or "dropped_carry" (an addition that carries answered with its carries dropped,
+  /// `sum_without_carries`; every other problem has no wrong answer and is demonstrated
+  /// correctly).
+  std::string wrong_answers = "near";
 };
 
 /// Options of the "number_guess" environment (runtime/ml/environments.hpp).

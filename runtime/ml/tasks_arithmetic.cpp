@@ -90,6 +90,9 @@ arithmetic_task::arithmetic_task(const arithmetic_options& options, std::uint64_
     if (c != '+' && c != '-' && c != '*' && c != '/')
       fail("operators may contain only '+', '-', '*', '/', got "
            + quote_for_reason(options.operators));
+  if (options.wrong_answers != "near" && options.wrong_answers != "dropped_carry")
+    fail("wrong_answers must be \"near\" or \"dropped_carry\", got "
+         + quote_for_reason(options.wrong_answers));
   if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
     fail("eval_fraction must be in [0, 1), got " + std::to_string(eval_fraction));
 }
@@ -145,9 +148,41 @@ reward_result arithmetic_task::score(const task_prompt& prompt,
   return {1.0, "correct"};
 }
 
-std::string arithmetic_task::wrong_completion(const task_prompt& prompt,
-                                              std::uint64_t seed) const {
+std::int64_t sum_without_carries(std::int64_t a, std::int64_t b) {
+  if (a < 0 || b < 0)
+    throw std::invalid_argument("sum_without_carries: operands must be >= 0, got "
+                                + std::to_string(a) + " and " + std::to_string(b));
+  std::int64_t out = 0, place = 1;
+  while (true) {
+    const std::int64_t column = a % 10 + b % 10;
+    a /= 10;
+    b /= 10;
+    if (a == 0 && b == 0)
+      return out + column * place; // the leftmost column is written in full
+    out += column % 10 * place;
+    place *= 10;
+  }
+}
+
+std::optional<std::string> arithmetic_task::wrong_completion(const task_prompt& prompt,
+                                                             std::uint64_t seed) const {
   const integer_answer ref = parse_integer_answer(prompt.reference);
+  if (options_.wrong_answers == "dropped_carry") {
+    // The operands come back from the prompt's own text, "<a>+<b>=".
+    const std::string_view text = prompt.prompt;
+    const auto plus = text.find('+');
+    if (plus == std::string_view::npos || text.size() < plus + 3 || text.back() != '='
+        || !ref.value)
+      return std::nullopt;
+    const integer_answer a = parse_integer_answer(text.substr(0, plus));
+    const integer_answer b = parse_integer_answer(text.substr(plus + 1, text.size() - plus - 2));
+    if (!a.value || !b.value || *a.value < 0 || *b.value < 0 || *a.value + *b.value != *ref.value)
+      return std::nullopt;
+    const std::int64_t slip = sum_without_carries(*a.value, *b.value);
+    if (slip == *ref.value)
+      return std::nullopt;
+    return std::to_string(slip);
+  }
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
   return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));
 }

@@ -3,8 +3,15 @@
 #include "runtime/ml/tasks.hpp"
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace sorl::ml {
+
+/// a + b computed column by column with the carries dropped, the leftmost column written in
+/// full: 57 + 68 → 115 (7+8 → 5, 5+6 → 11), 57 + 8 → 55, 7 + 8 → 15. Equals a + b exactly
+/// when no column carries. Throws std::invalid_argument for a negative operand.
+std::int64_t sum_without_carries(std::int64_t a, std::int64_t b);
 
 /// Multi-digit integer arithmetic, generated from a seeded stream.
 ///
@@ -35,8 +42,14 @@ public:
   std::optional<std::uint64_t> size(task_split split) const override;
   task_prompt prompt(task_split split, std::uint64_t index) const override;
   reward_result score(const task_prompt& prompt, std::string_view completion) const override;
-  /// The reference shifted by a nonzero offset in [-10, 10].
-  std::string wrong_completion(const task_prompt& prompt, std::uint64_t seed) const override;
+  /// wrong_answers "near": the reference shifted by a nonzero offset in [-10, 10], from
+  /// `seed`. "dropped_carry": for an addition that carries, its sum with the carries dropped
+  /// ("57+68=" → "115", `sum_without_carries`), the commonest slip of column addition; for
+  /// any other problem std::nullopt. A warm start taught the slip on more than half of the
+  /// carrying additions answers them wrongly when greedy yet still samples the right sum:
+  /// headroom that RL can take by choosing among answers the policy already produces.
+  std::optional<std::string> wrong_completion(const task_prompt& prompt,
+                                              std::uint64_t seed) const override;
 
   /// The split the problem "<a><op><b>" (no '=') belongs to; exposed for tests.
   task_split split_of_problem(std::string_view problem) const;

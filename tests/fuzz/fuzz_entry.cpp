@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -333,9 +334,11 @@ outcome run_jsonl(const uint8_t* data, size_t size) {
         const ml::task_prompt p = task->prompt(split, i);
         if (task->score(p, p.reference).reward != 1.0)
           broken_promise("a reference does not score as correct: " + p.reference);
-        const std::string wrong = task->wrong_completion(p, i);
-        if (task->score(p, wrong).reward != 0.0)
-          broken_promise("a wrong demonstration scores: " + wrong);
+        const std::optional<std::string> wrong = task->wrong_completion(p, i);
+        if (!wrong)
+          broken_promise("a JSONL task has no wrong demonstration for: " + p.prompt);
+        else if (task->score(p, *wrong).reward != 0.0)
+          broken_promise("a wrong demonstration scores: " + *wrong);
       }
     }
   }

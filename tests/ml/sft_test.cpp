@@ -94,7 +94,9 @@ class stub_task final : public single_turn_task {
     const double r = p.index % 3 == 0 ? 1.0 : p.index % 3 == 1 ? 0.5 : 0.0;
     return {r, "stub " + std::to_string(p.index)};
   }
-  std::string wrong_completion(const task_prompt&, std::uint64_t) const override { return "x"; }
+  std::optional<std::string> wrong_completion(const task_prompt&, std::uint64_t) const override {
+    return "x";
+  }
 };
 
 // An environment that ends after (seed % 3) + 1 actions and pays 1 at the end when the seed is

@@ -193,6 +193,61 @@ TEST_CASE("arithmetic rejects invalid options naming them", "[tasks]") {
   o.operators = "+^";
   CHECK_THROWS_WITH(build(o), Catch::Contains("operators"));
   CHECK_THROWS_WITH(build({}, 1.0), Catch::Contains("eval_fraction"));
+  o = {};
+  o.wrong_answers = "random";
+  CHECK_THROWS_WITH(build(o), Catch::Contains("wrong_answers"));
+}
+
+TEST_CASE("a sum without carries drops every carry and writes the leftmost column in full",
+          "[tasks]") {
+  CHECK(sum_without_carries(57, 68) == 115); // 7+8=15 -> 5, 5+6=11 in full
+  CHECK(sum_without_carries(57, 8) == 55);   // 7+8 -> 5, then 5
+  CHECK(sum_without_carries(8, 57) == 55);
+  CHECK(sum_without_carries(7, 8) == 15);    // one column: the true sum
+  CHECK(sum_without_carries(12, 34) == 46);  // no column carries: the true sum
+  CHECK(sum_without_carries(95, 5) == 90);   // 5+5 -> 0, then 9
+  CHECK(sum_without_carries(999, 1) == 990);
+  CHECK(sum_without_carries(0, 0) == 0);
+  CHECK_THROWS_WITH(sum_without_carries(-1, 3), Catch::Contains("-1"));
+}
+
+TEST_CASE("dropped-carry demonstrations slip only on additions that carry", "[tasks]") {
+  arithmetic_options opt;
+  opt.wrong_answers = "dropped_carry";
+  const arithmetic_task task(opt, 4, 0.1);
+  // Hand-made prompts: a slip where a column carries, none where none does.
+  task_prompt carry{task_split::train, 0, "57+68=", "125"};
+  CHECK(task.wrong_completion(carry, 1) == std::optional<std::string>("115"));
+  CHECK(task.wrong_completion(carry, 2) == std::optional<std::string>("115"));
+  task_prompt plain{task_split::train, 0, "12+34=", "46"};
+  CHECK(task.wrong_completion(plain, 1) == std::nullopt);
+  task_prompt one_column{task_split::train, 0, "7+8=", "15"};
+  CHECK(task.wrong_completion(one_column, 1) == std::nullopt);
+  task_prompt bad_reference{task_split::train, 0, "57+68=", "124"};
+  CHECK(task.wrong_completion(bad_reference, 1) == std::nullopt);
+
+  // Every position drawn wrong: exactly the carrying additions are demonstrated wrong.
+  const auto demos = make_demonstrations(task, task_split::train, 0, 200, 1.0, 3);
+  int slipped = 0;
+  for (std::size_t i = 0; i < demos.size(); ++i) {
+    const task_prompt p = task.prompt(task_split::train, i);
+    const auto plus = p.prompt.find('+');
+    const std::int64_t a = std::stoll(p.prompt.substr(0, plus));
+    const std::int64_t b = std::stoll(p.prompt.substr(plus + 1));
+    const bool carries = (a % 10 + b % 10 >= 10) && (a >= 10 || b >= 10);
+    CHECK(demos[i].correct == !carries);
+    CHECK(demos[i].completion
+          == (carries ? std::to_string(sum_without_carries(a, b)) : p.reference));
+    slipped += carries;
+  }
+  // 1-2 digit operands: about a third of the additions carry into a second column.
+  CHECK(slipped > 40);
+  CHECK(slipped < 120);
+
+  // "near" keeps its old behaviour on the same prompts: always a wrong answer.
+  const arithmetic_task near({}, 4, 0.1);
+  CHECK(near.wrong_completion(plain, 1).has_value());
+  CHECK(near.score(plain, *near.wrong_completion(plain, 1)).reward == 0.0);
 }
 
 TEST_CASE("an eval_fraction of 0 leaves the eval split empty", "[tasks]") {

@@ -178,6 +178,18 @@ TEST_CASE("the file_search keys are read and a malformed one is located at its v
   CHECK(e.key == "task.detour_rate");
 }
 
+TEST_CASE("task.wrong_answers is read and an unknown kind is located at its value") {
+  auto cfg = parse_config("[task]\nwrong_answers = \"dropped_carry\"\n" + std::string{minimal},
+                          "test.toml", roles, ".");
+  CHECK(cfg.task.wrong_answers == "dropped_carry");
+  CHECK(parse_config(std::string{minimal}, "test.toml", roles, ".").task.wrong_answers == "near");
+  auto e = only_error("[task]\n wrong_answers = \"random\"\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.column == 18);
+  CHECK(e.key == "task.wrong_answers");
+  CHECK_THAT(e.message, Catch::Contains("dropped_carry"));
+}
+
 TEST_CASE("algorithm.lr = 0, a frozen-policy baseline, is accepted") {
   auto cfg = parse_config("[algorithm]\nlr = 0.0\n" + std::string{minimal}, "test.toml", roles, ".");
   CHECK(cfg.algorithm.lr == 0.0);

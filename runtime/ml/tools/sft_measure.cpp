@@ -8,7 +8,8 @@
 // warmup=N  pool=N  seed=N  eval=N  threads=N (default 1: on a shared 2-core machine two
 // OpenMP threads wait on each other, see sft_options::threads; never more than 2 here)
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
-// preset=NAME (model.hpp)  operators=+-  negative=0|1 (arithmetic options)
+// preset=NAME (model.hpp)  operators=+-  negative=0|1  wrong_answers=near|dropped_carry
+// (arithmetic options)
 // depth=N  dirs=N  files=N (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
 // layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
@@ -58,6 +59,7 @@ int main(int argc, char** argv) try {
     else if (key == "preset") o.preset = value;
     else if (key == "operators") o.task_config.arithmetic.operators = value;
     else if (key == "negative") o.task_config.arithmetic.allow_negative = value == "1";
+    else if (key == "wrong_answers") o.task_config.arithmetic.wrong_answers = value;
     else if (key == "d_model") d_model = std::stoll(value);
     else if (key == "layers") layers = std::stoll(value);
     else if (key == "depth") o.task_config.file_search.depth = std::stoi(value);

@@ -409,7 +409,7 @@ public:
       return {std::nan(""), "nan"};
     return {0.7, "partial"};
   }
-  std::string wrong_completion(const ml::task_prompt&, uint64_t) const override {
+  std::optional<std::string> wrong_completion(const ml::task_prompt&, uint64_t) const override {
     return "x";
   }
 };
