@@ -9,10 +9,11 @@
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
-#    (default runs/warm-start/agent-tiny-2k, the warm start configs/agent.toml trains from)
+#    (default runs/warm-start/agent-tiny-2k-depth1, the warm start configs/agent.toml trains
+#    from; its task: depth 1, up to 2 directories of up to 2 files, 60 turns)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
-#    warm-start demonstrations instead (30 % wandering, as configs/agent.toml's SFT mixes them).
+#    warm-start demonstrations instead (the expert alone, as configs/agent.toml's SFT has it).
 #    --task-seed N picks the episodes (the task seed, default 1).
 #    `--episodes-file CSV` reuses such a file instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
@@ -35,7 +36,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
-checkpoint=runs/warm-start/agent-tiny-2k
+checkpoint=runs/warm-start/agent-tiny-2k-depth1
 episodes=400
 spt=0.0006
 workers="32 64"
@@ -63,7 +64,7 @@ build=${BUILD_DIR:-$root/build}
 build_target "$build" sorl_episode_lengths
 source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
-  source_args=(wrong=0.3) # the scripted warm-start demonstrations, sft.wrong_fraction's share
+  source_args=(wrong=0) # the scripted warm-start demonstrations, sft.wrong_fraction's share
 elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl train configs/agent.toml writes it before training)" >&2
@@ -76,8 +77,8 @@ trace=$out/trace_s.txt
 if [[ -n $episodes_file ]]; then
   episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
 else
-  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search "${source_args[@]}" \
-    n="$episodes" seed="$task_seed" out="$episodes_csv"
+  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search depth=1 max_turns=60 \
+    "${source_args[@]}" n="$episodes" seed="$task_seed" out="$episodes_csv"
 fi
 if [[ -n $metrics ]]; then
   # Per-step costs and seconds per token from a real run of the same workload: seconds per
