@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# SAGC against static group sizes on a real `sorl train` run of the multi-turn task
-# (configs/guess.toml: number guessing, up to 10 turns, long-tailed episode lengths).
+# SAGC against static group sizes on a real `sorl train` run of a multi-turn task
+# (default configs/guess.toml: number guessing, up to 10 turns; --config configs/agent.toml
+# for file_search, whose sampled episode lengths have p99/p50 ≈ 10).
 #
-#   bench/sagc/real_run.sh [--steps N] [--target R] [--policies "static8 static16 sagc"]
+#   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
+#                          [--policies "static8 static16 sagc"]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
 # other (never side by side: they would share the cores), then prints one table: wall-clock
@@ -12,11 +14,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+config=configs/guess.toml
 steps=30
 target=0.30
 policies="static8 static16 sagc"
 while (($#)); do
   case $1 in
+    --config) config=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
@@ -26,10 +30,12 @@ done
 me=bench/sagc/real_run.sh
 source "$root/scripts/lib/need.sh"
 need_commands /usr/bin/python3:python3
+[[ -f $config ]] || { echo "$me: no config file $config" >&2; exit 2; }
+config=$(cd "$(dirname "$config")" && pwd)/$(basename "$config")
 [[ -x build/sorl ]] || scripts/build
 out=runs/sagc-real
 mkdir -p "$out"
-# Every run starts from the same warm start (configs/guess.toml's model.checkpoint); the first
+# Every run starts from the same warm start (the config's model.checkpoint); the first
 # run writes it when it is missing, outside its steps' wall-clock.
 for p in $policies; do
   cfg="$out/$p.toml"
@@ -40,14 +46,14 @@ for p in $policies; do
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac
   # Same file with the run name, output directory, steps and [sagc] table replaced.
-  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$root" <<'PY'
-import re, sys
-cfg, name, steps, sagc, root = sys.argv[1:]
-text = open(f"{root}/configs/guess.toml").read()
-text = re.sub(r'(?m)^name = "guess"$', f'name = "{name}"', text, count=1)
+  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$config" <<'PY'
+import os, re, sys
+cfg, name, steps, sagc, config = sys.argv[1:]
+text = open(config).read()
+text = re.sub(r'(?ms)^(\[run\]\n.*?^)name = "[^"]*"', lambda m: f'{m.group(1)}name = "{name}"', text, count=1)
 text = re.sub(r'(?m)^output_dir = .*$', 'output_dir = "runs/sagc-real"', text, count=1)
 text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
-text = re.sub(r'(?m)^checkpoint = "\.\./', f'checkpoint = "{root}/', text, count=1)
+text = re.sub(r'(?m)^checkpoint = "(?!/)', f'checkpoint = "{os.path.dirname(config)}/', text, count=1)
 text = re.sub(r'(?ms)^\[sagc\]\n.*?\n\n', "[sagc]\n" + sagc.replace("\\n", "\n") + "\n\n", text, count=1)
 open(cfg, "w").write(text)
 PY
