@@ -9,8 +9,8 @@
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
-#    (default runs/warm-start/agent-tiny-2k-depth1, the warm start configs/agent.toml trains
-#    from; its task: depth 1, up to 2 directories of up to 2 files, 60 turns)
+#    (default runs/warm-start/agent-tiny-2k-depth1-sft1000, the warm start configs/agent.toml
+#    trains from; its task: depth 1, up to 2 directories of up to 2 files, 60 turns)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (the expert alone, as configs/agent.toml's SFT has it).
@@ -36,7 +36,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
-checkpoint=runs/warm-start/agent-tiny-2k-depth1
+checkpoint=runs/warm-start/agent-tiny-2k-depth1-sft1000
 episodes=400
 spt=0.0006
 workers="32 64"
