@@ -104,12 +104,9 @@ int run_warm_start(const sorl::experiment_config& cfg) {
               << "start writes\n";
     return 2;
   }
-  const bool slips = opts.task == "arithmetic"
-                     && opts.task_config.arithmetic.wrong_answers == "dropped_carry";
-  fmt::print("sorl sft: {} preset, task {}, {} steps of {} demonstrations ({:.0f}% drawn wrong{}) "
+  fmt::print("sorl sft: {} preset, task {}, {} steps of {} demonstrations ({:.0f}% drawn wrong) "
              "→ {}\n",
              opts.preset, opts.task, opts.steps, opts.batch_size, 100 * opts.wrong_fraction,
-             slips ? ": additions that carry get the carries dropped, the rest stay right" : "",
              opts.output_dir);
   std::fflush(stdout);
   try {
