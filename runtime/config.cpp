@@ -596,6 +596,7 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.integer("max_files", c.max_files, 1, 8);
   r.integer("max_episode_tokens", c.max_episode_tokens, 64, 1 << 30);
   r.number("detour_rate", c.detour_rate, 0.0, 1.0);
+  r.choice("wrong_episodes", c.wrong_episodes, {"wander", "give_up"});
   r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);

@@ -159,6 +159,10 @@ struct task_config {
   /// ("context full", finish reason length), and `sorl sft` refuses longer demonstrations.
   int64_t max_episode_tokens = 1536;
   double detour_rate = 0.1;        ///< file_search: expert demonstrations' detour probability per action, [0, 1]
+  /// file_search: what the warm start's wrong demonstrations do: "wander" (ignore the tree)
+  /// | "give_up" (the expert, answering a guess after the first deepest directory it
+  /// searched in vain)
+  std::string wrong_episodes = "wander";
   double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation

@@ -235,6 +235,7 @@ group_decision sagc_group_policy::decide(int64_t step) {
              + ": backwards; ";
   last_decided_ = std::max(step, last_decided_.value_or(step));
 
+  d.target_rate = step_target();
   if (!tail_.threshold_ns) {
     d.group_size = options_.group_size;
     d.utility = group_utility(d.group_size);
@@ -257,6 +258,10 @@ group_decision sagc_group_policy::decide(int64_t step) {
   d.group_size = best;
   d.utility = group_utility(best);
   d.p_straggler = straggler_event_probability(p, options_.prompts_per_step * best);
+  if (d.target_rate != options_.target_rate)
+    notes += "eps=" + num(options_.target_rate) + " unreachable (G=" + std::to_string(options_.g_min)
+             + " has events at " + num(unavoidable_rate(), 3) + "): bounding the excess, target "
+             + num(d.target_rate, 3) + "; ";
   d.reason = join_notes("Q=" + num(queue_) + " window k=" + std::to_string(tail_.over) + "/"
                           + std::to_string(tail_.samples) + " > thr=" + seconds(*tail_.threshold_ns)
                           + " p=" + num(p, 3) + " -> G=" + std::to_string(best)
@@ -266,14 +271,40 @@ group_decision sagc_group_policy::decide(int64_t step) {
   return d;
 }
 
+double sagc_group_policy::unavoidable_rate() const {
+  if (!tail_.threshold_ns || tail_.samples == 0)
+    return 0.0;
+  const double k_over_n = static_cast<double>(tail_.over) / static_cast<double>(tail_.samples);
+  return straggler_event_probability(k_over_n, options_.prompts_per_step * options_.g_min);
+}
+
+double sagc_group_policy::unavoidable_rate_lower() const {
+  if (!tail_.threshold_ns || tail_.samples == 0)
+    return 0.0;
+  // Wilson score interval's lower end at z = 2 (one-sided ~97.7%).
+  constexpr double z = 2.0;
+  const double n = static_cast<double>(tail_.samples), k = static_cast<double>(tail_.over);
+  const double lower =
+    (k + z * z / 2 - z * std::sqrt(k * (n - k) / n + z * z / 4)) / (n + z * z);
+  return straggler_event_probability(std::max(0.0, lower),
+                                     options_.prompts_per_step * options_.g_min);
+}
+
+double sagc_group_policy::step_target() const {
+  if (unavoidable_rate_lower() <= options_.target_rate)
+    return options_.target_rate;
+  return unavoidable_rate() + options_.target_rate;
+}
+
 void sagc_group_policy::observe(const step_timing& timing, const straggler_rule& rule) {
+  const double target = step_target(); // the one the decision for this step saw
   tail_ = window_tail_of(rule); // the window the next step is judged against, in any case
   step_check c = check_observed(timing, last_observed_);
   notes_ = std::move(c.notes);
   if (!c.counts)
     return;
   const double s = timing.straggler_event ? 1.0 : 0.0;
-  double next = queue_ + s - options_.target_rate;
+  double next = queue_ + s - target;
   if (next < 0) {
     truncated_ -= next;
     next = 0;

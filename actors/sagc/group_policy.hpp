@@ -21,7 +21,9 @@
 // Morgan & Claypool 2010, ch. 3-4):
 //
 //   s_t      ∈ {0, 1}, step_timing::straggler_event of step t (a rollout > κ × window median)
-//   Q_{t+1}  = max(0, Q_t + s_t − ε)                              (virtual queue)
+//   Q_{t+1}  = max(0, Q_t + s_t − ε_t)                            (virtual queue)
+//   ε_t      = ε, or b_t + ε when b⁻_t > ε                        (target; below)
+//   b_t      = 1 − (1 − k/n)^{B·g_min},  b⁻_t the same at the Wilson lower bound of k/n
 //   G_t      = argmax_{G ∈ [g_min, g_max]}  V·U(G) − Q_t·P̂(G)     (ties: the smaller G)
 //   U(G)     = 1 − 1/G
 //   P̂(G)     = 1 − (1 − p̂)^{B·G}
@@ -53,6 +55,21 @@
 // ε + (Q_T − Q_0)/T. V = 10 puts Q in the tens: within a few dozen steps of the start the
 // controller is near its operating point, and over 5000 steps the rate sits within ~0.005 of
 // ε. A larger V trades a slower start and larger swings of Q for utility closer to optimal.
+//
+// Why ε_t. When the window shows that even the smallest group has a straggler event more
+// often than ε, no G meets the constraint. "Shows" means with confidence: b⁻_t, the event
+// probability of B·g_min draws at the lower end of the Wilson score interval (z = 2) of the
+// window's k/n, exceeds ε; a light tail's window that happens to hold two long rollouts of 256
+// does not switch (with the point estimate it would, and the long-tailed simulation's rate
+// would end at 0.116 instead of ε). Taken literally, the queue
+// then grows without bound and holds G at g_min forever, paying the whole utility cost for a
+// rate that still misses ε. That happens when κ × median falls inside a wide body rather than
+// a tail, as with multi-turn episodes whose lengths are bounded by a token budget: the long
+// episodes are ordinary, and the maximum of a step's durations sits near the budget whatever
+// G is. There the constraint bounds what it can still control, the events a larger group adds
+// to those of the smallest, with b_t the point estimate: rate ≤ mean(ε_t). With b_t ≥ 1 − ε it
+// is void and sagc runs g_max. Where ε is reachable nothing changes. The switch is a step
+// (from ε to more than 2ε); the window moves b⁻_t slowly, and the reason names the target.
 //
 // Load. Durations stretch with the load per worker (more rollouts in flight → slower
 // decoding), and P̂ does not rescale the window for it: under a multiplicative stretch the
@@ -106,6 +123,9 @@ struct group_decision {
   /// P̂(straggler event | G_t) (sagc, once a threshold exists); NaN when not estimated.
   double p_straggler = std::numeric_limits<double>::quiet_NaN();
   double utility = 0; ///< U(G_t) = 1 − 1/G_t
+  /// ε_t, the event rate the queue holds this step to (sagc): ε, or b_t + ε when ε is
+  /// unreachable (header comment); 0 for the other policies.
+  double target_rate = 0;
   /// Deadline mode: rollout-phase budget, ns from the step's start; nullopt = wait for all.
   std::optional<int64_t> deadline_ns;
   /// Deadline mode: finished rollouts per group required before cutting (g_min); 0 otherwise.
@@ -248,8 +268,9 @@ public:
   int64_t events_counted() const {
     return events_counted_;
   }
-  /// Σ_t max(0, −(Q_t + s_t − ε)): what the max(0, ·) of the queue update cut off. Then
-  /// exactly Σ s_t − ε·T = Q_T − Q_0 − truncated, i.e. rate = ε + (Q_T − truncated)/T.
+  /// Σ_t max(0, −(Q_t + s_t − ε_t)): what the max(0, ·) of the queue update cut off. Then
+  /// exactly Σ s_t − Σ ε_t = Q_T − Q_0 − truncated, i.e. rate = mean ε_t + (Q_T − truncated)/T
+  /// (mean ε_t = ε while ε is reachable).
   double truncated() const {
     return truncated_;
   }
@@ -259,6 +280,13 @@ public:
   }
   /// V·U(G) − Q·P̂(G) with the current estimates (NaN-free; needs a threshold to mean much).
   double score(int64_t group_size) const;
+  /// b_t = 1 − (1 − k/n)^{B·g_min}: the straggler-event probability of the smallest group
+  /// under the window's empirical CDF, in [0, 1]; 0 before the window has a threshold.
+  double unavoidable_rate() const;
+  /// b⁻_t: as unavoidable_rate, at the lower end of the Wilson score interval (z = 2) of k/n.
+  double unavoidable_rate_lower() const;
+  /// ε_t: ε, or b_t + ε when b⁻_t > ε (header comment, "Why ε_t").
+  double step_target() const;
   const group_policy_options& options() const {
     return options_;
   }

@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# The default job against its frozen-policy control: configs/default.toml run twice, once as
-# shipped and once with `algorithm.lr = 0` (same seed, warm start, prompts and sampling, so
-# any rise in the frozen run is noise), then one table of both runs side by side: mean sampled
-# reward of the first and last 10 steps, held-out greedy accuracy before and after with its
-# standard error sqrt(p (1 - p) / n), and wall-clock.
+# A job against its frozen-policy control: a config (default configs/default.toml) run twice,
+# once as shipped and once with `algorithm.lr = 0` (same seed, warm start, prompts and
+# sampling, so any rise in the frozen run is noise), then one table of both runs side by side:
+# mean sampled reward of the first and last 10 steps, held-out greedy accuracy before and
+# after with its standard error sqrt(p (1 - p) / n), and wall-clock.
 #
-#   bench/default_job/control.sh [--seed N] [--steps N] [--set TABLE.KEY=VALUE ...]
+#   bench/default_job/control.sh [--config FILE] [--seed N] [--steps N]
+#                                [--set TABLE.KEY=VALUE ...]
 #
-# --set changes one key of configs/default.toml in both runs (VALUE as TOML writes it, e.g.
-# --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the frozen run's
-# algorithm.lr = 0 is applied after it.
+# --config picks another shipped config whose checkpoint path starts with "../" (relative to
+# configs/), e.g. configs/agent.toml. --set changes one key of it in both runs (VALUE as TOML
+# writes it, e.g. --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the
+# frozen run's algorithm.lr = 0 is applied after it.
 #
-# Both runs use the default job's warm start (runs/warm-start/arithmetic-tiny-carry, written by the
-# first run when missing, inside that run's wall-clock). Runs land in runs/default-control/.
+# Both runs use the config's warm start (for configs/default.toml
+# runs/warm-start/arithmetic-tiny-carry), written by the first run when missing, inside that
+# run's wall-clock. Runs land in runs/NAME-control/, NAME the config's file name without
+# .toml.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 seed=""
 steps=""
+config=configs/default.toml
 sets=()
 while (($#)); do
   case $1 in
+    --config) config=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
@@ -29,28 +35,31 @@ while (($#)); do
 done
 source "$root/scripts/lib/need.sh"
 need_commands /usr/bin/python3:python3
+[[ -f $config ]] || { echo "control.sh: no config $config" >&2; exit 2; }
 [[ -x build/sorl ]] || scripts/build
-out=runs/default-control
+stem=$(basename "$config" .toml)
+out=runs/$stem-control
 mkdir -p "$out"
 for run in rl frozen; do
   cfg="$out/$run.toml"
-  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" ${sets[@]+"${sets[@]}"} <<'PY'
+  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" "$config" "$out" \
+    ${sets[@]+"${sets[@]}"} <<'PY'
 import re, sys
-cfg, name, seed, steps, root = sys.argv[1:6]
-text = open(f"{root}/configs/default.toml").read()
+cfg, name, seed, steps, root, config, out = sys.argv[1:8]
+text = open(config).read()
 def sub(pattern, repl):
     global text
     text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
     if n != 1:
-        sys.exit(f"control.sh: configs/default.toml has no line matching {pattern}")
-sub(r'^name = "default"$', f'name = "{name}"')
-sub(r'^output_dir = .*$', 'output_dir = "runs/default-control"')
+        sys.exit(f"control.sh: {config} has no line matching {pattern}")
+sub(r'^name = .*$', f'name = "{name}"')
+sub(r'^output_dir = .*$', f'output_dir = "{root}/{out}"')
 sub(r'^checkpoint = "\.\./', f'checkpoint = "{root}/')
 if seed:
     sub(r'^seed = .*$', f"seed = {seed}")
 if steps:
     sub(r'^steps = .*$', f"steps = {steps}")
-for s in sys.argv[6:]:
+for s in sys.argv[8:]:
     key, eq, value = s.partition("=")
     table, dot, leaf = key.partition(".")
     if not eq or not dot or not leaf:
@@ -58,7 +67,7 @@ for s in sys.argv[6:]:
     # Within [table] up to the next table header: replace the key's line, or add one.
     m = re.search(r'(?ms)^\[' + re.escape(table) + r'\]\n(.*?)(?=^\[|\Z)', text)
     if not m:
-        sys.exit(f"control.sh: configs/default.toml has no [{table}] table")
+        sys.exit(f"control.sh: {config} has no [{table}] table")
     body, n = re.subn(r'(?m)^' + re.escape(leaf) + r' = [^\n]*', lambda _: f"{leaf} = {value}", m.group(1), count=1)
     if n == 0:
         body = f"{leaf} = {value}\n" + body
@@ -67,7 +76,7 @@ if name == "frozen":
     # The [algorithm] table's lr (the [sft] table has its own).
     text, n = re.subn(r'(?ms)^(\[algorithm\]\n.*?^)lr = [^\n]*', r'\1lr = 0.0', text, count=1)
     if n != 1:
-        sys.exit("control.sh: configs/default.toml has no lr in [algorithm]")
+        sys.exit(f"control.sh: {config} has no lr in [algorithm]")
 open(cfg, "w").write(text)
 PY
   echo "== $run: build/sorl train $cfg --overwrite" >&2

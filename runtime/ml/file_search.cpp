@@ -34,6 +34,9 @@ void validate(const file_search_options& o) {
   if (!(o.detour_rate >= 0.0 && o.detour_rate <= 1.0))
     throw std::invalid_argument("file_search: detour_rate must be in [0, 1], got "
                                 + std::to_string(o.detour_rate));
+  if (o.wrong_episodes != "wander" && o.wrong_episodes != "give_up")
+    throw std::invalid_argument("file_search: wrong_episodes must be \"wander\" or \"give_up\", got \""
+                                + o.wrong_episodes + "\"");
 }
 
 // `k` distinct indices of [0, n), in a random order (a partial Fisher-Yates shuffle).
@@ -203,11 +206,13 @@ std::string_view file_search_task::name() const {
 namespace {
 
 // The expert's actions for the whole search, detours included (they end where they start,
-// so the plan does not depend on the observations).
+// so the plan does not depend on the observations). With `give_up`, the search ends with a
+// guessed answer where the expert would leave the first deepest directory it searched in vain.
 class expert_plan {
 public:
-  expert_plan(const file_search_environment& env, double detour_rate, detail::split_mix& rng)
-    : env_(env), detour_rate_(detour_rate), rng_(rng) {}
+  expert_plan(const file_search_environment& env, double detour_rate, bool give_up,
+              detail::split_mix& rng)
+    : env_(env), detour_rate_(detour_rate), give_up_(give_up), rng_(rng) {}
 
   std::vector<std::string> make() {
     visit(0);
@@ -259,11 +264,20 @@ private:
         return true;
       }
     }
+    if (give_up_) { // never the key, so that a demonstration that gives up always scores 0
+      std::string guess;
+      do
+        guess = std::to_string(rng_.between(1000, 9999));
+      while (guess == env_.key());
+      actions_.push_back("answer " + guess); // no detour: the guess replaces the way on
+      return true;
+    }
     return false;
   }
 
   const file_search_environment& env_;
   double detour_rate_;
+  bool give_up_;
   detail::split_mix& rng_;
   std::vector<std::string> actions_;
 };
@@ -299,10 +313,11 @@ std::vector<chat_message> file_search_task::demonstrate(std::uint64_t seed, bool
   // The policies' own randomness is a separate stream from the tree's.
   detail::split_mix rng(detail::mix64(seed ^ 0xA0761D6478BD642FULL));
   std::vector<std::string> plan;
-  if (correct)
-    plan = expert_plan(env, options_.detour_rate, rng).make();
+  const bool wanders = !correct && options_.wrong_episodes == "wander";
+  if (!wanders)
+    plan = expert_plan(env, options_.detour_rate, !correct, rng).make();
   for (std::size_t i = 0;; ++i) {
-    chat.push_back({chat_role::assistant, correct ? plan.at(i) : wander(env, rng)});
+    chat.push_back({chat_role::assistant, wanders ? wander(env, rng) : plan.at(i)});
     const env_step s = env.step(chat.back().content);
     if (s.done)
       break;

@@ -88,11 +88,15 @@ private:
 /// the key shows, then `answer KEY`. Before each of its actions it takes, with probability
 /// `detour_rate`, a detour that ends where it started (`ls` again, a `cat` of a file of
 /// the directory, or `cd` into a subdirectory, `ls`, `cd ..`), which spreads the expert's
-/// lengths. The wrong policy wanders: each turn, with probability 1/40 it answers a random
-/// 4-digit number (right only by chance), else it takes `ls`, `cd ..`, `cd` or `cat`
-/// uniformly, names drawn from the current directory or, one time in four, from the
-/// vocabularies; most of its episodes run into the turn or token budget, which gives the
-/// long tail of episode lengths.
+/// lengths. The wrong demonstrations follow `wrong_episodes`. "wander": each turn, with
+/// probability 1/40 it answers a random 4-digit number (right only by chance), else it takes
+/// `ls`, `cd ..`, `cd` or `cat` uniformly, names drawn from the current directory or, one
+/// time in four, from the vocabularies; most of its episodes run into the turn or token
+/// budget, which gives the long tail of episode lengths. "give_up": the expert, except that
+/// where it would leave the first deepest directory it searched in vain it answers a random
+/// 4-digit number other than the key; when the key is in that directory the demonstration
+/// is the expert's. A policy taught a share of such episodes still samples the persistence
+/// the rest show, which is what RL can then reinforce.
 class file_search_task final
   : public seeded_environment_task<file_search_environment, file_search_options> {
 public:

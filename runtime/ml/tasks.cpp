@@ -191,8 +191,17 @@ make_episode_demonstrations(const multi_turn_task& task, task_split split,
   out.reserve(count);
   for (std::size_t i = 0; i < count; ++i) {
     episode_demonstration d;
-    d.correct = !wrong[i];
-    d.chat = task.demonstrate(task.episode_seed(split, first_index + i), d.correct);
+    const std::uint64_t episode = task.episode_seed(split, first_index + i);
+    d.chat = task.demonstrate(episode, !wrong[i]);
+    if (wrong[i]) {
+      auto env = task.make_environment();
+      env->reset(episode);
+      double reward = 0.0;
+      for (const chat_message& m : d.chat)
+        if (m.role == chat_role::assistant)
+          reward = env->step(m.content).reward;
+      d.correct = reward == 1.0;
+    }
     out.push_back(std::move(d));
   }
   return out;

@@ -135,8 +135,9 @@ public:
 
   /// A demonstration episode for the environment reset with `seed`: alternating user
   /// observations and assistant actions, ending with the last action (the final
-  /// feedback is not part of it). `correct` picks an expert policy, otherwise one that
-  /// ignores feedback (it may still succeed by chance).
+  /// feedback is not part of it). `correct` picks an expert policy, otherwise the task's
+  /// wrong one (number_guess's ignores the feedback; file_search's follows `wrong_episodes`),
+  /// which may still succeed.
   virtual std::vector<chat_message> demonstrate(std::uint64_t seed, bool correct) const = 0;
 };
 
@@ -189,6 +190,11 @@ struct file_search_options {
   /// the model's max_seq minus max_new_tokens so that the last action fits the context.
   std::int64_t max_episode_tokens = 1536;
   double detour_rate = 0.1;      ///< demonstrations: the expert's detour probability per action, in [0, 1]
+  /// What the warm start's wrong demonstrations do: "wander" (a policy that ignores the
+  /// tree, usually until the budget runs out) or "give_up" (the expert, which answers a
+  /// guess instead of leaving the first deepest directory it searched in vain; an episode
+  /// whose key is in that directory stays correct). runtime/ml/file_search.hpp.
+  std::string wrong_episodes = "wander";
 };
 
 /// How a "jsonl" task compares a completion with the reference answer.
@@ -274,13 +280,17 @@ std::vector<demonstration> make_demonstrations(const single_turn_task& task, tas
 /// A demonstration episode of a multi-turn task.
 struct episode_demonstration {
   std::vector<chat_message> chat; ///< see multi_turn_task::demonstrate
-  bool correct = true;            ///< whether the expert policy produced it
+  /// False when it was drawn wrong and its episode fails; a wrong draw that succeeds anyway
+  /// (a wanderer's lucky answer, a file_search "give_up" episode whose key was in the first
+  /// directory searched) is as correct as the expert's.
+  bool correct = true;
 };
 
 /// `count` demonstration episodes, episode seeds first_index, ... of `split`; exactly
-/// round(count * wrong_fraction) of them, at positions drawn from `seed`, come from the
-/// feedback-ignoring policy. Throws std::invalid_argument if wrong_fraction is outside
-/// [0, 1].
+/// round(count * wrong_fraction) of them, at positions drawn from `seed`, are drawn wrong
+/// (`multi_turn_task::demonstrate` with correct = false). Each drawn-wrong episode is replayed
+/// in a fresh environment to see whether it fails. Throws std::invalid_argument if
+/// wrong_fraction is outside [0, 1].
 std::vector<episode_demonstration>
 make_episode_demonstrations(const multi_turn_task& task, task_split split,
                             std::uint64_t first_index, std::size_t count,

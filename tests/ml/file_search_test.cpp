@@ -146,6 +146,8 @@ TEST_CASE("file_search options out of range are rejected by name") {
                     Catch::Contains("max_episode_tokens"));
   CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.detour_rate = 1.5; }), 0),
                     Catch::Contains("detour_rate"));
+  CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.wrong_episodes = "quit"; }), 0),
+                    Catch::Contains("wrong_episodes"));
 }
 
 TEST_CASE("file_search trees are a function of the seed and hide the key at the deepest level") {
@@ -199,6 +201,61 @@ TEST_CASE("the expert demonstration searches depth-first and answers the key") {
   REQUIRE(chat.size() == 14);
   CHECK(chat[8].content == "in /etc/docs");
   CHECK(chat[10].content == "data.csv config.ini");
+}
+
+TEST_CASE("a give_up demonstration guesses where the expert leaves the first deepest directory in vain") {
+  file_search_options o;
+  o.detour_rate = 0.0;
+  o.wrong_episodes = "give_up";
+  const file_search_task task(o, 0);
+  auto actions_of = [](const std::vector<chat_message>& chat) {
+    std::vector<std::string> out;
+    for (const auto& m : chat)
+      if (m.role == chat_role::assistant)
+        out.push_back(m.content);
+    return out;
+  };
+  // Episode seed 5: /src holds src/ and logs/; the key 4831 is in /src/logs/data.csv, so the
+  // expert reads /src/src/log.txt in vain, goes back up and on to /src/logs.
+  const std::vector<std::string> expert{"ls",      "cd src",       "ls",     "cd src",
+                                        "ls",      "cat log.txt",  "cd ..",  "cd logs",
+                                        "ls",      "cat notes.txt", "cat data.csv",
+                                        "answer 4831"};
+  CHECK(actions_of(task.demonstrate(5, true)) == expert);
+  const std::vector<std::string> gave_up = actions_of(task.demonstrate(5, false));
+  REQUIRE(gave_up.size() == 7);
+  CHECK(std::equal(gave_up.begin(), gave_up.end() - 1, expert.begin()));
+  REQUIRE(gave_up.back().rfind("answer ", 0) == 0);
+  CHECK(gave_up.back().size() == 11); // a 4-digit guess
+  file_search_environment env(o);
+  env.reset(5);
+  env_step last;
+  for (const auto& a : gave_up)
+    last = env.step(a);
+  CHECK(last.done);
+  CHECK(last.reward == 0.0);
+  // Episode seed 7's key is in the first deepest directory searched: nothing to give up on.
+  CHECK(actions_of(task.demonstrate(seed7, false)) == actions_of(task.demonstrate(seed7, true)));
+  // With detours too, a give_up episode is the expert's up to its guess, and only the
+  // episodes it fails are counted wrong.
+  o.detour_rate = 0.1;
+  const file_search_task detouring(o, 3);
+  const auto demos = make_episode_demonstrations(detouring, task_split::train, 0, 400, 1.0, 9);
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < demos.size(); ++i) {
+    const std::uint64_t episode = detouring.episode_seed(task_split::train, i);
+    const auto wrong = actions_of(demos[i].chat);
+    const auto right = actions_of(detouring.demonstrate(episode, true));
+    INFO("episode " << i);
+    REQUIRE(wrong.size() <= right.size());
+    CHECK(std::equal(wrong.begin(), wrong.end() - 1, right.begin()));
+    CHECK(demos[i].correct == (wrong == right));
+    failed += !demos[i].correct;
+  }
+  // Roughly half of these trees hide the key outside the first deepest directory (0.49 at
+  // depth 2 with up to two directories per level, estimated on 4000 episodes).
+  CHECK(failed >= 150);
+  CHECK(failed <= 250);
 }
 
 TEST_CASE("environment turns of a file_search episode are masked from the loss") {

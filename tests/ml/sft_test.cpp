@@ -403,7 +403,10 @@ TEST_CASE("run_sft trains on multi-turn episodes and evaluates whole episodes", 
   o.eval_every = 4;
   const sft_report r = run_sft(o);
   CHECK(r.pool_size == 32);
-  CHECK(r.wrong_in_pool == std::llround(32 * o.wrong_fraction));
+  // round(32 × 0.2) = 6 episodes are drawn wrong; the guesser that ignores the feedback still
+  // finds the number in 1..8 within 4 guesses in 2 of them, which then count as correct.
+  CHECK(std::llround(32 * o.wrong_fraction) == 6);
+  CHECK(r.wrong_in_pool == 4);
   REQUIRE(r.before);
   REQUIRE(r.after);
   REQUIRE(r.during.size() == 1);

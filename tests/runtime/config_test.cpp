@@ -190,6 +190,18 @@ TEST_CASE("task.wrong_answers is read and an unknown kind is located at its valu
   CHECK_THAT(e.message, Catch::Contains("dropped_carry"));
 }
 
+TEST_CASE("task.wrong_episodes is read and an unknown kind is located at its key") {
+  auto cfg = parse_config("[task]\nname = \"file_search\"\nwrong_episodes = \"give_up\"\n"
+                            + std::string{minimal},
+                          "test.toml", roles, ".");
+  CHECK(cfg.task.wrong_episodes == "give_up");
+  CHECK(parse_config(std::string{minimal}, "test.toml", roles, ".").task.wrong_episodes == "wander");
+  auto e = only_error("[task]\nwrong_episodes = \"quit\"\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "task.wrong_episodes");
+  CHECK_THAT(e.message, Catch::Contains("give_up"));
+}
+
 TEST_CASE("algorithm.lr = 0, a frozen-policy baseline, is accepted") {
   auto cfg = parse_config("[algorithm]\nlr = 0.0\n" + std::string{minimal}, "test.toml", roles, ".");
   CHECK(cfg.algorithm.lr == 0.0);

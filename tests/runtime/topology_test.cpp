@@ -169,6 +169,21 @@ TEST_CASE("every shipped config in configs/ loads with the real role table") {
   CHECK(loaded.size() == files.size());
 }
 
+TEST_CASE("the [task] keys of file_search reach the task sorl train builds") {
+  auto cfg = parse_config(
+    "[task]\nname = \"file_search\"\ndetour_rate = 0.0\nwrong_episodes = \"give_up\"\n"
+    "[[node]]\nname = \"main\"\nactors = [\"ping\", \"pong\"]\n",
+    "task-test.toml", role_names(builtin_roles()));
+  const ml::any_task task = make_task_from(cfg);
+  REQUIRE(task.is_multi_turn());
+  // Episode seed 5 (tests/ml/file_search_test.cpp): the expert takes 12 actions, the one
+  // that gives up after /src/src answers its guess at the 7th.
+  std::size_t actions = 0;
+  for (const auto& m : task.multi_turn->demonstrate(5, false))
+    actions += m.role == ml::chat_role::assistant;
+  CHECK(actions == 7);
+}
+
 TEST_CASE("a topology with a trainer is complete only with every training role and one "
           "trainer") {
   std::map<std::string, int64_t> have{{"trainer", 1}, {"learner", 1}};

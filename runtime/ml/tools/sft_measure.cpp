@@ -10,7 +10,8 @@
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
 // preset=NAME (model.hpp)  operators=+-  negative=0|1  wrong_answers=near|dropped_carry
 // (arithmetic options)
-// depth=N  dirs=N  files=N (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
+// depth=N  dirs=N  files=N  detour=X  max_turns=N  wrong_episodes=wander|give_up
+// (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
 // layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
 
@@ -65,6 +66,9 @@ int main(int argc, char** argv) try {
     else if (key == "depth") o.task_config.file_search.depth = std::stoi(value);
     else if (key == "dirs") o.task_config.file_search.max_dirs = std::stoi(value);
     else if (key == "files") o.task_config.file_search.max_files = std::stoi(value);
+    else if (key == "detour") o.task_config.file_search.detour_rate = std::stod(value);
+    else if (key == "max_turns") o.task_config.file_search.max_turns = std::stoi(value);
+    else if (key == "wrong_episodes") o.task_config.file_search.wrong_episodes = value;
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
       return 2;

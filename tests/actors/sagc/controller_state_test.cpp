@@ -97,11 +97,15 @@ TEST_CASE("a restored sagc controller decides as the uninterrupted one on the sa
   // Q = (0 + 0 − 0.1)⁺ = 0, then 0 + 1 − 0.1 = 0.9, then 1.8. The window holds the last 16
   // durations: 14 of 1 s, 5 s and 10 s; median 1 s, threshold 3 s, k = 2, n = 16, so
   // p̂ = 2.5/17 and with V = 1, B = 4: V·U(G) − Q·(1 − (1 − p̂)^{4G}) is −0.796 at G = 2,
-  // −0.866 at 3, ..., −0.914 at 8: G = 2.
+  // −0.866 at 3, ..., −0.914 at 8: G = 2. Two long rollouts of 16 show ε unreachable (the
+  // Wilson lower bound of k/n, 0.034, gives the smallest group's 8 rollouts an event with
+  // probability 0.24 > 0.1; one of 16 gave 0.08), so the target is b + ε with
+  // b = 1 − (14/16)^8.
   auto d_kept = kept.policy->decide(3);
   auto d_resumed = resumed.policy->decide(3);
   CHECK(d_kept.virtual_queue == Approx(1.8).epsilon(1e-12));
   CHECK(d_kept.group_size == 2);
+  CHECK(d_kept.target_rate == Approx(1.1 - std::pow(14.0 / 16, 8)).epsilon(1e-12));
   check_same(d_kept, d_resumed);
 
   // Without the saved state the first step after the resume would differ: a fresh

@@ -251,7 +251,12 @@ TEST_CASE("the long-run straggler-event rate converges to epsilon on a stationar
     const double rate = r.summary.straggler_rate;
     CHECK(std::abs(rate - 0.1) <= 0.02);
     CHECK(p.steps_counted() == 5000);
-    CHECK(rate == Approx(0.1 + (p.virtual_queue() - p.truncated()) / 5000).margin(1e-9));
+    // ε_t = ε but in the rare window that holds five or more long rollouts of 256.
+    double mean_target = 0;
+    for (const auto& s : r.steps)
+      mean_target += s.decision.target_rate / 5000.0;
+    CHECK(mean_target < 0.105);
+    CHECK(rate == Approx(mean_target + (p.virtual_queue() - p.truncated()) / 5000).margin(1e-9));
     for (const auto& s : r.steps) {
       REQUIRE(s.decision.group_size >= 2);
       REQUIRE(s.decision.group_size <= 16);
@@ -283,7 +288,10 @@ TEST_CASE("the same inputs give the same decisions", "[group_policy]") {
 
 TEST_CASE("odd timing data is explained in the reason, never thrown on, and G stays in range",
           "[group_policy]") {
-  const auto rule = rule_with({5, 5, 5, 5, 5, 5, 5, 50}, 3, 256, 8);
+  // One long rollout in 64: ε stays reachable (b⁻ = 0.04), so the target is ε throughout.
+  std::vector<double> durations(63, 5.0);
+  durations.push_back(50.0);
+  const auto rule = rule_with(durations, 3, 256, 8);
   sagc_group_policy p(sagc_options(2, 16, 8, 8, 10, 0.1, 0.5));
   auto in_range = [](const group_decision& d) {
     return d.group_size >= 2 && d.group_size <= 16;
@@ -486,4 +494,100 @@ TEST_CASE("group policy options and the straggler rule come from [sagc], with it
   CHECK(rule.min_samples == 5);
   c.policy = sorl::group_policy_kind::fixed;
   CHECK(group_policy_options_from(cfg).policy == sorl::group_policy_kind::fixed);
+}
+
+TEST_CASE("an unreachable epsilon makes sagc bound the excess over the smallest group, by hand",
+          "[group_policy]") {
+  // B = 4, g_min = 2, ε = 0.1. The window {1, 1, 1, 1, 1, 1, 10, 10}: median 1, threshold 3,
+  // k = 2 of 8, so the smallest group's 8 rollouts have an event with probability
+  // b = 1 − (6/8)^8 = 0.8999 > ε: the target is b + ε.
+  sagc_group_policy p(sagc_options(2, 16, 8, 4, 10, 0.1, 0.5));
+  const auto tailed = rule_with({1, 1, 1, 1, 1, 1, 10, 10}, 3, 256, 8);
+  p.observe(step_of(0, false), tailed); // the window the decision for step 1 sees
+  const double b = 1 - std::pow(0.75, 8);
+  CHECK(p.unavoidable_rate() == Approx(b).epsilon(1e-12));
+  CHECK(p.step_target() == Approx(b + 0.1).epsilon(1e-12));
+  const group_decision d = p.decide(1);
+  CHECK(d.target_rate == Approx(b + 0.1).epsilon(1e-12));
+  CHECK_THAT(d.reason, Catch::Contains("eps=0.1 unreachable (G=2 has events at 0.9): bounding "
+                                       "the excess, target 1"));
+  CHECK(p.decide(1).reason == d.reason); // deciding does not change the estimates
+  // Step 0 was decided without a threshold (target ε, Q = (0 − 0.1)⁺, 0.1 cut off). An event
+  // now adds only 1 − (b + ε) = 0.75^8 − 0.1 = 1.13e-4 to the queue.
+  CHECK(p.truncated() == Approx(0.1).epsilon(1e-12));
+  p.observe(step_of(1, true), tailed);
+  const double excess = std::pow(0.75, 8) - 0.1;
+  CHECK(p.virtual_queue() == Approx(excess).epsilon(1e-9));
+  // A window without a long rollout: ε is reachable again and holds as before.
+  const auto light = rule_with({1, 1, 1, 1, 1, 1, 1, 1}, 3, 256, 8);
+  p.observe(step_of(2, true), light); // decided on the tailed window: + 1 − (b + ε)
+  CHECK(p.virtual_queue() == Approx(2 * excess).epsilon(1e-9));
+  CHECK(p.unavoidable_rate() == 0.0);
+  CHECK(p.step_target() == 0.1);
+  p.observe(step_of(3, true), light);
+  CHECK(p.virtual_queue() == Approx(2 * excess + 0.9).epsilon(1e-9));
+  CHECK(p.decide(4).target_rate == 0.1);
+}
+
+namespace {
+
+/// Durations of 10 s, and `long_share` of them 45 s (> κ = 3 × the median): a bounded body
+/// whose long episodes are ordinary, as with a token budget.
+sim_options two_point(double long_share, uint64_t seed, int64_t steps) {
+  sim_options o = stationary(0, seed, steps);
+  o.durations.trace_s.assign(1000, 10.0);
+  std::fill_n(o.durations.trace_s.begin(), static_cast<size_t>(1000 * long_share), 45.0);
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("where no group size meets epsilon, sagc runs g_max instead of pinning g_min",
+          "[group_policy]") {
+  // 15% long: even G = 2 (16 rollouts) has an event with probability 1 − 0.85^16 = 0.93, so
+  // the constraint is void (target ≥ 1) and the utility alone picks G.
+  sagc_group_policy p(sagc_options(2, 16, 8, 8, 10, 0.1, 0.5));
+  const sim_result r = simulate(p, two_point(0.15, 3, 400));
+  double mean_g = 0;
+  for (size_t t = 1; t < r.steps.size(); ++t)
+    mean_g += static_cast<double>(r.steps[t].decision.group_size) / 399.0;
+  CHECK(mean_g == Approx(16.0));
+  CHECK(p.virtual_queue() == 0.0);
+  CHECK(r.summary.straggler_rate > 0.95); // 1 − 0.85^128 at G = 16
+}
+
+TEST_CASE("with epsilon out of reach sagc holds the event rate to the excess target",
+          "[group_policy]") {
+  // 3% long: the smallest group's event probability is 1 − 0.97^16 = 0.39 > ε = 0.1, and a
+  // 256-duration window (k ≈ 8) shows it (b⁻ ≈ 0.2). The queue identity gives
+  // rate = mean ε_t + (Q_T − truncated)/T exactly; the rate sits near the mean target
+  // (≈ b + ε ≈ 0.5), with G above g_min.
+  for (uint64_t seed : {1, 2, 3}) {
+    CAPTURE(seed);
+    sagc_group_policy p(sagc_options(2, 16, 8, 8, 10, 0.1, 0.5));
+    const sim_result r = simulate(p, two_point(0.03, seed, 3000));
+    double mean_target = 0, mean_g = 0;
+    for (const auto& s : r.steps) {
+      mean_target += s.decision.target_rate / 3000.0;
+      mean_g += static_cast<double>(s.decision.group_size) / 3000.0;
+    }
+    const double rate = r.summary.straggler_rate;
+    INFO("rate " << rate << " mean target " << mean_target << " mean G " << mean_g);
+    CHECK(rate == Approx(mean_target + (p.virtual_queue() - p.truncated()) / 3000).margin(1e-9));
+    CHECK(std::abs(rate - mean_target) <= 0.02);
+    CHECK(mean_target > 0.4);
+    CHECK(mean_g > 2.5);
+  }
+  // 1% long (b = 0.15) is out of reach too, but a window of 256 (k ≈ 2.6) cannot show it:
+  // sagc keeps ε and, as the constraint asks, stays near g_min.
+  sagc_group_policy p(sagc_options(2, 16, 8, 8, 10, 0.1, 0.5));
+  const sim_result r = simulate(p, two_point(0.01, 1, 3000));
+  double mean_target = 0, mean_g = 0;
+  for (const auto& s : r.steps) {
+    mean_target += s.decision.target_rate / 3000.0;
+    mean_g += static_cast<double>(s.decision.group_size) / 3000.0;
+  }
+  INFO("mean target " << mean_target << " mean G " << mean_g);
+  CHECK(mean_target < 0.15);
+  CHECK(mean_g < 2.5);
 }

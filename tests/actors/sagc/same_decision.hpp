@@ -23,6 +23,7 @@ inline void check_same(const group_decision& a, const group_decision& b) {
   CHECK(
     (a.p_straggler == b.p_straggler || (std::isnan(a.p_straggler) && std::isnan(b.p_straggler))));
   CHECK(a.utility == b.utility);
+  CHECK(a.target_rate == b.target_rate);
   CHECK(a.deadline_ns == b.deadline_ns);
   CHECK(a.min_finished == b.min_finished);
 }
