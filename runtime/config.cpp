@@ -549,6 +549,7 @@ void parse_run(table_reader& r, run_config& c) {
   r.integer("steps", c.steps, 0, 100'000'000);
   r.string("output_dir", c.output_dir);
   r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
+  r.integer("eval_every", c.eval_every, 0, 100'000'000);
   r.integer("threads", c.threads, 0, 1024);
   // The run directory is made when the run starts; refuse now what could never be made.
   if (auto why = path_problem(c.output_dir, path_role::directory_to_make); !why.empty())
@@ -988,6 +989,8 @@ const std::map<std::string, std::pair<std::string, std::string>>& peer_config_na
     {"num_iterations", {"algorithm", "epochs"}},
     {"ppo_epochs", {"algorithm", "epochs"}},
     {"max_steps", {"run", "steps"}},
+    {"test_freq", {"run", "eval_every"}},
+    {"eval_steps", {"run", "eval_every"}},
   };
   return names;
 }

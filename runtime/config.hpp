@@ -110,6 +110,10 @@ struct run_config {
   int64_t steps = 100;           ///< synchronous RL steps
   std::string output_dir = "runs"; ///< relative paths resolve against the working directory
   int64_t checkpoint_every = 10;   ///< steps between checkpoints; 0 = only at the end
+  /// steps between greedy held-out evaluations during the run (veRL's test_freq), on
+  /// task.eval_prompts prompts after the step's weight sync; 0 = only before the first step
+  /// and after the last. Range 0..1e8.
+  int64_t eval_every = 0;
   /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
   /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
   int64_t threads = 1;

@@ -87,6 +87,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("steps", c.run.steps);
   e.path("output_dir", c.run.output_dir);
   e.integer("checkpoint_every", c.run.checkpoint_every);
+  e.integer("eval_every", c.run.eval_every);
   e.integer("threads", c.run.threads);
 
   e.table = "model";

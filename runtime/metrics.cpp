@@ -42,6 +42,7 @@ const char* group_title(metric::group g) {
     case metric::group::timing: return "timing";
     case metric::group::learner: return "learner loss";
     case metric::group::sync: return "sync";
+    case metric::group::heldout: return "held-out evaluation";
   }
   return "?";
 }

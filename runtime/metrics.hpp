@@ -19,7 +19,8 @@
 // field that is not set is omitted from the line (never written as 0), so `scripts/plot` and
 // other readers must treat every key but `step` as optional. Non-finite numbers are written as
 // `null` (JSON has no NaN) and read as missing. wall_s ≥ rollout_s + learn_s + sync_s; the
-// remainder is the trainer's own bookkeeping. Names never change meaning once written.
+// remainder is the trainer's own bookkeeping. A held-out evaluation during the run (eval_s)
+// follows the step and is not part of its wall_s. Names never change meaning once written.
 
 #include <cstddef>
 #include <cstdint>
@@ -37,7 +38,7 @@ namespace sorl {
 
 // The metric schema, one X(...) row per key:
 //   X(constant, "key", group, kind, "unit", "meaning")
-// group: step, group_control, rollout, groups, timing, learner, sync (metric::group).
+// group: step, group_control, rollout, groups, timing, learner, sync, heldout (metric::group).
 // kind: member_int / member_number / member_numbers are fields of metrics_record; number,
 // count (a whole number written as a JSON number, e.g. 2.0) and flag (1.0 or 0.0) live in
 // `extra`; text lives in `extra_text`. A new field goes through `extra` first and is
@@ -114,7 +115,11 @@ namespace sorl {
   X(sync_resyncs,  "sync_resyncs",  sync, count, "", "workers that failed the delta and got a full sync instead") \
   X(sync_verified_workers, "sync_verified_workers", sync, count, "", "live workers whose acknowledgement carried the published hash") \
   X(model_hash,    "model_hash",    sync, text, "hex", "hash of the published weights") \
-  X(checksum,      "checksum",      sync, text, "", "ok, or ok after resync, when every live worker acknowledged the hash; else unverified: V of W workers acknowledged HASH")
+  X(checksum,      "checksum",      sync, text, "", "ok, or ok after resync, when every live worker acknowledged the hash; else unverified: V of W workers acknowledged HASH") \
+  X(heldout_accuracy, "heldout_accuracy", heldout, number, "", "greedy held-out accuracy (share of task.eval_prompts prompts with reward 1) of the weights published after the step; steps that are a multiple of run.eval_every, before the last, only") \
+  X(heldout_reward, "heldout_reward", heldout, number, "", "mean reward of the same greedy held-out evaluation") \
+  X(heldout_len,   "heldout_len",   heldout, number, "tokens", "mean response length of the same greedy held-out evaluation") \
+  X(eval_s,        "eval_s",        heldout, number, "s", "wall time of that evaluation, from its request to its result; not part of wall_s")
 // clang-format on
 
 namespace metric {
@@ -123,7 +128,7 @@ namespace metric {
 enum class kind { member_int, member_number, member_numbers, number, count, flag, text };
 
 /// The schema's groups, in the order the generated table lists them.
-enum class group { step, group_control, rollout, groups, timing, learner, sync };
+enum class group { step, group_control, rollout, groups, timing, learner, sync, heldout };
 
 /// A key of the schema whose kind is fixed at compile time, so that
 /// metrics_record::set accepts only values of the right type.

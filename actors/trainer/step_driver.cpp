@@ -28,6 +28,7 @@ driver_options driver_options_from(const experiment_config& cfg,
                           : reward_failure_policy::mask;
   o.watchdog_s = cfg.rollout.watchdog_s;
   o.checkpoint_every = cfg.run.checkpoint_every;
+  o.eval_every = cfg.run.eval_every;
   o.run_dir = cfg.run.run_dir();
   o.max_new_tokens = static_cast<uint32_t>(cfg.task.max_new_tokens);
   o.temperature = cfg.algorithm.temperature;
@@ -125,25 +126,43 @@ void step_driver::maybe_start(out& o) {
     return;
   run_start_ns_ = now_ns_;
   if (opts_.eval_prompts > 0 && !resumed_)
-    request_eval(o, "before");
+    request_eval(o, phase::eval_before, "before");
   else
     begin_step(o);
 }
 
-void step_driver::request_eval(out& o, const char* tag) {
-  phase_ = std::string{tag} == "before" ? phase::eval_before : phase::eval_after;
-  o.push_back(cmd::request_eval{tag, opts_.eval_prompts});
+void step_driver::request_eval(out& o, phase p, std::string tag) {
+  phase_ = p;
+  eval_tag_ = tag;
+  eval_start_ns_ = now_ns_;
+  o.push_back(cmd::request_eval{std::move(tag), opts_.eval_prompts});
 }
 
 void step_driver::on(out& o, const ev::eval_result& r) {
+  // Only the evaluation awaited moves the run on: a stray or repeated result must neither
+  // start a step nor finish the run.
+  bool evaluating =
+    phase_ == phase::eval_before || phase_ == phase::eval_mid || phase_ == phase::eval_after;
+  if (!evaluating || r.tag != eval_tag_) {
+    o.push_back(
+      cmd::log{cmd::log_level::warn, fmt::format("ignored held-out evaluation \"{}\"", r.tag)});
+    return;
+  }
+  eval_tag_.clear();
   o.push_back(cmd::print_line{fmt::format("held-out accuracy ({}, greedy, {} prompts): {:.3f}  "
                                           "mean reward {:.3f}  mean length {:.1f} tokens  "
                                           "({:.1f} s)",
                                           r.tag, r.count, r.accuracy, r.mean_reward,
                                           r.mean_length, r.seconds)});
-  if (r.tag == "before") {
+  if (phase_ == phase::eval_before) {
     acc_before_ = r.accuracy;
     begin_step(o);
+  } else if (phase_ == phase::eval_mid) {
+    record_.set(metric::heldout_accuracy, r.accuracy);
+    record_.set(metric::heldout_reward, r.mean_reward);
+    record_.set(metric::heldout_len, r.mean_length);
+    record_.set(metric::eval_s, static_cast<double>(now_ns_ - eval_start_ns_) / 1e9);
+    write_record(o);
   } else {
     acc_after_ = r.accuracy;
     finish(o);
@@ -155,7 +174,7 @@ void step_driver::on(out& o, const ev::eval_result& r) {
 void step_driver::begin_step(out& o) {
   if (step_ >= opts_.steps) {
     if (opts_.eval_prompts > 0)
-      request_eval(o, "after");
+      request_eval(o, phase::eval_after, "after");
     else
       finish(o);
     return;
@@ -479,8 +498,19 @@ void step_driver::end_step(out& o, const ev::version_ready& ready) {
   rec.wall_s = (now_ns_ - step_start_ns_) / 1e9;
   reward_history_.push_back(rec.reward_mean.value_or(0.0));
   ++step_;
+  // The times above exclude the evaluation; the record waits for its results. The last
+  // step is left to the final evaluation.
+  auto every = opts_.eval_every;
+  if (opts_.eval_prompts > 0 && every > 0 && step_ % every == 0 && step_ < opts_.steps) {
+    request_eval(o, phase::eval_mid, fmt::format("step {}", step_));
+    return;
+  }
+  write_record(o);
+}
+
+void step_driver::write_record(out& o) {
   awaiting_ = awaiting::write;
-  o.push_back(cmd::write_metrics{rec});
+  o.push_back(cmd::write_metrics{record_});
 }
 
 void step_driver::on(out& o, const ev::metrics_written& r) {
@@ -588,6 +618,14 @@ void step_driver::on(out& o, const ev::interrupt& i) {
       return;
     case phase::eval_after:
       stop_on_request(o, "the last step's checkpoint is complete");
+      return;
+    case phase::eval_mid:
+      // The learner evaluates before it can take a checkpoint request, so waiting for the
+      // result costs no time and keeps the step's held-out metrics.
+      o.push_back(cmd::log{cmd::log_level::warn,
+                           fmt::format("{}: finishing the held-out evaluation after step {}/{}, "
+                                       "then writing a checkpoint and stopping",
+                                       stop_request_, step_, opts_.steps)});
       return;
     default: // rollout, learn, sync, checkpoint: end_step / checkpoint_done stop the job
       o.push_back(cmd::log{cmd::log_level::warn,

@@ -6,13 +6,16 @@
 // `step_driver::handle` with its own steady-clock time, and carries out the returned
 // `cmd::` commands in order (encoding, sending, scheduling, printing, logging).
 //
-// Phases: starting → [eval_before] → per step: rollout → learn → sync → [checkpoint] → ...
-// → [eval_after] → done. A step's rollout phase asks the group-size controller for G_t,
-// requests B·G_t rollouts (step_plan.hpp: DAPO refills, deadline cuts), guards itself with
-// a watchdog, then trains, waits for every worker to hold the new version, writes one
-// metrics record (runtime/metrics.hpp) and its progress line, and checkpoints every
-// `checkpoint_every` steps together with the state of each role in `stateful_roles()`
-// (trainer_checkpoint.hpp).
+// Phases: starting → [eval_before] → per step: rollout → learn → sync → [eval_mid] →
+// [checkpoint] → ... → [eval_after] → done. A step's rollout phase asks the group-size
+// controller for G_t, requests B·G_t rollouts (step_plan.hpp: DAPO refills, deadline cuts),
+// guards itself with a watchdog, then trains, waits for every worker to hold the new version,
+// writes one metrics record (runtime/metrics.hpp) and its progress line, and checkpoints
+// every `checkpoint_every` steps together with the state of each role in `stateful_roles()`
+// (trainer_checkpoint.hpp). Every `eval_every` steps (before the last, which the final
+// evaluation covers) a greedy held-out evaluation of the new weights comes between the sync
+// and the record, and its results (heldout_accuracy, heldout_reward, heldout_len, eval_s)
+// go into that step's record; the step's own times (wall_s ...) stop before it.
 //
 // Two commands are barriers: after `cmd::open_metrics` and `cmd::write_metrics` the driver
 // waits for `ev::metrics_opened` / `ev::metrics_written` (the outcome of the file operation)
@@ -61,6 +64,10 @@ struct driver_options {
   /// kept in seconds because the watchdog's message quotes the configured value.
   double watchdog_s = 600.0;
   int64_t checkpoint_every = 10;      ///< run.checkpoint_every: 0 = only after the last step
+  /// run.eval_every, steps: a held-out evaluation after every eval_every-th step (not after
+  /// the last: the final evaluation covers it); 0 = only before and after the run. Needs
+  /// eval_prompts > 0.
+  int64_t eval_every = 0;
   std::string run_dir;                ///< run.run_dir(): where checkpoints go
   uint32_t max_new_tokens = 16;       ///< task.max_new_tokens, tokens per turn
   double temperature = 1.0;           ///< algorithm.temperature, at the precision written
@@ -110,7 +117,7 @@ struct version_ready {
   uint32_t resyncs = 0;
 };
 
-/// [EvalResult] greedy held-out evaluation for `tag` ("before" | "after").
+/// [EvalResult] greedy held-out evaluation for `tag` ("before" | "step N" | "after").
 struct eval_result {
   std::string tag;
   uint32_t count = 0;       ///< prompts
@@ -295,7 +302,7 @@ struct train {
 
 /// [EvalRequest] to the learner.
 struct request_eval {
-  std::string tag; ///< "before" | "after"
+  std::string tag; ///< "before" | "step N" (after step N, 1-based) | "after"
   uint32_t count = 0;
 };
 
@@ -377,7 +384,19 @@ using command =
                cmd::schedule_deadline, cmd::fail_job, cmd::finish_job>;
 
 /// Where the trainer is in the run.
-enum class phase { starting, eval_before, rollout, learn, sync, checkpoint, eval_after, done };
+/// eval_mid: the held-out evaluation after a step whose number is a multiple of eval_every; the
+/// step is complete (step() counts it) but its record is not written yet.
+enum class phase {
+  starting,
+  eval_before,
+  rollout,
+  learn,
+  sync,
+  eval_mid,
+  checkpoint,
+  eval_after,
+  done
+};
 
 /// The trainer's step logic. Not thread-safe: one owner (the actor) calls it.
 class step_driver {
@@ -436,7 +455,8 @@ private:
   void fail(out& o, std::string why);
   void maybe_start(out& o);
   void begin_step(out& o);
-  void request_eval(out& o, const char* tag);
+  void request_eval(out& o, phase p, std::string tag);
+  void write_record(out& o);
   void send_requests(out& o);
   void try_cut(out& o);
   void end_rollouts(out& o);
@@ -474,6 +494,8 @@ private:
   std::vector<double> reward_history_;
   std::optional<double> acc_before_;
   std::optional<double> acc_after_;
+  std::string eval_tag_;      ///< the tag of the evaluation awaited; "" while none
+  int64_t eval_start_ns_ = 0; ///< when it was requested
   int64_t run_start_ns_ = 0;
   /// A VersionReady that overtook the TrainResult of the same step (different senders).
   std::optional<ev::version_ready> early_ready_;

@@ -4,25 +4,34 @@
 # for file_search, whose sampled episode lengths have p99/p50 ≈ 10).
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
+#                          [--heldout-target R] [--eval-every N]
 #                          [--policies "static8 static16 sagc"]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
 # other (never side by side: they would share the cores), then prints one table: wall-clock
 # to reach the target reward (first step whose trailing 5-step mean reward ≥ R, summing
-# wall_s), final reward (mean of the last 5 steps), held-out greedy accuracy after training,
-# mean response length, straggler-event rate and mean G. Runs land in runs/sagc-real/<policy>.
+# wall_s), with --heldout-target the wall-clock to the first step whose greedy held-out
+# accuracy (heldout_accuracy, measured every --eval-every N steps: run.eval_every, default
+# the config's own) is ≥ R, summing wall_s, which leaves the evaluations out ("—" when never
+# reached or not measured), final reward (mean of the last 5 steps), held-out greedy accuracy
+# before → after training, mean response length, straggler-event rate and mean G. Runs land
+# in runs/sagc-real/<policy>.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 config=configs/guess.toml
 steps=30
 target=0.30
+heldout_target=
+eval_every=
 policies="static8 static16 sagc"
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
+    --heldout-target) heldout_target=$2; shift 2 ;;
+    --eval-every) eval_every=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
     *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -45,14 +54,18 @@ for p in $policies; do
     deadline) sagc="policy = \"deadline\"\ngroup_size = 8\ng_min = 4" ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac
-  # Same file with the run name, output directory, steps and [sagc] table replaced.
-  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$config" <<'PY'
+  # Same file with the run name, output directory, steps (and eval_every) and [sagc] table
+  # replaced.
+  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$config" "$eval_every" <<'PY'
 import os, re, sys
-cfg, name, steps, sagc, config = sys.argv[1:]
+cfg, name, steps, sagc, config, eval_every = sys.argv[1:]
 text = open(config).read()
 text = re.sub(r'(?ms)^(\[run\]\n.*?^)name = "[^"]*"', lambda m: f'{m.group(1)}name = "{name}"', text, count=1)
 text = re.sub(r'(?m)^output_dir = .*$', 'output_dir = "runs/sagc-real"', text, count=1)
 text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
+if eval_every:
+    text = re.sub(r'(?m)^eval_every = .*\n', "", text, count=1)
+    text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}\neval_every = {eval_every}", text, count=1)
 text = re.sub(r'(?m)^checkpoint = "(?!/)', f'checkpoint = "{os.path.dirname(config)}/', text, count=1)
 text = re.sub(r'(?ms)^\[sagc\]\n.*?\n\n', "[sagc]\n" + sagc.replace("\\n", "\n") + "\n\n", text, count=1)
 open(cfg, "w").write(text)
@@ -61,4 +74,5 @@ PY
   build/sorl train "$cfg" --overwrite > "$out/$p.log" 2>&1
   tail -1 "$out/$p.log" >&2
 done
-/usr/bin/python3 "$root/bench/sagc/real_run_table.py" "$out" "$target" $policies
+/usr/bin/python3 "$root/bench/sagc/real_run_table.py" "$out" "$target" $policies \
+  ${heldout_target:+--heldout-target "$heldout_target"}

@@ -151,6 +151,17 @@ TEST_CASE("an out-of-range value names the range") {
   CHECK_THAT(e2.message, Catch::Contains("(0, 1]"));
 }
 
+TEST_CASE("run.eval_every is read and a negative value is an error located at the key") {
+  CHECK(parse_config(minimal, "test.toml", roles).run.eval_every == 0);
+  CHECK(parse_config("[run]\neval_every = 25\n" + std::string{minimal}, "test.toml", roles)
+          .run.eval_every == 25);
+  auto e = only_error("[run]\nsteps = 10\neval_every = -1\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.column == 14); // the value's column
+  CHECK(e.key == "run.eval_every");
+  CHECK(e.message == "-1 is out of range [0, 100000000]");
+}
+
 TEST_CASE("the file_search keys are read and a malformed one is located at its value") {
   auto cfg = parse_config("[model]\npreset = \"tiny-2k\"\n[task]\nname = \"file_search\"\ndepth = 3\n"
                           "max_dirs = 4\nmax_files = 5\nmax_episode_tokens = 1000\n"

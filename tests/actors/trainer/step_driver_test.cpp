@@ -120,14 +120,21 @@ driver_options two_steps() {
 struct harness {
   step_driver d;
   std::vector<command> last;
+  std::vector<metrics_record> written; ///< every record of a write_metrics, in order
+  lines evals;                         ///< every request_eval, described, in order
 
   explicit harness(driver_options o) : d(std::move(o)) {}
 
   lines at(int64_t t, const event& e) {
     last = d.handle(t, e);
     lines out;
-    for (const auto& c : last)
+    for (const auto& c : last) {
       out.push_back(std::visit(describer{}, c));
+      if (auto w = std::get_if<cmd::write_metrics>(&c))
+        written.push_back(w->record);
+      if (std::holds_alternative<cmd::request_eval>(c))
+        evals.push_back(out.back());
+    }
     return out;
   }
   template <class C>
@@ -210,16 +217,25 @@ void to_learn(harness& h) {
 }
 
 /// From the rollout phase of step `step` (0-based, G = 2, requests 4·step .. 4·step + 3 with
-/// `rewards`, by default 1 then 0 per group) through learn and sync to the metrics record
-/// being written; every event 1 s after the last, from `t`. Returns the time of the last event.
-int64_t run_step(harness& h, int64_t t, uint64_t step,
-                 std::array<double, 4> rewards = {1.0, 0.0, 1.0, 0.0}) {
+/// `rewards`, by default 1 then 0 per group) through learning to the sync phase; every event
+/// 1 s after the last, from `t`. Returns the time of the last event.
+int64_t run_to_sync(harness& h, int64_t t, uint64_t step,
+                    std::array<double, 4> rewards = {1.0, 0.0, 1.0, 0.0}) {
   REQUIRE(h.at(t += sec, static_g(step, 2)).size() == 1);
   for (uint64_t i = 0; i < 4; ++i)
     h.at(t += sec, rollout(4 * step + i, 2 * step + i / 2, static_cast<uint32_t>(i % 2),
                            rewards[i]));
   REQUIRE(std::holds_alternative<cmd::train>(h.last.back()));
   REQUIRE(h.at(t += sec, ev::train_result{step + 1, {}, {}}).empty());
+  REQUIRE(h.d.now() == phase::sync);
+  return t;
+}
+
+/// run_to_sync, then the new version on every worker 1 s later, which writes the step's
+/// record. Returns the time of the last event.
+int64_t run_step(harness& h, int64_t t, uint64_t step,
+                 std::array<double, 4> rewards = {1.0, 0.0, 1.0, 0.0}) {
+  t = run_to_sync(h, t, step, rewards);
   REQUIRE(h.at(t += sec, ready(step + 1)) == lines{"write_metrics step " + std::to_string(step + 1)});
   return t;
 }
@@ -1090,11 +1106,206 @@ TEST_CASE("a group size the plan refuses fails the job") {
         lines{"fail: step_plan: prompts and group_size must be >= 1"});
 }
 
+namespace {
+
+/// two_steps() with 5 steps, a held-out evaluation on 3 prompts and one every `eval_every`.
+driver_options five_steps(int64_t eval_every) {
+  auto o = two_steps();
+  o.steps = 5;
+  o.eval_prompts = 3;
+  o.eval_every = eval_every;
+  return o;
+}
+
+/// A fresh start whose evaluation before the first step is answered at 1 s, when the first
+/// step's rollout phase begins; returns that time.
+int64_t start_with_eval(harness& h) {
+  h.at(0, ev::learner_ready{0, false, "w", ""});
+  h.at(0, ev::metrics_opened{});
+  REQUIRE(h.at(0, ev::version_ready{0}) == lines{"eval before 3"});
+  REQUIRE(h.at(sec, ev::eval_result{"before", 3, 0.125, 0.125, 4, 1.0}).size() == 3);
+  return sec;
+}
+
+/// The held-out result after step `k`: accuracy k/8, mean reward k/16, mean length 4 + k
+/// tokens, 3.0 s by the learner's clock.
+ev::eval_result result_after(uint64_t k) {
+  auto x = static_cast<double>(k);
+  return ev::eval_result{"step " + std::to_string(k), 3, x / 8, x / 16, 4 + x, 3.0};
+}
+
+/// What a run printed after its steps: the held-out lines and the progress lines.
+struct eval_run {
+  lines held_out;
+  lines progress;
+};
+
+/// Runs `h` (five_steps options) from its start to its end: every event 1 s after the last
+/// (run_to_sync), except an evaluation's result after step k, result_after(k) 3.5 s after
+/// its request. The harness keeps the records and evaluation requests.
+eval_run run_five_steps(harness& h) {
+  eval_run r;
+  auto t = start_with_eval(h);
+  for (uint64_t k = 1; k <= 5; ++k) {
+    t = run_to_sync(h, t, k - 1);
+    auto out = h.at(t += sec, ready(k));
+    if (out == lines{"eval step " + std::to_string(k) + " 3"}) {
+      REQUIRE(h.d.now() == phase::eval_mid);
+      out = h.at(t += 3 * sec + sec / 2, result_after(k));
+      REQUIRE(out.size() == 2);
+      r.held_out.push_back(out[0]);
+    }
+    REQUIRE(out.back() == "write_metrics step " + std::to_string(k));
+    out = h.at(t, ev::metrics_written{});
+    REQUIRE(!out.empty());
+    r.progress.push_back(out[0]);
+  }
+  h.at(t, ev::role_state{5, "sagc_controller", "{}", true, ""});
+  h.at(t, ev::role_state{5, "scheduler", "{}", true, ""});
+  REQUIRE(h.at(t, ev::checkpoint_done{5, "c5", true, ""}) ==
+          lines{"log info: checkpoint c5", "eval after 3"});
+  REQUIRE(h.at(t + sec, ev::eval_result{"after", 3, 0.75, 0.75, 5, 1.0}).size() == 2);
+  REQUIRE(h.d.now() == phase::done);
+  return r;
+}
+
+const std::array<std::string, 4> held_out_keys{"heldout_accuracy", "heldout_reward",
+                                               "heldout_len", "eval_s"};
+
+} // namespace
+
+TEST_CASE("a held-out evaluation every eval_every steps fills that step's record and is left "
+          "out of the step's times") {
+  harness h{five_steps(2)};
+  auto r = run_five_steps(h);
+  // Steps 2 and 4; step 5 is the last, which the evaluation after the run covers.
+  CHECK(h.evals == lines{"eval before 3", "eval step 2 3", "eval step 4 3", "eval after 3"});
+  CHECK(r.held_out ==
+        lines{"print: held-out accuracy (step 2, greedy, 3 prompts): 0.250  mean reward 0.125  "
+              "mean length 6.0 tokens  (3.0 s)",
+              "print: held-out accuracy (step 4, greedy, 3 prompts): 0.500  mean reward 0.250  "
+              "mean length 8.0 tokens  (3.0 s)"});
+  // Exactly one record per step, written after its evaluation.
+  REQUIRE(h.written.size() == 5);
+  for (int64_t k = 1; k <= 5; ++k) {
+    INFO("step " << k);
+    const auto& rec = h.written[static_cast<size_t>(k - 1)];
+    CHECK(rec.step == k);
+    // Decision, four rollouts, learner, sync, 1 s apart: 7 s, without the 3.5 s evaluation.
+    CHECK(rec.wall_s == 7.0);
+    CHECK(rec.rollout_s == 5.0);
+    CHECK(rec.learn_s == 1.0);
+    CHECK(rec.sync_s == 1.0);
+    if (k % 2 == 0) {
+      auto x = static_cast<double>(k);
+      CHECK(rec.extra.at("heldout_accuracy") == x / 8);
+      CHECK(rec.extra.at("heldout_reward") == x / 16);
+      CHECK(rec.extra.at("heldout_len") == 4 + x);
+      CHECK(rec.extra.at("eval_s") == 3.5); // the trainer's clock, request to result
+      CHECK_NOTHROW(sorl::to_json_line(rec));
+    } else {
+      for (const auto& key : held_out_keys)
+        CHECK(rec.extra.count(key) == 0);
+    }
+  }
+  CHECK(r.progress[1] == "print: step 2/5  reward 0.50 (mean10 0.50)  G 2  step 7.0s (rollout 5.0 "
+                         "| learn 1.0 | sync 1.0)  2 tok/s");
+}
+
+TEST_CASE("without eval_every, with an interval past the last step or without held-out "
+          "prompts no evaluation is requested during the run") {
+  for (int64_t every : {0, 5, 6}) {
+    INFO("eval_every " << every);
+    harness h{five_steps(every)};
+    run_five_steps(h);
+    CHECK(h.evals == lines{"eval before 3", "eval after 3"});
+    REQUIRE(h.written.size() == 5);
+    for (const auto& rec : h.written)
+      for (const auto& key : held_out_keys)
+        CHECK(rec.extra.count(key) == 0);
+  }
+  auto o = two_steps(); // eval_prompts = 0
+  o.eval_every = 1;
+  harness h{o};
+  start(h);
+  run_step(h, sec, 0); // its version's arrival writes the record at once
+  CHECK(h.evals.empty());
+}
+
+TEST_CASE("a resumed run evaluates after the same steps as an uninterrupted one") {
+  harness h{five_steps(2)};
+  const std::string state =
+    R"({"step":1,"next_group_id":2,"next_request_id":4,"task_cursor":2,"reward_history":[0.5],)"
+    R"("accuracy_before":0.125,"roles":{"sagc_controller":{},"scheduler":{}}})";
+  h.at(0, ev::learner_ready{1, true, "c1", state});
+  h.at(0, ev::metrics_opened{});
+  h.at(0, ev::version_ready{1});
+  h.at(0, ev::role_state_restored{"sagc_controller", true, ""});
+  // No evaluation before the first step of a resumed run.
+  REQUIRE(h.at(sec, ev::role_state_restored{"scheduler", true, ""}) ==
+          lines{"watchdog in 10000000000 ns for step 1", "query_group_size step 1"});
+  auto t = run_to_sync(h, sec, 1);
+  CHECK(h.at(t += sec, ready(2)) == lines{"eval step 2 3"});
+  CHECK(h.at(t += sec, result_after(2)).back() == "write_metrics step 2");
+  CHECK(h.written.back().extra.at("heldout_accuracy") == 0.25);
+  h.at(t, ev::metrics_written{});
+  run_step(h, t, 2); // step 3: its record at once
+  CHECK(h.evals == lines{"eval step 2 3"});
+}
+
+TEST_CASE("events during a held-out evaluation after a step are handled as in the other "
+          "evaluations") {
+  harness h{five_steps(2)};
+  auto t = start_with_eval(h);
+  t = run_step(h, t, 0);
+  h.at(t, ev::metrics_written{});
+  t = run_to_sync(h, t, 1);
+  REQUIRE(h.at(t += sec, ready(2)) == lines{"eval step 2 3"});
+  SECTION("an interrupt lets it finish, then the step's record and checkpoint are written") {
+    CHECK(h.at(t, ev::interrupt{"SIGINT", "main"}) ==
+          lines{"log warn: SIGINT on node main: finishing the held-out evaluation after step "
+                "2/5, then writing a checkpoint and stopping"});
+    CHECK(h.at(t += sec, result_after(2)).back() == "write_metrics step 2");
+    CHECK(h.written.back().extra.at("eval_s") == 1.0);
+    CHECK(h.at(t, ev::metrics_written{}).size() == 3); // progress line, two role queries
+    REQUIRE(h.d.now() == phase::checkpoint);
+    h.at(t, ev::role_state{2, "sagc_controller", "{}", true, ""});
+    h.at(t, ev::role_state{2, "scheduler", "{}", true, ""});
+    CHECK(h.at(t, ev::checkpoint_done{2, "c2", true, ""}) ==
+          lines{"log info: checkpoint c2",
+                "fail: stopped by SIGINT on node main after step 2/5; checkpoint c2"});
+  }
+  SECTION("timers, a repeated version and a result for another tag change nothing") {
+    CHECK(h.at(t + 20 * sec, ev::watchdog_tick{1}).empty());
+    CHECK(h.at(t + 20 * sec, ev::watchdog_tick{2}).empty());
+    CHECK(h.at(t + 20 * sec, ev::deadline_tick{1}).empty());
+    CHECK(h.at(t + 20 * sec, ready(2)) == lines{"log warn: unexpected version 2 ready"});
+    CHECK(h.at(t + 20 * sec, ev::eval_result{"before", 3, 1, 1, 1, 1}) ==
+          lines{"log warn: ignored held-out evaluation \"before\""});
+    CHECK(h.d.now() == phase::eval_mid);
+    CHECK(h.written.size() == 1);
+    // The awaited result goes on as before: record, then the next step.
+    CHECK(h.at(t + 20 * sec, result_after(2)).back() == "write_metrics step 2");
+    CHECK(h.at(t + 20 * sec, ev::metrics_written{}).size() == 3);
+    CHECK(h.d.now() == phase::rollout);
+    CHECK(h.d.step() == 2);
+  }
+  SECTION("the learner going down ends the job and its late result is ignored") {
+    CHECK(h.at(t, ev::peer_down{"learner", "learner#0@main", "connection closed"}) ==
+          lines{"fail: learner#0@main is gone (connection closed)"});
+    CHECK(h.at(t + sec, result_after(2)) ==
+          lines{"log warn: ignored held-out evaluation \"step 2\""});
+    CHECK(h.d.now() == phase::done);
+    CHECK(h.written.size() == 1);
+  }
+}
+
 TEST_CASE("the driver's options come from the experiment's keys") {
   experiment_config cfg;
   cfg.run.steps = 60;
   cfg.run.seed = 3;
   cfg.run.checkpoint_every = 5;
+  cfg.run.eval_every = 4;
   cfg.run.output_dir = "out";
   cfg.run.name = "r";
   cfg.task.eval_prompts = 200;
@@ -1110,6 +1321,7 @@ TEST_CASE("the driver's options come from the experiment's keys") {
   CHECK(o.steps == 60);
   CHECK(o.seed == 3);
   CHECK(o.checkpoint_every == 5);
+  CHECK(o.eval_every == 4);
   CHECK(o.run_dir == "out/r");
   CHECK(o.eval_prompts == 200);
   CHECK(o.max_new_tokens == 24);
@@ -1140,6 +1352,7 @@ TEST_CASE("the driver's defaults are the config's") {
   CHECK(d.on_reward_failure == plain.on_reward_failure);
   CHECK(d.watchdog_s == plain.watchdog_s);
   CHECK(d.checkpoint_every == plain.checkpoint_every);
+  CHECK(d.eval_every == plain.eval_every);
   CHECK(d.max_new_tokens == plain.max_new_tokens);
   CHECK(d.temperature == plain.temperature);
   CHECK(d.top_p == plain.top_p);
