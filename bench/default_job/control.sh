@@ -8,8 +8,8 @@
 #   bench/default_job/control.sh [--config FILE] [--seed N] [--steps N]
 #                                [--set TABLE.KEY=VALUE ...]
 #
-# --config picks another shipped config whose checkpoint path starts with "../" (relative to
-# configs/), e.g. configs/agent.toml. --set changes one key of it in both runs (VALUE as TOML
+# --config picks another config, e.g. configs/agent.toml (a model.checkpoint relative to
+# configs/, "../runs/...", is made absolute). --set changes one key of it in both runs (VALUE as TOML
 # writes it, e.g. --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the
 # frozen run's algorithm.lr = 0 is applied after it.
 #
@@ -54,7 +54,8 @@ def sub(pattern, repl):
         sys.exit(f"control.sh: {config} has no line matching {pattern}")
 sub(r'^name = .*$', f'name = "{name}"')
 sub(r'^output_dir = .*$', f'output_dir = "{root}/{out}"')
-sub(r'^checkpoint = "\.\./', f'checkpoint = "{root}/')
+# A checkpoint relative to configs/ ("../runs/...") becomes absolute; an absolute one stays.
+text = re.sub(r'(?m)^checkpoint = "\.\./', f'checkpoint = "{root}/', text, count=1)
 if seed:
     sub(r'^seed = .*$', f"seed = {seed}")
 if steps:
