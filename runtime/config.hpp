@@ -164,8 +164,8 @@ struct task_config {
   int64_t max_episode_tokens = 1536;
   double detour_rate = 0.1;        ///< file_search: expert demonstrations' detour probability per action, [0, 1]
   /// file_search: what the warm start's wrong demonstrations do: "wander" (ignore the tree)
-  /// | "give_up" (the expert, answering a guess after the first deepest directory it
-  /// searched in vain)
+  /// | "give_up" (the expert, answering "not found" after the first deepest directory
+  /// it searched in vain)
   std::string wrong_episodes = "wander";
   double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens

@@ -206,8 +206,9 @@ std::string_view file_search_task::name() const {
 namespace {
 
 // The expert's actions for the whole search, detours included (they end where they start,
-// so the plan does not depend on the observations). With `give_up`, the search ends with a
-// guessed answer where the expert would leave the first deepest directory it searched in vain.
+// so the plan does not depend on the observations). With `give_up`, the search ends with
+// "answer not found" where the expert would leave the first deepest directory it searched in
+// vain.
 class expert_plan {
 public:
   expert_plan(const file_search_environment& env, double detour_rate, bool give_up,
@@ -264,12 +265,10 @@ private:
         return true;
       }
     }
-    if (give_up_) { // never the key, so that a demonstration that gives up always scores 0
-      std::string guess;
-      do
-        guess = std::to_string(rng_.between(1000, 9999));
-      while (guess == env_.key());
-      actions_.push_back("answer " + guess); // no detour: the guess replaces the way on
+    if (give_up_) {
+      // A fixed text, not a guessed number: the answer's digits are then always copied from
+      // a key the episode has read, which the policy must still learn to do.
+      actions_.push_back("answer not found"); // no detour: it replaces the way on
       return true;
     }
     return false;

@@ -93,10 +93,11 @@ private:
 /// `ls`, `cd ..`, `cd` or `cat` uniformly, names drawn from the current directory or, one
 /// time in four, from the vocabularies; most of its episodes run into the turn or token
 /// budget, which gives the long tail of episode lengths. "give_up": the expert, except that
-/// where it would leave the first deepest directory it searched in vain it answers a random
-/// 4-digit number other than the key; when the key is in that directory the demonstration
-/// is the expert's. A policy taught a share of such episodes still samples the persistence
-/// the rest show, which is what RL can then reinforce.
+/// where it would leave the first deepest directory it searched in vain it answers
+/// "answer not found" (reward 0); when the key is in that directory the demonstration is the
+/// expert's. A policy taught a share of such episodes still samples the persistence the rest
+/// show, which is what RL can then reinforce. (A guessed number instead of "not found" kept
+/// a 1000-step warm start from learning to copy the key it read: 1 of 20 solved greedily.)
 class file_search_task final
   : public seeded_environment_task<file_search_environment, file_search_options> {
 public:

@@ -191,9 +191,9 @@ struct file_search_options {
   std::int64_t max_episode_tokens = 1536;
   double detour_rate = 0.1;      ///< demonstrations: the expert's detour probability per action, in [0, 1]
   /// What the warm start's wrong demonstrations do: "wander" (a policy that ignores the
-  /// tree, usually until the budget runs out) or "give_up" (the expert, which answers a
-  /// guess instead of leaving the first deepest directory it searched in vain; an episode
-  /// whose key is in that directory stays correct). runtime/ml/file_search.hpp.
+  /// tree, usually until the budget runs out) or "give_up" (the expert, which answers
+  /// "not found" instead of leaving the first deepest directory it searched in vain; an
+  /// episode whose key is in that directory stays correct). runtime/ml/file_search.hpp.
   std::string wrong_episodes = "wander";
 };
 

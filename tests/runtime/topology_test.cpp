@@ -177,7 +177,7 @@ TEST_CASE("the [task] keys of file_search reach the task sorl train builds") {
   const ml::any_task task = make_task_from(cfg);
   REQUIRE(task.is_multi_turn());
   // Episode seed 5 (tests/ml/file_search_test.cpp): the expert takes 12 actions, the one
-  // that gives up after /src/src answers its guess at the 7th.
+  // that gives up after /src/src answers "not found" at the 7th.
   std::size_t actions = 0;
   for (const auto& m : task.multi_turn->demonstrate(5, false))
     actions += m.role == ml::chat_role::assistant;
