@@ -5,7 +5,7 @@
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N]
-#                          [--policies "static8 static16 sagc"]
+#                          [--policies "static4 static8 static16 static32 deadline sagc"]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
 # other (never side by side: they would share the cores), then prints one table: wall-clock
@@ -24,7 +24,7 @@ steps=30
 target=0.30
 heldout_target=
 eval_every=
-policies="static8 static16 sagc"
+policies="static4 static8 static16 static32 deadline sagc"
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
@@ -50,7 +50,7 @@ for p in $policies; do
   cfg="$out/$p.toml"
   case $p in
     static*) sagc="policy = \"static\"\ngroup_size = ${p#static}" ;;
-    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 16\ntarget_rate = 0.1" ;;
+    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 32\ntarget_rate = 0.1" ;;
     deadline) sagc="policy = \"deadline\"\ngroup_size = 8\ng_min = 4" ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac

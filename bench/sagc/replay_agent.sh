@@ -9,11 +9,11 @@
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
-#    (default runs/warm-start/agent-tiny-2k-depth1-sft1000, the warm start configs/agent.toml
+#    (default runs/warm-start/agent-tiny-2k-depth1-giveup, the warm start configs/agent.toml
 #    trains from; its task: depth 1, up to 2 directories of up to 2 files, 60 turns)
 #    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
 #    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
-#    warm-start demonstrations instead (the expert alone, as configs/agent.toml's SFT has it).
+#    warm-start demonstrations instead (with the give-up share configs/agent.toml's SFT has).
 #    --task-seed N picks the episodes (the task seed, default 1).
 #    `--episodes-file CSV` reuses such a file instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
@@ -36,7 +36,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
-checkpoint=runs/warm-start/agent-tiny-2k-depth1-sft1000
+checkpoint=runs/warm-start/agent-tiny-2k-depth1-giveup
 episodes=400
 spt=0.0006
 workers="32 64"
@@ -64,7 +64,8 @@ build=${BUILD_DIR:-$root/build}
 build_target "$build" sorl_episode_lengths
 source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
-  source_args=(wrong=0) # the scripted warm-start demonstrations, sft.wrong_fraction's share
+  # The scripted warm-start demonstrations, with configs/agent.toml's share and kind of wrong ones.
+  source_args=(wrong=0.6 wrong_episodes=give_up)
 elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl train configs/agent.toml writes it before training)" >&2
