@@ -623,6 +623,7 @@ void parse_sft(table_reader& r, sft_config& c) {
   r.integer("warmup_steps", c.warmup_steps, 0, 100'000'000);
   r.number("wrong_fraction", c.wrong_fraction, 0.0, 1.0);
   r.integer("eval_count", c.eval_count, 0, 1 << 24);
+  r.integer("group_by_length", c.group_by_length, 0, 1 << 16);
 }
 
 void parse_algorithm(table_reader& r, algorithm_config& c) {

@@ -180,6 +180,9 @@ struct sft_config {
   int64_t warmup_steps = 50;
   double wrong_fraction = 0.2;     ///< share of deliberately wrong demonstrations
   int64_t eval_count = 200;        ///< held-out prompts evaluated before and after
+  /// Batches of similar lengths from sorted windows of this many batches; 0 = off
+  /// (runtime/ml/sft.hpp, sft_options::group_by_length).
+  int64_t group_by_length = 0;
 };
 
 /// [algorithm]: GRPO / DAPO hyper-parameters (ARCHITECTURE.md §6).

@@ -126,6 +126,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("warmup_steps", c.sft.warmup_steps);
   e.number("wrong_fraction", c.sft.wrong_fraction);
   e.integer("eval_count", c.sft.eval_count);
+  e.integer("group_by_length", c.sft.group_by_length);
 
   const auto& a = c.algorithm;
   e.table = "algorithm";

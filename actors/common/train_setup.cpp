@@ -56,6 +56,7 @@ ml::sft_options sft_options_from(const experiment_config& cfg) {
   o.warmup_steps = cfg.sft.warmup_steps;
   o.seed = cfg.run.seed;
   o.eval_count = cfg.sft.eval_count;
+  o.group_by_length = cfg.sft.group_by_length;
   o.eval_max_new_tokens = cfg.task.max_new_tokens;
   o.output_dir = cfg.model.checkpoint;
   o.threads = static_cast<int>(cfg.run.threads);

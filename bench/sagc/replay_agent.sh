@@ -2,18 +2,18 @@
 # Replays the multi-turn file_search workload (configs/agent.toml) in the SAGC simulator with
 # tens of rollout workers, in one command:
 #
-#   bench/sagc/replay_agent.sh [--checkpoint DIR|demonstrations] [--episodes N]
+#   bench/sagc/replay_agent.sh [--config FILE] [--checkpoint DIR|demonstrations] [--episodes N]
 #                              [--metrics FILE] [--seconds-per-token S]
 #                              [--workers "32 64"] [--steps N] [--episodes-file CSV]
 #                              [--task-seed N]
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
-#    (default runs/warm-start/agent-tiny-2k-depth1-giveup, the warm start configs/agent.toml
-#    trains from; its task: depth 1, up to 2 directories of up to 2 files, 60 turns)
-#    with build/runtime/ml/sorl_episode_lengths, at temperature 1, writing each episode's
-#    transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
-#    warm-start demonstrations instead (with the give-up share configs/agent.toml's SFT has).
+#    (default: the warm start the config trains from, its model.checkpoint) with
+#    build/runtime/ml/sorl_episode_lengths, at temperature 1, with the config's task (depth,
+#    max_dirs, max_files, detour_rate, max_turns; default configs/agent.toml), writing each
+#    episode's transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
+#    warm-start demonstrations instead (with the config's share and kind of wrong ones).
 #    --task-seed N picks the episodes (the task seed, default 1).
 #    `--episodes-file CSV` reuses such a file instead of sampling.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
@@ -36,7 +36,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
-checkpoint=runs/warm-start/agent-tiny-2k-depth1-giveup
+config=configs/agent.toml
+checkpoint=
 episodes=400
 spt=0.0006
 workers="32 64"
@@ -47,6 +48,7 @@ task_seed=1
 extra=()
 while (($#)); do
   case $1 in
+    --config) config=$2; shift 2 ;;
     --checkpoint) checkpoint=$2; shift 2 ;;
     --episodes) episodes=$2; shift 2 ;;
     --seconds-per-token) spt=$2; shift 2 ;;
@@ -59,16 +61,33 @@ while (($#)); do
   esac
 done
 source "$root/scripts/lib/need.sh"
-need_commands awk:gawk
+need_commands awk:gawk /usr/bin/python3:python3
+[[ -f $config ]] || { echo "$me: no config file $config" >&2; exit 2; }
+# The task and warm start of the config (its model.checkpoint is relative to the file).
+read -r depth dirs files detour turns wrong wrong_episodes config_checkpoint < <(
+  /usr/bin/python3 - "$config" <<'PY'
+import os, sys, tomllib
+path = sys.argv[1]
+c = tomllib.load(open(path, "rb"))
+t, s, m = c.get("task", {}), c.get("sft", {}), c.get("model", {})
+ck = m.get("checkpoint", "")
+if ck and not os.path.isabs(ck):
+    ck = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ck))
+print(t.get("depth", 2), t.get("max_dirs", 2), t.get("max_files", 2), t.get("detour_rate", 0.1),
+      t.get("max_turns", 10), s.get("wrong_fraction", 0.2), t.get("wrong_episodes", "wander"),
+      ck or "-")
+PY
+)
+[[ -n $checkpoint ]] || checkpoint=$config_checkpoint
 build=${BUILD_DIR:-$root/build}
 build_target "$build" sorl_episode_lengths
 source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
-  # The scripted warm-start demonstrations, with configs/agent.toml's share and kind of wrong ones.
-  source_args=(wrong=0.6 wrong_episodes=give_up)
+  # The scripted warm-start demonstrations, with the config's share and kind of wrong ones.
+  source_args=(wrong="$wrong" wrong_episodes="$wrong_episodes")
 elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
-    "(build/sorl train configs/agent.toml writes it before training)" >&2
+    "(build/sorl sft $config writes it)" >&2
   exit 2
 fi
 out=runs/sagc-replay
@@ -78,7 +97,8 @@ trace=$out/trace_s.txt
 if [[ -n $episodes_file ]]; then
   episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
 else
-  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search depth=1 max_turns=60 \
+  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search depth="$depth" dirs="$dirs" \
+    files="$files" detour="$detour" max_turns="$turns" \
     "${source_args[@]}" n="$episodes" seed="$task_seed" out="$episodes_csv"
 fi
 if [[ -n $metrics ]]; then

@@ -135,6 +135,12 @@ class batch_order {
     return out;
   }
 
+  // Fisher-Yates with the order's own generator, so one seed fixes the whole schedule.
+  template <class T>
+  void shuffle(std::vector<T>& v) {
+    for (std::size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(rng_, i)]);
+  }
+
   std::string rng_state() const {
     std::ostringstream s;
     s << rng_;
@@ -145,6 +151,39 @@ class batch_order {
   std::mt19937_64 rng_;
   std::vector<std::size_t> order_;
   std::size_t cursor_ = 0;
+};
+
+// Batches of similar lengths (sft_options::group_by_length): a window of `groups` batches
+// from the shuffled order, sorted by length (stable, so ties keep the shuffled order), cut
+// into batches that are then served in random order. A window is the plain order's next
+// groups × batch examples, so every example is still seen once per epoch.
+class length_grouped_order {
+ public:
+  length_grouped_order(batch_order& order, const std::vector<std::int64_t>& lengths, std::size_t batch,
+                       std::size_t groups)
+      : order_(order), lengths_(lengths), batch_(batch), groups_(groups) {}
+
+  std::vector<std::size_t> next() {
+    if (groups_ < 2) return order_.next(batch_);
+    if (queue_.empty()) {
+      std::vector<std::size_t> window = order_.next(batch_ * groups_);
+      std::stable_sort(window.begin(), window.end(),
+                       [&](std::size_t a, std::size_t b) { return lengths_[a] < lengths_[b]; });
+      for (std::size_t g = 0; g < groups_; ++g)
+        queue_.emplace_back(window.begin() + static_cast<std::ptrdiff_t>(g * batch_),
+                            window.begin() + static_cast<std::ptrdiff_t>((g + 1) * batch_));
+      order_.shuffle(queue_);
+    }
+    std::vector<std::size_t> out = std::move(queue_.back());
+    queue_.pop_back();
+    return out;
+  }
+
+ private:
+  batch_order& order_;
+  const std::vector<std::int64_t>& lengths_;
+  std::size_t batch_, groups_;
+  std::vector<std::vector<std::size_t>> queue_;
 };
 
 // A padded batch: inputs ids[:-1], targets ids[1:], right-padded with <|pad|>.
@@ -228,6 +267,23 @@ void validate(const sft_options& o) {
     bad_option(fmt::format("eval_max_new_tokens must be >= 1, got {}", o.eval_max_new_tokens));
   if (o.eval_batch < 1) bad_option(fmt::format("eval_batch must be >= 1, got {}", o.eval_batch));
   if (o.threads < 0) bad_option(fmt::format("threads must be >= 0, got {}", o.threads));
+  if (o.group_by_length < 0)
+    bad_option(fmt::format("group_by_length must be >= 0, got {}", o.group_by_length));
+}
+
+std::vector<std::vector<std::size_t>> sft_batch_schedule(const std::vector<std::int64_t>& lengths,
+                                                         std::int64_t steps, std::int64_t batch_size,
+                                                         std::int64_t group_by_length, std::uint64_t seed) {
+  if (lengths.empty()) throw std::invalid_argument("sft_batch_schedule: the pool is empty");
+  if (batch_size < 1)
+    throw std::invalid_argument(fmt::format("sft_batch_schedule: batch_size must be >= 1, got {}", batch_size));
+  batch_order order(lengths.size(), seed);
+  length_grouped_order grouped(order, lengths, static_cast<std::size_t>(batch_size),
+                               static_cast<std::size_t>(std::max<std::int64_t>(0, group_by_length)));
+  std::vector<std::vector<std::size_t>> out;
+  out.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, steps)));
+  for (std::int64_t s = 0; s < steps; ++s) out.push_back(grouped.next());
+  return out;
 }
 
 model_dims sft_model_dims(const sft_options& o) { return o.dims ? *o.dims : preset(o.preset); }
@@ -314,6 +370,10 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
   model.set_requires_grad(true);
   adamw opt(model.parameters(), o);
   batch_order order(pool.size(), o.seed);
+  std::vector<std::int64_t> lengths(pool.size());
+  for (std::size_t i = 0; i < pool.size(); ++i) lengths[i] = static_cast<std::int64_t>(pool[i].ids.size());
+  length_grouped_order batches(order, lengths, static_cast<std::size_t>(o.batch_size),
+                               static_cast<std::size_t>(o.group_by_length));
 
   eval_options eo;
   eo.split = task_split::eval;
@@ -340,7 +400,7 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
   rep.losses.reserve(static_cast<std::size_t>(o.steps));
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = clock_type::now();
-    const train_batch b = make_batch(pool, order.next(static_cast<std::size_t>(o.batch_size)), pad);
+    const train_batch b = make_batch(pool, batches.next(), pad);
     const at::Tensor logits = model.forward(b.inputs, b.attention);            // [B, T, V]
     const at::Tensor logp = at::log_softmax(logits, -1);
     const at::Tensor nll = -logp.gather(-1, b.targets.unsqueeze(-1)).squeeze(-1);  // [B, T]

@@ -82,6 +82,13 @@ struct sft_options {
   std::int64_t steps = 1000;
   /// Sequences per step, >= 1.
   std::int64_t batch_size = 32;
+  /// Length grouping, >= 0: when >= 2, the shuffled order is taken a window of
+  /// group_by_length × batch_size examples at a time, each window is sorted by length and
+  /// cut into batches, and the window's batches are served in random order. Every example is
+  /// still seen once per epoch; what changes is that a batch's rows have similar lengths, so
+  /// little of it is padding. Worth it when lengths vary widely (multi-turn episodes: 3x
+  /// fewer padded tokens on file_search depth 2); 0 or 1 = off (plain shuffled batches).
+  std::int64_t group_by_length = 0;
   /// Peak learning rate (after warm-up), > 0.
   double lr = 3e-3;
   /// Linear warm-up, steps, >= 0; clamped to `steps`.
@@ -126,6 +133,15 @@ struct sft_options {
 /// Throws std::invalid_argument naming the first out-of-range field of `o` (see the field
 /// comments); also checks that the preset exists.
 void validate(const sft_options& o);
+
+/// The order in which run_sft visits a pool of `lengths.size()` examples (lengths in tokens,
+/// any unit that orders them): `steps` batches of `batch_size` pool indices, from shuffled
+/// epochs seeded by `seed`, grouped by length when `group_by_length` >= 2 (see
+/// sft_options::group_by_length). Throws std::invalid_argument when the pool is empty or
+/// batch_size < 1.
+std::vector<std::vector<std::size_t>> sft_batch_schedule(const std::vector<std::int64_t>& lengths,
+                                                         std::int64_t steps, std::int64_t batch_size,
+                                                         std::int64_t group_by_length, std::uint64_t seed);
 
 /// The model shape `o` asks for: o.dims, or preset(o.preset).
 model_dims sft_model_dims(const sft_options& o);
