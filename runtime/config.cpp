@@ -598,12 +598,17 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.integer("max_episode_tokens", c.max_episode_tokens, 64, 1 << 30);
   r.number("detour_rate", c.detour_rate, 0.0, 1.0);
   r.choice("wrong_episodes", c.wrong_episodes, {"wander", "give_up"});
+  r.number("wander_share", c.wander_share, 0.0, 1.0);
   r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
   if (c.min_digits > c.max_digits)
     r.conflict("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
                                         c.max_digits));
+  if (c.wander_share > 0.0 && c.wrong_episodes != "give_up")
+    r.conflict("wander_share", fmt::format("wander_share = {} applies to wrong_episodes = \"give_up\"; "
+                                          "with \"{}\" every wrong demonstration wanders",
+                                          c.wander_share, c.wrong_episodes));
   if (c.lo > c.hi)
     r.conflict("lo", fmt::format("lo = {} exceeds hi = {}", c.lo, c.hi));
   if (c.name == "jsonl" && c.path.empty())

@@ -167,6 +167,9 @@ struct task_config {
   /// | "give_up" (the expert, answering "not found" after the first deepest directory
   /// it searched in vain)
   std::string wrong_episodes = "wander";
+  /// file_search with "give_up": share of the wrong demonstrations that wander instead
+  /// (answering "not found" when they answer), [0, 1]; must be 0 with "wander"
+  double wander_share = 0.0;
   double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation

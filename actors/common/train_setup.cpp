@@ -24,6 +24,7 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.file_search.max_episode_tokens = t.max_episode_tokens;
   o.file_search.detour_rate = t.detour_rate;
   o.file_search.wrong_episodes = t.wrong_episodes;
+  o.file_search.wander_share = t.wander_share;
   o.jsonl.path = t.path;
   o.jsonl.eval_path = t.eval_path;
   o.jsonl.match =

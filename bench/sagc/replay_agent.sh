@@ -64,7 +64,7 @@ source "$root/scripts/lib/need.sh"
 need_commands awk:gawk /usr/bin/python3:python3
 [[ -f $config ]] || { echo "$me: no config file $config" >&2; exit 2; }
 # The task and warm start of the config (its model.checkpoint is relative to the file).
-read -r depth dirs files detour turns wrong wrong_episodes config_checkpoint < <(
+read -r depth dirs files detour turns wrong wrong_episodes wander_share config_checkpoint < <(
   /usr/bin/python3 - "$config" <<'PY'
 import os, sys, tomllib
 path = sys.argv[1]
@@ -75,7 +75,7 @@ if ck and not os.path.isabs(ck):
     ck = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ck))
 print(t.get("depth", 2), t.get("max_dirs", 2), t.get("max_files", 2), t.get("detour_rate", 0.1),
       t.get("max_turns", 10), s.get("wrong_fraction", 0.2), t.get("wrong_episodes", "wander"),
-      ck or "-")
+      t.get("wander_share", 0.0), ck or "-")
 PY
 )
 [[ -n $checkpoint ]] || checkpoint=$config_checkpoint
@@ -84,7 +84,7 @@ build_target "$build" sorl_episode_lengths
 source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
   # The scripted warm-start demonstrations, with the config's share and kind of wrong ones.
-  source_args=(wrong="$wrong" wrong_episodes="$wrong_episodes")
+  source_args=(wrong="$wrong" wrong_episodes="$wrong_episodes" wander_share="$wander_share")
 elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl sft $config writes it)" >&2

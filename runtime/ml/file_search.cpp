@@ -37,6 +37,12 @@ void validate(const file_search_options& o) {
   if (o.wrong_episodes != "wander" && o.wrong_episodes != "give_up")
     throw std::invalid_argument("file_search: wrong_episodes must be \"wander\" or \"give_up\", got \""
                                 + o.wrong_episodes + "\"");
+  if (!(o.wander_share >= 0.0 && o.wander_share <= 1.0))
+    throw std::invalid_argument("file_search: wander_share must be in [0, 1], got "
+                                + std::to_string(o.wander_share));
+  if (o.wander_share > 0.0 && o.wrong_episodes != "give_up")
+    throw std::invalid_argument("file_search: wander_share applies to wrong_episodes = \"give_up\" "
+                                "(with \"wander\" every wrong demonstration wanders)");
 }
 
 // `k` distinct indices of [0, n), in a random order (a partial Fisher-Yates shuffle).
@@ -281,10 +287,13 @@ private:
   std::vector<std::string> actions_;
 };
 
-// One action of the wandering policy in the current state.
-std::string wander(const file_search_environment& env, detail::split_mix& rng) {
+// One action of the wandering policy in the current state. Its answers are a random number,
+// or "not found" for the wanderers mixed into give_up demonstrations (their only wrong
+// answer, so that no demonstration answers digits it has not read).
+std::string wander(const file_search_environment& env, detail::split_mix& rng, bool gives_up) {
   if (rng.below(40) == 0)
-    return "answer " + std::to_string(rng.between(1000, 9999));
+    return gives_up ? std::string{"answer not found"}
+                    : "answer " + std::to_string(rng.between(1000, 9999));
   const fs_directory& here = env.tree()[static_cast<std::size_t>(env.cwd())];
   const bool from_vocabulary = rng.below(4) == 0;
   switch (rng.below(4)) {
@@ -312,11 +321,15 @@ std::vector<chat_message> file_search_task::demonstrate(std::uint64_t seed, bool
   // The policies' own randomness is a separate stream from the tree's.
   detail::split_mix rng(detail::mix64(seed ^ 0xA0761D6478BD642FULL));
   std::vector<std::string> plan;
-  const bool wanders = !correct && options_.wrong_episodes == "wander";
+  const bool gives_up = options_.wrong_episodes == "give_up";
+  // The wanderers among give_up's wrong episodes come from a third stream, so that the other
+  // demonstrations stay what they are without wander_share.
+  detail::split_mix share_rng(detail::mix64(seed ^ 0x5DEECE66DULL));
+  const bool wanders = !correct && (!gives_up || share_rng.uniform() < options_.wander_share);
   if (!wanders)
     plan = expert_plan(env, options_.detour_rate, !correct, rng).make();
   for (std::size_t i = 0;; ++i) {
-    chat.push_back({chat_role::assistant, wanders ? wander(env, rng) : plan.at(i)});
+    chat.push_back({chat_role::assistant, wanders ? wander(env, rng, gives_up) : plan.at(i)});
     const env_step s = env.step(chat.back().content);
     if (s.done)
       break;

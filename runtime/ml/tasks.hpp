@@ -195,6 +195,11 @@ struct file_search_options {
   /// "not found" instead of leaving the first deepest directory it searched in vain; an
   /// episode whose key is in that directory stays correct). runtime/ml/file_search.hpp.
   std::string wrong_episodes = "wander";
+  /// With `wrong_episodes = "give_up"`: the share of the wrong demonstrations that wander
+  /// instead, answering "not found" when they answer (1 turn in 40). A warm start taught a
+  /// few of them samples wandering episodes itself, which run into the turn or token budget:
+  /// the long tail that RL then prunes. In [0, 1]; must be 0 with "wander".
+  double wander_share = 0.0;
 };
 
 /// How a "jsonl" task compares a completion with the reference answer.

@@ -23,6 +23,15 @@ namespace {
 //   /docs/src  notes.txt config.ini
 constexpr std::uint64_t seed7 = 7;
 
+// The policy's actions of a transcript, in order.
+std::vector<std::string> actions_of(const std::vector<chat_message>& chat) {
+  std::vector<std::string> out;
+  for (const auto& m : chat)
+    if (m.role == chat_role::assistant)
+      out.push_back(m.content);
+  return out;
+}
+
 std::string observe(file_search_environment& env, std::string_view action) {
   const env_step s = env.step(action);
   CHECK_FALSE(s.done);
@@ -148,6 +157,12 @@ TEST_CASE("file_search options out of range are rejected by name") {
                     Catch::Contains("detour_rate"));
   CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.wrong_episodes = "quit"; }), 0),
                     Catch::Contains("wrong_episodes"));
+  CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.wrong_episodes = "give_up";
+                                                        o.wander_share = -0.1; }), 0),
+                    Catch::Contains("wander_share"));
+  // "wander" already makes every wrong demonstration wander: a share there is a mistake.
+  CHECK_THROWS_WITH(file_search_task(with([](auto& o) { o.wander_share = 0.5; }), 0),
+                    Catch::Contains("wander_share"));
 }
 
 TEST_CASE("file_search trees are a function of the seed and hide the key at the deepest level") {
@@ -208,13 +223,6 @@ TEST_CASE("a give_up demonstration answers not found where the expert leaves the
   o.detour_rate = 0.0;
   o.wrong_episodes = "give_up";
   const file_search_task task(o, 0);
-  auto actions_of = [](const std::vector<chat_message>& chat) {
-    std::vector<std::string> out;
-    for (const auto& m : chat)
-      if (m.role == chat_role::assistant)
-        out.push_back(m.content);
-    return out;
-  };
   // Episode seed 5: /src holds src/ and logs/; the key 4831 is in /src/logs/data.csv, so the
   // expert reads /src/src/log.txt in vain, goes back up and on to /src/logs.
   const std::vector<std::string> expert{"ls",      "cd src",       "ls",     "cd src",
@@ -255,6 +263,55 @@ TEST_CASE("a give_up demonstration answers not found where the expert leaves the
   // depth 2 with up to two directories per level, estimated on 4000 episodes).
   CHECK(failed >= 150);
   CHECK(failed <= 250);
+}
+
+TEST_CASE("give_up with a wander_share: that share of the wrong demonstrations wanders and only answers not found") {
+  file_search_options o;
+  o.wrong_episodes = "give_up";
+  auto answers_only_not_found = [](const std::vector<std::string>& actions) {
+    for (const auto& a : actions)
+      if (a.rfind("answer", 0) == 0 && a != "answer not found")
+        return false;
+    return true;
+  };
+  // Share 1: every wrong demonstration wanders, including those whose key is in the first
+  // deepest directory; none answers digits, so none is correct. A wanderer answers with
+  // probability 1/40 per turn: P(at most 9 turns) = 1 - (39/40)^9 = 0.204, 81.5 of 400
+  // expected (sd 8.1); the rest run 10 turns or more, up to the 60-turn budget.
+  o.wander_share = 1.0;
+  const file_search_task all(o, 3);
+  const auto wanderers = make_episode_demonstrations(all, task_split::train, 0, 400, 1.0, 9);
+  std::size_t short_ones = 0;
+  for (const auto& d : wanderers) {
+    const auto actions = actions_of(d.chat);
+    CHECK_FALSE(d.correct);
+    CHECK(answers_only_not_found(actions));
+    CHECK(actions.size() <= 60);
+    short_ones += actions.size() <= 9;
+  }
+  CHECK(short_ones >= 55);
+  CHECK(short_ones <= 110);
+  // Share 0.25: about a quarter of the wrong demonstrations wander (100 of 400 expected, sd
+  // 8.7). Correct demonstrations are the expert's, whatever the share.
+  o.wander_share = 0.25;
+  const file_search_task some(o, 3);
+  o.wander_share = 0.0;
+  const file_search_task none(o, 3);
+  const auto mixed = make_episode_demonstrations(some, task_split::train, 0, 400, 1.0, 9);
+  const auto plain = make_episode_demonstrations(none, task_split::train, 0, 400, 1.0, 9);
+  std::size_t wandered = 0;
+  for (std::size_t i = 0; i < mixed.size(); ++i) {
+    const std::uint64_t episode = some.episode_seed(task_split::train, i);
+    const auto right = actions_of(some.demonstrate(episode, true));
+    CHECK(right == actions_of(none.demonstrate(episode, true)));
+    const auto wrong = actions_of(mixed[i].chat);
+    // (A give_up demonstration whose key is in the first deepest directory answers it.)
+    CHECK((mixed[i].correct || answers_only_not_found(wrong)));
+    // The others are give_up's demonstration, exactly as without a share.
+    wandered += wrong != actions_of(plain[i].chat);
+  }
+  CHECK(wandered >= 70);
+  CHECK(wandered <= 125);
 }
 
 TEST_CASE("environment turns of a file_search episode are masked from the loss") {

@@ -211,6 +211,14 @@ TEST_CASE("task.wrong_episodes is read and an unknown kind is located at its key
   CHECK(e.line == 2);
   CHECK(e.key == "task.wrong_episodes");
   CHECK_THAT(e.message, Catch::Contains("give_up"));
+  CHECK(parse_config("[task]\nname = \"file_search\"\nwrong_episodes = \"give_up\"\nwander_share = 0.1\n"
+                       + std::string{minimal},
+                     "test.toml", roles, ".").task.wander_share == 0.1);
+  // A share only makes sense next to give_up; with the default "wander" it is refused.
+  e = only_error("[task]\nname = \"file_search\"\nwander_share = 0.1\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "task.wander_share");
+  CHECK_THAT(e.message, Catch::Contains("give_up"));
 }
 
 TEST_CASE("algorithm.lr = 0, a frozen-policy baseline, is accepted") {

@@ -9,7 +9,8 @@
 // seed=N (task seed, default 1)  max_turns=N (default: the task's)  depth=N, dirs=N,
 // files=N, detour=X (file_search's depth, max_dirs, max_files, detour_rate; defaults 2, 2,
 // 2, 0.1)  wrong=X (share of wrong demonstrations, default 0.3)
-// wrong_episodes=wander|give_up (what they do, default wander)  checkpoint=ROOT (sample episodes from the latest
+// wrong_episodes=wander|give_up (what they do, default wander)  wander_share=X (with give_up,
+// the share of wrong ones that wander instead, default 0)  checkpoint=ROOT (sample episodes from the latest
 // checkpoint under ROOT instead, at temperature 1)  preset=NAME (default tiny-2k)
 // max_new=N (tokens per action, default 16)  split=train|eval (default train)
 // out=FILE (also write each episode's length to FILE: a header line "tokens,turns", then one
@@ -83,6 +84,7 @@ int main(int argc, char** argv) try {
     else if (key == "files") to.file_search.max_files = std::stoi(value);
     else if (key == "detour") to.file_search.detour_rate = std::stod(value);
     else if (key == "wrong_episodes") to.file_search.wrong_episodes = value;
+    else if (key == "wander_share") to.file_search.wander_share = std::stod(value);
     else if (key == "greedy") greedy = value == "1" || value == "true";
     else if (key == "split") split = value == "eval" ? task_split::eval : task_split::train;
     else {

@@ -10,7 +10,7 @@
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
 // preset=NAME (model.hpp)  operators=+-  negative=0|1  wrong_answers=near|dropped_carry
 // (arithmetic options)
-// depth=N  dirs=N  files=N  detour=X  max_turns=N  wrong_episodes=wander|give_up
+// depth=N  dirs=N  files=N  detour=X  max_turns=N  wrong_episodes=wander|give_up  wander_share=X
 // (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
 // layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
@@ -69,6 +69,7 @@ int main(int argc, char** argv) try {
     else if (key == "detour") o.task_config.file_search.detour_rate = std::stod(value);
     else if (key == "max_turns") o.task_config.file_search.max_turns = std::stoi(value);
     else if (key == "wrong_episodes") o.task_config.file_search.wrong_episodes = value;
+    else if (key == "wander_share") o.task_config.file_search.wander_share = std::stod(value);
     else {
       std::fprintf(stderr, "unknown key '%s'\n", key.c_str());
       return 2;
