@@ -96,8 +96,10 @@ private:
 /// where it would leave the first deepest directory it searched in vain it answers
 /// "answer not found" (reward 0); when the key is in that directory the demonstration is the
 /// expert's. A policy taught a share of such episodes still samples the persistence the rest
-/// show, which is what RL can then reinforce. (A guessed number instead of "not found" kept
-/// a 1000-step warm start from learning to copy the key it read: 1 of 20 solved greedily.)
+/// show, which is what RL can then reinforce. With "give_up", `wander_share` of the wrong
+/// demonstrations wander instead, answering "not found" where the wanderer answers. (A
+/// guessed number instead of "not found" kept a 1000-step warm start from learning to copy
+/// the key it read: 1 of 20 solved greedily.)
 class file_search_task final
   : public seeded_environment_task<file_search_environment, file_search_options> {
 public:

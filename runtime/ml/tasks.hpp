@@ -197,8 +197,9 @@ struct file_search_options {
   std::string wrong_episodes = "wander";
   /// With `wrong_episodes = "give_up"`: the share of the wrong demonstrations that wander
   /// instead, answering "not found" when they answer (1 turn in 40). A warm start taught a
-  /// few of them samples wandering episodes itself, which run into the turn or token budget:
-  /// the long tail that RL then prunes. In [0, 1]; must be 0 with "wander".
+  /// few of them samples wandering episodes itself, which mostly run into the turn or token
+  /// budget: a long tail of episode lengths (README.md, the agent's status, measures one).
+  /// In [0, 1]; must be 0 with "wander".
   double wander_share = 0.0;
 };
 
