@@ -4,6 +4,8 @@
 #include "runtime/ml/tokenizer.hpp"
 #include "actors/sagc/timing.hpp"
 
+#include "tests/ml/chat_test_util.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <vector>
 
 using namespace sorl::ml;
+using sorl::ml::test::actions_of;
 
 namespace {
 
@@ -22,15 +25,6 @@ namespace {
 //   /etc/logs  index.html
 //   /docs/src  notes.txt config.ini
 constexpr std::uint64_t seed7 = 7;
-
-// The policy's actions of a transcript, in order.
-std::vector<std::string> actions_of(const std::vector<chat_message>& chat) {
-  std::vector<std::string> out;
-  for (const auto& m : chat)
-    if (m.role == chat_role::assistant)
-      out.push_back(m.content);
-  return out;
-}
 
 std::string observe(file_search_environment& env, std::string_view action) {
   const env_step s = env.step(action);

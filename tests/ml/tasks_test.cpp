@@ -4,6 +4,8 @@
 #include "runtime/ml/tasks_arithmetic.hpp"
 #include "runtime/ml/tasks_random.hpp"
 
+#include "tests/ml/chat_test_util.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include <string>
 
 using namespace sorl::ml;
+using sorl::ml::test::actions_of;
 
 namespace {
 
@@ -337,29 +340,21 @@ std::uint64_t seed_with_target(const number_guess_options& opt, std::int64_t tar
   }
 }
 
-std::vector<std::string> actions(const std::vector<chat_message>& chat) {
-  std::vector<std::string> out;
-  for (const auto& m : chat)
-    if (m.role == chat_role::assistant)
-      out.push_back(m.content);
-  return out;
-}
-
 } // namespace
 
 TEST_CASE("the expert demonstration bisects", "[tasks][env]") {
   const number_guess_options opt{1, 100, 10};
   const number_guess_task task(opt, 0);
   const auto low = task.demonstrate(seed_with_target(opt, 1), true);
-  CHECK(actions(low) == std::vector<std::string>{"50", "25", "12", "6", "3", "1"});
+  CHECK(actions_of(low) == std::vector<std::string>{"50", "25", "12", "6", "3", "1"});
   REQUIRE(low.size() == 12); // the first observation, 6 actions, 5 feedback turns
   CHECK(low[0].role == chat_role::user);
   CHECK(low[0].content == "guess 1..100");
   CHECK(low[2].content == "lower");
   const auto high = task.demonstrate(seed_with_target(opt, 100), true);
-  CHECK(actions(high) == std::vector<std::string>{"50", "75", "88", "94", "97", "99", "100"});
+  CHECK(actions_of(high) == std::vector<std::string>{"50", "75", "88", "94", "97", "99", "100"});
   CHECK(high[2].content == "higher");
-  CHECK(actions(task.demonstrate(seed_with_target(opt, 50), true))
+  CHECK(actions_of(task.demonstrate(seed_with_target(opt, 50), true))
         == std::vector<std::string>{"50"});
 }
 
@@ -384,13 +379,13 @@ TEST_CASE("episode demonstrations carry the requested share of wrong ones", "[ta
   for (std::size_t i = 0; i < demos.size(); ++i) {
     wrong += !demos[i].correct;
     drawn_wrong +=
-      actions(demos[i].chat)
-      != actions(task.demonstrate(task.episode_seed(task_split::train, i), true));
+      actions_of(demos[i].chat)
+      != actions_of(task.demonstrate(task.episode_seed(task_split::train, i), true));
     // Replaying the actions on the same episode reproduces the outcome.
     auto env = task.make_environment();
     env->reset(task.episode_seed(task_split::train, i));
     env_step s;
-    for (const auto& a : actions(demos[i].chat))
+    for (const auto& a : actions_of(demos[i].chat))
       s = env->step(a);
     CHECK(s.done);
     CHECK(s.reward == (demos[i].correct ? 1.0 : 0.0));
