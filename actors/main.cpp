@@ -1,5 +1,7 @@
-// The sorl command line: `sorl train`, `sorl node`, `sorl check`, `sorl roles`.
+// The sorl command line: `sorl train`, `sorl sft`, `sorl node`, `sorl check`,
+// `sorl convert-gguf`, `sorl roles`, `sorl metrics`.
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/gguf_import.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
 #include "runtime/config_resolved.hpp"
@@ -336,6 +339,17 @@ int main(int argc, char** argv) {
   auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");
   check->add_option("config", check_config, "experiment + topology TOML")->required();
 
+  std::string gguf_in, hf_out, hf_dtype = "bf16";
+  auto* convert_gguf = app.add_subcommand(
+    "convert-gguf", "Convert a llama.cpp GGUF model (Llama or Qwen2; F32, F16, BF16, Q4_0, Q4_1\n"
+                    "or Q8_0 tensors, dequantised) into a Hugging Face model directory");
+  convert_gguf->add_option("gguf", gguf_in, "the .gguf file")->required();
+  convert_gguf->add_option("out", hf_out, "output directory (config.json, model.safetensors, ...)")
+    ->required();
+  convert_gguf->add_option("--dtype", hf_dtype, "weights' dtype in the output: bf16 or fp32")
+    ->check(CLI::IsMember({"bf16", "fp32"}))
+    ->capture_default_str();
+
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
   auto* metrics =
     app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
@@ -358,6 +372,25 @@ int main(int argc, char** argv) {
     for (const auto& r : sorl::builtin_roles())
       fmt::print("{:<16} {}\n", r.name, r.summary);
     return 0;
+  }
+  if (convert_gguf->parsed()) {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      const auto conv = sorl::ml::convert_gguf_to_hf(
+        gguf_in, hf_out, hf_dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+      const auto& c = conv.config;
+      const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fmt::print("{}: {} model, {} layers, d_model {}, {} / {} heads, vocab {}, {} parameters "
+                 "({:.1f} s){}\n",
+                 hf_out, sorl::ml::hf_model_type(c.family), c.dims.n_layers, c.dims.d_model,
+                 c.dims.n_heads, c.dims.n_kv_heads, c.dims.vocab, c.dims.parameter_count(), s,
+                 conv.tokenizer ? "" : "; the file has no tokenizer, none written");
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "sorl convert-gguf: " << e.what() << '\n';
+      return 1;
+    }
   }
   if (metrics->parsed()) {
     fmt::print("{}", sorl::metric::markdown());

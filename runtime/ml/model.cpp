@@ -50,6 +50,20 @@ void model_dims::validate() const {
     throw std::invalid_argument(fmt::format("model_dims.rope_theta must be > 0, got {}", rope_theta));
   if (!(norm_eps > 0.0))
     throw std::invalid_argument(fmt::format("model_dims.norm_eps must be > 0, got {}", norm_eps));
+  const rope_scaling_config& rs = rope_scaling;
+  if (rs.type != rope_scaling_config::kind::none && !(rs.factor > 0.0 && std::isfinite(rs.factor)))
+    throw std::invalid_argument(
+        fmt::format("model_dims.rope_scaling.factor must be finite and > 0, got {}", rs.factor));
+  if (rs.type == rope_scaling_config::kind::llama3) {
+    if (!(rs.low_freq_factor > 0.0 && rs.high_freq_factor > rs.low_freq_factor &&
+          std::isfinite(rs.high_freq_factor)))
+      throw std::invalid_argument(fmt::format(
+          "model_dims.rope_scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+          rs.low_freq_factor, rs.high_freq_factor));
+    if (rs.original_max_position <= 0)
+      throw std::invalid_argument(fmt::format(
+          "model_dims.rope_scaling.original_max_position must be > 0, got {}", rs.original_max_position));
+  }
 }
 
 model_dims preset(std::string_view name) {
@@ -86,26 +100,75 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t max_seq, std::int64_t head_dim,
-                                              double theta, c10::Device device) {
-  TORCH_CHECK(max_seq > 0 && head_dim > 0 && head_dim % 2 == 0,
-              "rope_tables: need max_seq > 0 and an even head_dim > 0, got max_seq=", max_seq,
-              " head_dim=", head_dim);
-  const std::int64_t half = head_dim / 2;
+namespace {
+
+std::vector<double> plain_inv_freq(std::int64_t head_dim, double theta) {
+  std::vector<double> f(static_cast<std::size_t>(head_dim / 2));
+  for (std::size_t i = 0; i < f.size(); ++i)
+    f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  return f;
+}
+
+std::pair<at::Tensor, at::Tensor> tables_of(std::int64_t max_seq, const std::vector<double>& inv_freq,
+                                            c10::Device device) {
+  const auto half = static_cast<std::int64_t>(inv_freq.size());
   // Double precision here: fp32 angles lose ~pos * 1e-7 rad, visible at long positions.
   at::Tensor cos = at::empty({max_seq, half}, at::kDouble);
   at::Tensor sin = at::empty({max_seq, half}, at::kDouble);
   auto* c = cos.data_ptr<double>();
   auto* s = sin.data_ptr<double>();
   for (std::int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
     for (std::int64_t p = 0; p < max_seq; ++p) {
-      const double angle = static_cast<double>(p) * inv_freq;
+      const double angle = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
       c[p * half + i] = std::cos(angle);
       s[p * half + i] = std::sin(angle);
     }
   }
   return {cos.to(device, at::kFloat), sin.to(device, at::kFloat)};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t max_seq, std::int64_t head_dim,
+                                              double theta, c10::Device device) {
+  TORCH_CHECK(max_seq > 0 && head_dim > 0 && head_dim % 2 == 0,
+              "rope_tables: need max_seq > 0 and an even head_dim > 0, got max_seq=", max_seq,
+              " head_dim=", head_dim);
+  return tables_of(max_seq, plain_inv_freq(head_dim, theta), device);
+}
+
+std::vector<double> rope_inv_freq(const model_dims& dims) {
+  dims.validate();
+  std::vector<double> f = plain_inv_freq(dims.head_dim(), dims.rope_theta);
+  const rope_scaling_config& rs = dims.rope_scaling;
+  switch (rs.type) {
+    case rope_scaling_config::kind::none:
+      break;
+    case rope_scaling_config::kind::linear:
+      for (double& x : f) x /= rs.factor;
+      break;
+    case rope_scaling_config::kind::llama3: {
+      const double pi = std::acos(-1.0);
+      const auto original = static_cast<double>(rs.original_max_position);
+      const double low_freq_wavelen = original / rs.low_freq_factor;
+      const double high_freq_wavelen = original / rs.high_freq_factor;
+      for (double& x : f) {
+        const double wavelen = 2.0 * pi / x;
+        if (wavelen > low_freq_wavelen) {
+          x /= rs.factor;
+        } else if (wavelen >= high_freq_wavelen) {
+          const double s = (original / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+          x = (1.0 - s) * x / rs.factor + s * x;
+        }
+      }
+      break;
+    }
+  }
+  return f;
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const model_dims& dims, c10::Device device) {
+  return tables_of(dims.max_seq, rope_inv_freq(dims), device);
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -281,7 +344,7 @@ policy_model::policy_model(const model_dims& dims, std::uint64_t seed, double in
   }
   ps.emplace_back("model.norm.weight", ones(d));
   if (!dims.tie_embeddings) ps.emplace_back("lm_head.weight", normal(dims.vocab, d));
-  std::tie(m.rope_cos, m.rope_sin) = rope_tables(dims.max_seq, hd, dims.rope_theta, device);
+  std::tie(m.rope_cos, m.rope_sin) = rope_tables(dims, device);
   m.bind();
 }
 
@@ -324,7 +387,8 @@ void policy_model::copy_weights_from(const policy_model& source) {
   const model_dims& b = source.dims();
   if (a.vocab != b.vocab || a.d_model != b.d_model || a.n_layers != b.n_layers ||
       a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads || a.d_ff != b.d_ff ||
-      a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias)
+      a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias ||
+      a.rope_theta != b.rope_theta || !(a.rope_scaling == b.rope_scaling))
     throw std::invalid_argument("policy_model::copy_weights_from: source has different dims");
   at::NoGradGuard no_grad;
   const auto& src = source.parameters();

@@ -22,6 +22,28 @@ class kv_cache;
 /// Handle of one kv_cache sequence; never reused within a cache.
 using seq_id = std::int64_t;
 
+/// How RoPE frequencies are rescaled for contexts past the pretraining length, as Hugging Face
+/// `rope_scaling` says. Only the kinds that change nothing but the frequencies are here:
+/// "dynamic" (NTK, which depends on the running sequence length), "yarn" and "longrope" are
+/// refused where a config is read (runtime/ml/hf_model.hpp).
+struct rope_scaling_config {
+  enum class kind {
+    none,    ///< inv_freq_i = theta^(-2i/head_dim)
+    linear,  ///< inv_freq_i / factor (Chen et al. 2023, position interpolation)
+    llama3,  ///< Llama 3.1's band-wise rule: low frequencies / factor, high kept, a ramp between
+  };
+  kind type = kind::none;
+  double factor = 1.0;           ///< linear, llama3: how much longer the context is; > 0
+  double low_freq_factor = 1.0;  ///< llama3: wavelengths over original / this are scaled
+  double high_freq_factor = 4.0; ///< llama3: wavelengths under original / this are kept
+  std::int64_t original_max_position = 8192;  ///< llama3: pretraining context, tokens
+
+  bool operator==(const rope_scaling_config& o) const noexcept {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_max_position == o.original_max_position;
+  }
+};
+
 /// Shape of a policy model. Plain data: the TOML `[model]` section is parsed into this at the
 /// entry point. Field names follow Hugging Face `LlamaConfig` where one exists.
 struct model_dims {
@@ -36,6 +58,7 @@ struct model_dims {
   double norm_eps = 1e-5;         ///< RMSNorm epsilon (Zhang & Sennrich 2019)
   bool tie_embeddings = true;     ///< LM head reuses model.embed_tokens.weight
   bool qkv_bias = false;          ///< q/k/v projections carry a bias (Qwen2 does, Llama does not)
+  rope_scaling_config rope_scaling; ///< RoPE frequency rescaling (none by default)
 
   /// Per-head width, d_model / n_heads.
   std::int64_t head_dim() const noexcept { return d_model / n_heads; }
@@ -82,6 +105,19 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 /// [max_seq, head_dim/2] fp32 on `device`.
 std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t max_seq, std::int64_t head_dim,
                                               double theta, c10::Device device = c10::kCPU);
+
+/// The RoPE inverse frequencies of `dims` after its rope_scaling, in double: head_dim/2 values,
+/// radians per position. Without scaling inv_freq_i = rope_theta^(-2i/head_dim) (RoFormer
+/// eq. 15); "llama3" follows Llama 3.1's reference code (Meta, `apply_scaling` in its
+/// model.py; Hugging Face `_compute_llama3_parameters`): wavelength 2π/f above
+/// original/low_freq_factor is divided by factor, below original/high_freq_factor kept, and in
+/// between interpolated with s = (original/wavelength - low) / (high - low):
+/// f' = (1 - s) f / factor + s f.
+std::vector<double> rope_inv_freq(const model_dims& dims);
+
+/// rope_tables of `dims` (max_seq, head_dim, rope_theta and rope_scaling). Returns {cos, sin},
+/// each [max_seq, head_dim/2] fp32 on `device`. Throws std::invalid_argument for bad dims.
+std::pair<at::Tensor, at::Tensor> rope_tables(const model_dims& dims, c10::Device device = c10::kCPU);
 
 /// Rotates x by its positions in the Hugging Face "rotate_half" layout: the first and second
 /// halves of each head are the (real, imaginary) parts, out = (x1 c - x2 s, x2 c + x1 s).

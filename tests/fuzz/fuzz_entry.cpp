@@ -22,6 +22,9 @@
 #include "messages/train.capnp.h"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
+#include "runtime/ml/gguf.hpp"
+#include "runtime/ml/gguf_import.hpp"
+#include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/jsonl_task.hpp"
 #include "runtime/ml/safetensors.hpp"
 #include "runtime/sync/delta_codec.hpp"
@@ -310,6 +313,115 @@ std::vector<std::string> safetensors_seeds() {
   return out;
 }
 
+// -- GGUF model files ------------------------------------------------------------------------
+
+outcome run_gguf(const uint8_t* data, size_t size) {
+  try {
+    const auto f = ml::gguf_file::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz.gguf");
+    for (const auto& t : f.tensors())
+      if (ml::ggml_type_dequantizable(t.type) && t.numel() <= (1 << 20)) {
+        const at::Tensor x = f.dequantize(t.name);
+        if (x.numel() != t.numel())
+          broken_promise(fmt::format("tensor '{}' dequantised to {} of {} elements", t.name, x.numel(), t.numel()));
+      }
+    if (const auto* arch = f.find("general.architecture"); arch != nullptr && arch->string() != nullptr) {
+      const auto config = ml::gguf_model_config(f);
+      // Small models only: the converter's cost is the model's size, which the tensors
+      // confirm before it is allocated, so a large claim is refused or costs file-sized work.
+      if (config.dims.parameter_count() <= (1 << 20)) (void)ml::gguf_to_model(f, 256);
+    }
+  } catch (const ml::gguf_error& e) {
+    return refused(e.what());
+  }
+  return accepted();
+}
+
+// Small models written as llama.cpp writes them: every metadata key the converter reads, F32
+// tensors under llama.cpp's names; a tied Llama and a Qwen2 with q/k/v biases and its own
+// output head.
+std::vector<std::string> gguf_seeds() {
+  auto le32 = [](std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  auto le64 = [](std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
+  auto str = [&](const std::string& s) { return le64(s.size()) + s; };
+  auto f32 = [&](float x) { return std::string(reinterpret_cast<const char*>(&x), 4); };
+  const std::uint32_t d = 8, ff = 16, vocab = 6, heads = 2;
+  std::vector<std::string> out;
+  for (const std::string arch : {"llama", "qwen2"}) {
+    const bool qwen = arch == "qwen2";
+    std::vector<std::string> kvs = {
+      str("general.architecture") + le32(8) + str(arch),
+      str(arch + ".block_count") + le32(4) + le32(1),
+      str(arch + ".context_length") + le32(4) + le32(64),
+      str(arch + ".embedding_length") + le32(4) + le32(d),
+      str(arch + ".feed_forward_length") + le32(4) + le32(ff),
+      str(arch + ".attention.head_count") + le32(4) + le32(heads),
+      str(arch + ".attention.head_count_kv") + le32(4) + le32(1),
+      str(arch + ".rope.freq_base") + le32(6) + f32(10000.0f),
+      str(arch + ".attention.layer_norm_rms_epsilon") + le32(6) + f32(1e-5f),
+      str(arch + ".vocab_size") + le32(4) + le32(vocab),
+    };
+    std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors = {
+      {"token_embd.weight", {d, vocab}},        {"output_norm.weight", {d}},
+      {"blk.0.attn_q.weight", {d, d}},          {"blk.0.attn_k.weight", {d, 4}},
+      {"blk.0.attn_v.weight", {d, 4}},          {"blk.0.attn_output.weight", {d, d}},
+      {"blk.0.ffn_gate.weight", {d, ff}},       {"blk.0.ffn_up.weight", {d, ff}},
+      {"blk.0.ffn_down.weight", {ff, d}},       {"blk.0.attn_norm.weight", {d}},
+      {"blk.0.ffn_norm.weight", {d}},
+    };
+    if (qwen) {
+      tensors.push_back({"blk.0.attn_q.bias", {d}});
+      tensors.push_back({"blk.0.attn_k.bias", {4}});
+      tensors.push_back({"blk.0.attn_v.bias", {4}});
+      tensors.push_back({"output.weight", {d, vocab}});
+    }
+    std::string file = "GGUF" + le32(3) + le64(tensors.size()) + le64(kvs.size());
+    for (const auto& kv : kvs) file += kv;
+    std::string data;
+    for (const auto& [name, ne] : tensors) {
+      file += str(name) + le32(static_cast<std::uint32_t>(ne.size()));
+      std::uint64_t n = 1;
+      for (auto x : ne) {
+        file += le64(x);
+        n *= x;
+      }
+      file += le32(0) + le64(data.size());
+      for (std::uint64_t i = 0; i < n; ++i) data += f32(0.01f * static_cast<float>(i % 17) - 0.05f);
+      data.append((32 - data.size() % 32) % 32, '\0');
+    }
+    file.append((32 - file.size() % 32) % 32, '\0');
+    out.push_back(file + data);
+  }
+  return out;
+}
+
+// -- Hugging Face config.json ------------------------------------------------------------------
+
+outcome run_hf_config(const uint8_t* data, size_t size) {
+  try {
+    const auto c = ml::parse_hf_config(std::string_view(reinterpret_cast<const char*>(data), size), "config.json");
+    // What a loader does next with it: the tensor list, from sizes alone.
+    (void)ml::hf_parameter_shapes(c.dims);
+  } catch (const ml::checkpoint_error& e) {
+    return refused(e.what());
+  }
+  return accepted();
+}
+
+std::vector<std::string> hf_config_seeds() {
+  ml::hf_model_config c;
+  c.dims = ml::preset("tiny");
+  c.max_position_embeddings = 512;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2, 3};
+  std::vector<std::string> out{ml::hf_config_json(c, "bfloat16")};
+  c.family = ml::hf_family::qwen2;
+  c.dims.qkv_bias = true;
+  c.dims.rope_scaling.type = ml::rope_scaling_config::kind::llama3;
+  c.dims.rope_scaling.factor = 8.0;
+  out.push_back(ml::hf_config_json(c, "float32"));
+  return out;
+}
+
 // -- JSONL tasks -----------------------------------------------------------------------------
 
 outcome run_jsonl(const uint8_t* data, size_t size) {
@@ -364,6 +476,8 @@ const std::vector<target>& targets() {
     {"toml", run_toml, toml_seeds},
     {"safetensors", run_safetensors, safetensors_seeds},
     {"jsonl", run_jsonl, jsonl_seeds},
+    {"gguf", run_gguf, gguf_seeds},
+    {"hf_config", run_hf_config, hf_config_seeds},
   };
   return all;
 }

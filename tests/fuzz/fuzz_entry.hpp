@@ -34,7 +34,9 @@ struct target {
 
 /// envelope (CAF wire form of sorl::envelope, then opened as its schema and read in full),
 /// delta (a sparse weight-delta bucket against a fixed model), toml (an experiment config),
-/// safetensors (a checkpoint file), jsonl (a task file, in both answer modes).
+/// safetensors (a checkpoint file), jsonl (a task file, in both answer modes), gguf (a
+/// llama.cpp model file, dequantised and converted when small), hf_config (a Hugging Face
+/// config.json).
 const std::vector<target>& targets();
 
 /// The target called `name`; throws std::invalid_argument for an unknown name.

@@ -53,6 +53,17 @@ inline std::vector<std::int32_t> tokens(std::int64_t n, std::int64_t vocab, std:
   return out;
 }
 
+/// A model of `d` whose every parameter is random: weights as small_init_std gives them, and
+/// the 1-D ones (norm weights, biases; constant at init) ~ N(1, 0.3^2), so that a norm or bias
+/// that is dropped or swapped shows in the logits.
+inline policy_model random_policy(const model_dims& d, std::uint64_t seed) {
+  policy_model m(d, seed, small_init_std);
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : m.parameters())
+    if (t.dim() == 1) t.normal_(1.0, 0.3);
+  return m;
+}
+
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
