@@ -1,11 +1,12 @@
 // The sorl command line: `sorl train`, `sorl sft`, `sorl node`, `sorl check`,
-// `sorl convert-gguf`, `sorl roles`, `sorl metrics`.
+// `sorl convert-gguf`, `sorl export-hf`, `sorl roles`, `sorl metrics`.
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -350,6 +351,19 @@ int main(int argc, char** argv) {
     ->check(CLI::IsMember({"bf16", "fp32"}))
     ->capture_default_str();
 
+  std::string export_config, export_out, export_checkpoint, export_dtype = "bf16";
+  auto* export_hf = app.add_subcommand(
+    "export-hf", "Write CONFIG's policy from a checkpoint as a Hugging Face model directory\n"
+                 "(config.json, model.safetensors, tokenizer.json, tokenizer_config.json)");
+  export_hf->add_option("config", export_config, "experiment TOML (its [model] preset)")->required();
+  export_hf->add_option("out", export_out, "output directory")->required();
+  export_hf->add_option("--checkpoint", export_checkpoint,
+                        "a checkpoint step directory or root (default: the run's latest "
+                        "checkpoint, else model.checkpoint)");
+  export_hf->add_option("--dtype", export_dtype, "weights' dtype in the output: bf16 or fp32")
+    ->check(CLI::IsMember({"bf16", "fp32"}))
+    ->capture_default_str();
+
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
   auto* metrics =
     app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
@@ -389,6 +403,45 @@ int main(int argc, char** argv) {
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "sorl convert-gguf: " << e.what() << '\n';
+      return 1;
+    }
+  }
+  if (export_hf->parsed()) {
+    auto cfg = load_or_exit(export_config);
+    try {
+      fs::path dir;
+      std::string from;
+      auto step_dir = [](const fs::path& p) -> std::optional<fs::path> {
+        if (fs::exists(p / "state.json"))
+          return p;
+        return sorl::ml::latest_checkpoint(p);
+      };
+      if (!export_checkpoint.empty()) {
+        auto d = step_dir(export_checkpoint);
+        if (!d)
+          throw std::runtime_error(fmt::format("--checkpoint {}: no checkpoint there", export_checkpoint));
+        dir = *d;
+      } else if (auto run = step_dir(fs::path{cfg.run.run_dir()} / "checkpoints")) {
+        dir = *run;
+      } else if (!cfg.model.checkpoint.empty()) {
+        auto warm = step_dir(cfg.model.checkpoint);
+        if (!warm)
+          throw std::runtime_error(fmt::format("no checkpoint under {}/checkpoints or model.checkpoint {} "
+                                               "(run `sorl train` or `sorl sft` first)",
+                                               cfg.run.run_dir(), cfg.model.checkpoint));
+        dir = *warm;
+      } else {
+        throw std::runtime_error(
+          fmt::format("no checkpoint under {}/checkpoints and no model.checkpoint", cfg.run.run_dir()));
+      }
+      sorl::ml::policy_model model(sorl::model_dims_from(cfg), cfg.run.seed);
+      sorl::ml::load_checkpoint(dir, model.parameters());
+      sorl::ml::save_hf_byte_model(model, export_out, export_dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+      fmt::print("{}: {} model from {} ({} parameters, {})\n", export_out, cfg.model.preset, dir.string(),
+                 model.dims().parameter_count(), export_dtype);
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "sorl export-hf: " << e.what() << '\n';
       return 1;
     }
   }

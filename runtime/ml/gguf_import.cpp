@@ -1,5 +1,7 @@
 #include "runtime/ml/gguf_import.hpp"
 
+#include "runtime/ml/tokenizer_json.hpp"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -178,9 +180,7 @@ constexpr const char* llama3_pattern =
 constexpr const char* qwen2_pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-ojson byte_level(bool use_regex) {
-  return ojson{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
-}
+ojson byte_level(bool use_regex) { return byte_level_component(use_regex, true); }
 
 ojson split(const char* pattern) {
   return ojson{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
@@ -233,14 +233,7 @@ std::string gguf_tokenizer_json(const gguf_file& f) {
   ojson vocab = ojson::object();
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::int64_t type = types.empty() ? 1 : types[i];
-    if (type == 3 || type == 4)
-      added.push_back({{"id", i},
-                       {"content", tokens[i]},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", type == 4},
-                       {"special", type == 3}});
+    if (type == 3 || type == 4) added.push_back(added_token_entry(static_cast<std::int64_t>(i), tokens[i], type == 3));
     if (vocab.contains(tokens[i]))
       throw gguf_error(f.label(), fmt::format("metadata 'tokenizer.ggml.tokens': '{}' appears twice (ids {} and {})",
                                               tokens[i], vocab[tokens[i]].get<std::int64_t>(), i));
@@ -248,25 +241,8 @@ std::string gguf_tokenizer_json(const gguf_file& f) {
   }
   ojson merge_list = ojson::array();
   for (const auto& m : merges) merge_list.push_back(m);
-  ojson j;
-  j["version"] = "1.0";
-  j["truncation"] = nullptr;
-  j["padding"] = nullptr;
-  j["added_tokens"] = added;
-  j["normalizer"] = normalizer;
-  j["pre_tokenizer"] = pre_tokenizer;
-  j["post_processor"] = byte_level(true);
-  j["decoder"] = byte_level(true);
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", pre == "llama-bpe"},
-                {"vocab", vocab},
-                {"merges", merge_list}};
+  const ojson j = byte_level_bpe_document(vocab, merge_list, added, normalizer, pre_tokenizer, byte_level(true),
+                                         byte_level(true), pre == "llama-bpe");
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 

@@ -1,5 +1,8 @@
 #include "runtime/ml/hf_model.hpp"
 
+#include "runtime/ml/chat_template.hpp"
+#include "runtime/ml/hf_tokenizer.hpp"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -463,6 +466,31 @@ void save_hf_model(const policy_model& model, const fs::path& dir, const hf_save
   if (options.eos_token_ids.size() > 1) g["eos_token_id"] = options.eos_token_ids;
   if (options.pad_token_id) g["pad_token_id"] = *options.pad_token_id;
   write_file_atomically(dir / "generation_config.json", (g.empty() ? std::string("{}") : g.dump(2)) + "\n");
+}
+
+void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::ScalarType dtype) {
+  if (model.dims().vocab != byte_tokenizer::size)
+    throw std::invalid_argument(fmt::format("save_hf_byte_model: the model's vocabulary is {}, byte_tokenizer's {}",
+                                            model.dims().vocab, byte_tokenizer::size));
+  const byte_tokenizer bytes;
+  hf_save_options o;
+  o.dtype = dtype;
+  o.bos_token_id = byte_tokenizer::bos;
+  o.eos_token_ids = {byte_tokenizer::eos};
+  o.pad_token_id = byte_tokenizer::pad;
+  save_hf_model(model, dir, o);
+  write_file_atomically(dir / "tokenizer.json", byte_tokenizer_json());
+  nlohmann::ordered_json t;
+  t["bos_token"] = bytes.token_text(byte_tokenizer::bos);
+  t["eos_token"] = bytes.token_text(byte_tokenizer::eos);
+  t["pad_token"] = bytes.token_text(byte_tokenizer::pad);
+  t["add_bos_token"] = false;
+  t["add_eos_token"] = false;
+  t["clean_up_tokenization_spaces"] = false;
+  t["model_max_length"] = model.dims().max_seq;
+  t["tokenizer_class"] = "PreTrainedTokenizerFast";
+  t["chat_template"] = std::string(sorl_chat_template_source());
+  write_file_atomically(dir / "tokenizer_config.json", t.dump(2) + "\n");
 }
 
 bool is_hf_model_dir(const fs::path& dir) {

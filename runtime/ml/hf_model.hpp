@@ -115,6 +115,16 @@ struct hf_save_options {
 void save_hf_model(const policy_model& model, const std::filesystem::path& dir,
                    const hf_save_options& options = {});
 
+/// Writes a model that speaks byte_tokenizer (every sorl preset) as a Hugging Face
+/// directory: save_hf_model (Llama family, `dtype`, bos / eos / pad = byte_tokenizer's),
+/// then `tokenizer.json` (byte_tokenizer_json, runtime/ml/hf_tokenizer.hpp) and a
+/// `tokenizer_config.json` naming its specials, with sorl's turn format as chat_template
+/// (sorl_chat_template_source, runtime/ml/chat_template.hpp). transformers loads the
+/// directory unchanged and tokenizes as sorl does. Throws as save_hf_model, and
+/// std::invalid_argument when the model's vocabulary is not byte_tokenizer's (272).
+void save_hf_byte_model(const policy_model& model, const std::filesystem::path& dir,
+                        at::ScalarType dtype = at::kBFloat16);
+
 /// Whether `dir` looks like a Hugging Face model directory (it has a config.json and a
 /// model.safetensors or model.safetensors.index.json), as opposed to a sorl checkpoint root.
 bool is_hf_model_dir(const std::filesystem::path& dir);

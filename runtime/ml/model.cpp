@@ -37,6 +37,16 @@ void model_dims::validate() const {
   require_positive("n_kv_heads", n_kv_heads);
   require_positive("d_ff", d_ff);
   require_positive("max_seq", max_seq);
+  // Sizes come from files too (config.json, GGUF metadata): bound them before anything
+  // multiplies them in 64-bit integers. 2^50 parameters is far beyond any model.
+  {
+    const double v = static_cast<double>(vocab), d = static_cast<double>(d_model);
+    const double total = 2.0 * v * d + static_cast<double>(n_layers) * (4.0 * d * d + 3.0 * d * static_cast<double>(d_ff) + 4.0 * d);
+    if (total > std::ldexp(1.0, 50))
+      throw std::invalid_argument(fmt::format(
+          "model_dims: vocab {}, d_model {}, n_layers {}, d_ff {} make about {:.3g} parameters, more than 2^50",
+          vocab, d_model, n_layers, d_ff, total));
+  }
   if (d_model % n_heads != 0)
     throw std::invalid_argument(
         fmt::format("model_dims.d_model ({}) must be a multiple of n_heads ({})", d_model, n_heads));

@@ -15,6 +15,7 @@
 #include <caf/binary_serializer.hpp>
 #include <caf/execution_unit.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "messages/rollout.capnp.h"
 #include "messages/smoke.capnp.h"
@@ -25,6 +26,7 @@
 #include "runtime/ml/gguf.hpp"
 #include "runtime/ml/gguf_import.hpp"
 #include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/hf_tokenizer.hpp"
 #include "runtime/ml/jsonl_task.hpp"
 #include "runtime/ml/safetensors.hpp"
 #include "runtime/sync/delta_codec.hpp"
@@ -422,6 +424,78 @@ std::vector<std::string> hf_config_seeds() {
   return out;
 }
 
+// -- Hugging Face tokenizer.json --------------------------------------------------------------
+
+outcome run_tokenizer_json(const uint8_t* data, size_t size) {
+  std::optional<ml::hf_tokenizer> tok;
+  try {
+    tok.emplace(ml::hf_tokenizer::from_json(std::string_view(reinterpret_cast<const char*>(data), size),
+                                            "tokenizer.json"));
+  } catch (const ml::tokenizer_error& e) {
+    return refused(e.what());
+  }
+  // An accepted tokenizer keeps the interface's promises on text it has never seen.
+  for (const std::string text : {"Hello, world! 12345", "  tabs\tand\r\nnewlines  ", "caf\xc3\xa9 \xe6\x9d\xb1 \xff",
+                                 "<|endoftext|><|im_start|>user"}) {
+    for (const bool special : {false, true}) {
+      const auto ids = special ? tok->encode_with_special(text) : tok->encode(text);
+      for (const auto id : ids) {
+        if (id < 0 || id >= tok->vocab_size())
+          broken_promise(fmt::format("id {} outside the vocabulary of {}", id, tok->vocab_size()));
+        if (!special && tok->is_special(id)) broken_promise(fmt::format("plain text gave special id {}", id));
+      }
+      (void)tok->decode(ids);
+    }
+  }
+  return accepted();
+}
+
+// The byte-level alphabet plus a few merges and added tokens, in the three pre-tokenizer
+// pipelines of the supported families.
+std::vector<std::string> tokenizer_json_seeds() {
+  nlohmann::json vocab = nlohmann::json::object();
+  int next = 0;
+  auto symbol = [](int b) { return ml::byte_level_symbol(static_cast<std::uint8_t>(b)); };
+  for (int b = 0; b < 256; ++b) vocab[symbol(b)] = next++;
+  const std::vector<std::pair<std::string, std::string>> merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"},
+                                                                  {symbol(' '), "w"}, {"1", "2"}};
+  nlohmann::json merge_list = nlohmann::json::array();
+  for (const auto& [a, b] : merges) {
+    vocab[a + b] = next++;
+    merge_list.push_back({a, b});
+  }
+  nlohmann::json added = nlohmann::json::array();
+  for (const char* t : {"<|endoftext|>", "<|im_start|>"}) {
+    added.push_back({{"id", next}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", true}});
+    vocab[t] = next++;
+  }
+  const nlohmann::json byte_level_regex = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                           {"trim_offsets", true}, {"use_regex", true}};
+  const nlohmann::json byte_level_plain = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                           {"trim_offsets", true}, {"use_regex", false}};
+  const std::string llama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  const std::vector<std::pair<nlohmann::json, nlohmann::json>> pipelines = {
+    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}}},
+    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", llama3}}},
+                                                        {"behavior", "Isolated"}, {"invert", false}}, byte_level_plain}}}},
+    {{{"type", "NFC"}}, byte_level_regex},
+  };
+  std::vector<std::string> out;
+  for (const auto& [normalizer, pre] : pipelines) {
+    const nlohmann::json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+      {"normalizer", normalizer}, {"pre_tokenizer", pre}, {"post_processor", nullptr},
+      {"decoder", byte_level_regex},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+                 {"ignore_merges", false}, {"vocab", vocab}, {"merges", merge_list}}}};
+    out.push_back(j.dump());
+  }
+  return out;
+}
+
 // -- JSONL tasks -----------------------------------------------------------------------------
 
 outcome run_jsonl(const uint8_t* data, size_t size) {
@@ -478,6 +552,7 @@ const std::vector<target>& targets() {
     {"jsonl", run_jsonl, jsonl_seeds},
     {"gguf", run_gguf, gguf_seeds},
     {"hf_config", run_hf_config, hf_config_seeds},
+    {"tokenizer_json", run_tokenizer_json, tokenizer_json_seeds},
   };
   return all;
 }

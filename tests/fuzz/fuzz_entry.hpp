@@ -36,7 +36,7 @@ struct target {
 /// delta (a sparse weight-delta bucket against a fixed model), toml (an experiment config),
 /// safetensors (a checkpoint file), jsonl (a task file, in both answer modes), gguf (a
 /// llama.cpp model file, dequantised and converted when small), hf_config (a Hugging Face
-/// config.json).
+/// config.json), tokenizer_json (a Hugging Face tokenizer.json, then text encoded with it).
 const std::vector<target>& targets();
 
 /// The target called `name`; throws std::invalid_argument for an unknown name.

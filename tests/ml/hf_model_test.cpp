@@ -157,6 +157,7 @@ TEST_CASE("config fields sorl does not implement are refused by name", "[hf]") {
       {with(smollm2_config, "hidden_size", drop), "field 'hidden_size': required"},
       {with(smollm2_config, "hidden_size", "576"), "field 'hidden_size': expected an integer"},
       {with(smollm2_config, "vocab_size", 0), "field 'vocab_size': must be > 0"},
+      {with(smollm2_config, "vocab_size", std::int64_t{1} << 62), "more than 2^50"},
       {with(smollm2_config, "num_key_value_heads", 2), "field 'num_key_value_heads'"},
       {with(smollm2_config, "num_attention_heads", 7), "field 'num_attention_heads'"},
       {with(smollm2_config, "rms_norm_eps", -1.0), "field 'rms_norm_eps'"},
