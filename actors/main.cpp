@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -276,6 +277,45 @@ void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std:
                  "(scripts/install-deps installs libopenblas0-pthread)");
 }
 
+/// Prepares OUT for `convert-gguf` / `export-hf`: a directory that already holds a Hugging Face
+/// model is refused unless `overwrite`, and then that model's files go first, so that none of
+/// them (a shard index, special_tokens_map.json) is left to change the new model when
+/// transformers loads it. Other files (scripts/fetch-model's `original/`) are kept.
+/// Returns 0, or 2 after saying why.
+int prepare_hf_out_dir(const fs::path& out, bool overwrite, const char* command) {
+  static const char* const model_files[] = {
+    "config.json",       "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+    "tokenizer.json",    "tokenizer_config.json",  "special_tokens_map.json", "added_tokens.json",
+    "vocab.json",        "merges.txt",             "tokenizer.model"};
+  std::error_code ec;
+  std::vector<fs::path> present;
+  if (fs::is_directory(out, ec))
+    for (const auto& entry : fs::directory_iterator(out, ec)) {
+      const std::string name = entry.path().filename().string();
+      bool ours = name.rfind("model-", 0) == 0 && name.size() > 12
+                  && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+      for (const char* f : model_files)
+        ours = ours || name == f;
+      if (ours)
+        present.push_back(entry.path());
+    }
+  if (present.empty())
+    return 0;
+  if (!overwrite) {
+    std::cerr << "sorl " << command << ": " << out.string() << " already holds a model ("
+              << present.front().filename().string() << ", ...); pass --overwrite to replace it\n";
+    return 2;
+  }
+  for (const auto& p : present) {
+    fs::remove(p, ec);
+    if (ec) {
+      std::cerr << "sorl " << command << ": cannot remove " << p.string() << ": " << ec.message() << '\n';
+      return 2;
+    }
+  }
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -350,6 +390,9 @@ int main(int argc, char** argv) {
   convert_gguf->add_option("--dtype", hf_dtype, "weights' dtype in the output: bf16 or fp32")
     ->check(CLI::IsMember({"bf16", "fp32"}))
     ->capture_default_str();
+  bool hf_overwrite = false;
+  convert_gguf->add_flag("--overwrite", hf_overwrite,
+                         "replace a model already in OUT (its files are removed first)");
 
   std::string export_config, export_out, export_checkpoint, export_dtype = "bf16";
   auto* export_hf = app.add_subcommand(
@@ -363,6 +406,8 @@ int main(int argc, char** argv) {
   export_hf->add_option("--dtype", export_dtype, "weights' dtype in the output: bf16 or fp32")
     ->check(CLI::IsMember({"bf16", "fp32"}))
     ->capture_default_str();
+  export_hf->add_flag("--overwrite", hf_overwrite,
+                      "replace a model already in OUT (its files are removed first)");
 
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
   auto* metrics =
@@ -388,6 +433,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (convert_gguf->parsed()) {
+    if (int rc = prepare_hf_out_dir(hf_out, hf_overwrite, "convert-gguf"))
+      return rc;
     try {
       const auto start = std::chrono::steady_clock::now();
       const auto conv = sorl::ml::convert_gguf_to_hf(
@@ -395,7 +442,8 @@ int main(int argc, char** argv) {
       const auto& c = conv.config;
       const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      fmt::print("{}: {} model, {} layers, d_model {}, {} / {} heads, vocab {}, {} parameters "
+      fmt::print("{}: {} model, {} layers, d_model {}, {} query / {} key-value heads, vocab {}, "
+                 "{} parameters "
                  "({:.1f} s){}\n",
                  hf_out, sorl::ml::hf_model_type(c.family), c.dims.n_layers, c.dims.d_model,
                  c.dims.n_heads, c.dims.n_kv_heads, c.dims.vocab, c.dims.parameter_count(), s,
@@ -408,6 +456,8 @@ int main(int argc, char** argv) {
   }
   if (export_hf->parsed()) {
     auto cfg = load_or_exit(export_config);
+    if (int rc = prepare_hf_out_dir(export_out, hf_overwrite, "export-hf"))
+      return rc;
     try {
       fs::path dir;
       std::string from;

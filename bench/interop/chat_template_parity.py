@@ -8,7 +8,7 @@ text). Identical text is required on every one.
     python3 bench/interop/chat_template_parity.py MODEL_DIR [--sorl-chat-render BIN] [--n 500]
 
 Needs `transformers` (tokenizers and Jinja only: torch is not imported), e.g. in a virtualenv:
-    python3 -m venv /tmp/venv && /tmp/venv/bin/pip install transformers
+    python3 -m venv /tmp/venv && /tmp/venv/bin/pip install transformers jinja2
 """
 import argparse
 import json

@@ -476,7 +476,9 @@ void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::Scal
   hf_save_options o;
   o.dtype = dtype;
   o.bos_token_id = byte_tokenizer::bos;
-  o.eos_token_ids = {byte_tokenizer::eos};
+  // Generation stops at either, as sorl's own does: <|eos|> ends a single-turn completion,
+  // <|end_turn|> a turn of a chat.
+  o.eos_token_ids = {byte_tokenizer::eos, byte_tokenizer::end_turn};
   o.pad_token_id = byte_tokenizer::pad;
   save_hf_model(model, dir, o);
   write_file_atomically(dir / "tokenizer.json", byte_tokenizer_json());
@@ -484,7 +486,7 @@ void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::Scal
   t["bos_token"] = bytes.token_text(byte_tokenizer::bos);
   t["eos_token"] = bytes.token_text(byte_tokenizer::eos);
   t["pad_token"] = bytes.token_text(byte_tokenizer::pad);
-  t["add_bos_token"] = false;
+  t["add_bos_token"] = true;  // what the tokenizer.json post-processor does
   t["add_eos_token"] = false;
   t["clean_up_tokenization_spaces"] = false;
   t["model_max_length"] = model.dims().max_seq;

@@ -116,7 +116,8 @@ void save_hf_model(const policy_model& model, const std::filesystem::path& dir,
                    const hf_save_options& options = {});
 
 /// Writes a model that speaks byte_tokenizer (every sorl preset) as a Hugging Face
-/// directory: save_hf_model (Llama family, `dtype`, bos / eos / pad = byte_tokenizer's),
+/// directory: save_hf_model (Llama family, `dtype`, bos and pad = byte_tokenizer's, eos =
+/// `<|eos|>` and `<|end_turn|>`, so that generation stops at the end of a turn too),
 /// then `tokenizer.json` (byte_tokenizer_json, runtime/ml/hf_tokenizer.hpp) and a
 /// `tokenizer_config.json` naming its specials, with sorl's turn format as chat_template
 /// (sorl_chat_template_source, runtime/ml/chat_template.hpp). transformers loads the

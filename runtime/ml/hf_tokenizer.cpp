@@ -1691,9 +1691,19 @@ std::string byte_tokenizer_json() {
     vocab[bytes.token_text(id)] = id;
     added.push_back(added_token_entry(id, bytes.token_text(id), true));
   }
+  // A text encoded with special tokens added (transformers' default) starts with <|bos|>, as
+  // sorl's single-turn prompts do (encode_single_turn_prompt); chat templates tokenize
+  // without, and write their own.
+  const std::string bos = bytes.token_text(byte_tokenizer::bos);
+  const nlohmann::ordered_json bos_piece = {{"SpecialToken", {{"id", bos}, {"type_id", 0}}}};
+  const nlohmann::ordered_json post = {
+      {"type", "TemplateProcessing"},
+      {"single", {bos_piece, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair", {bos_piece, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens", {{bos, {{"id", bos}, {"ids", {byte_tokenizer::bos}}, {"tokens", {bos}}}}}}};
   // One pre-token per text and no merges: every byte is its own token, as byte_tokenizer.
   return byte_level_bpe_document(vocab, nlohmann::ordered_json::array(), added, nullptr,
-                                 byte_level_component(false, false), nullptr, byte_level_component(false, false),
+                                 byte_level_component(false, false), post, byte_level_component(false, false),
                                  false)
              .dump(2) +
          "\n";

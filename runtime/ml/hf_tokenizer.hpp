@@ -155,7 +155,9 @@ std::string byte_level_symbol(std::uint8_t byte);
 /// tokens are the bytes (id = byte value) and whose specials and reserved tokens are special
 /// added tokens with byte_tokenizer's ids and spellings (`<|bos|>` = 256, ...). Loaded by
 /// hf_tokenizer or Python `tokenizers`, it gives byte_tokenizer's ids, so a sorl model
-/// exported to Hugging Face keeps its tokenizer.
+/// exported to Hugging Face keeps its tokenizer. Its post-processor prepends `<|bos|>` when
+/// special tokens are added (transformers' `tokenizer(text)`), which gives sorl's
+/// single-turn prompt encoding (encode_single_turn_prompt).
 std::string byte_tokenizer_json();
 
 }  // namespace sorl::ml

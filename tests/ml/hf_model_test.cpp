@@ -3,6 +3,9 @@
 // file and sharded), and the RoPE scaling rules against hand-computed frequencies.
 #include "runtime/ml/hf_model.hpp"
 
+#include "runtime/ml/chat_template.hpp"
+#include "runtime/ml/hf_tokenizer.hpp"
+
 #include "tests/ml/policy_test_util.hpp"
 
 #include <ATen/ATen.h>
@@ -416,4 +419,31 @@ TEST_CASE("load_hf_model caps max_seq, and save refuses a Llama with q/k/v biase
   const policy_model q = random_policy(d, 15);
   CHECK_THROWS_WITH(save_hf_model(q, dir.path, hf_save_options{}), Catch::Contains("Qwen2"));
   CHECK_FALSE(is_hf_model_dir(dir.path / "nothing"));
+}
+
+TEST_CASE("save_hf_byte_model writes a directory that speaks sorl's byte tokenizer", "[hf]") {
+  const model_dims d = preset("tiny");
+  const policy_model m = random_policy(d, 16);
+  temp_dir dir("bytes");
+  save_hf_byte_model(m, dir.path, at::kFloat);
+  require_same_weights(m, load_hf_model(dir.path).model);
+  const json gen = json::parse(read_file_bytes(dir.path / "generation_config.json"));
+  CHECK(gen["bos_token_id"] == byte_tokenizer::bos);
+  CHECK(gen["eos_token_id"] == json::array({byte_tokenizer::eos, byte_tokenizer::end_turn}));
+  CHECK(gen["pad_token_id"] == byte_tokenizer::pad);
+  // The tokenizer gives byte_tokenizer's ids, adds <|bos|> when transformers adds special
+  // tokens, and the chat template is sorl's own.
+  const hf_tokenizer tok = hf_tokenizer::load(dir.path / "tokenizer.json");
+  CHECK(tok.encode("12+34=") == byte_tokenizer{}.encode("12+34="));
+  const json t = json::parse(read_file_bytes(dir.path / "tokenizer.json"));
+  CHECK(t["post_processor"]["single"][0]["SpecialToken"]["id"] == "<|bos|>");
+  CHECK(t["post_processor"]["special_tokens"]["<|bos|>"]["ids"] == json::array({byte_tokenizer::bos}));
+  CHECK(chat_template::from_tokenizer_config(dir.path).family() == chat_template::kind::sorl);
+  const json tc = json::parse(read_file_bytes(dir.path / "tokenizer_config.json"));
+  CHECK(tc["bos_token"] == "<|bos|>");
+  CHECK(tc["eos_token"] == "<|eos|>");
+  CHECK(tc["model_max_length"] == d.max_seq);
+
+  model_dims other = small_dims();  // vocabulary 40, not the byte tokenizer's 272
+  CHECK_THROWS_AS(save_hf_byte_model(random_policy(other, 17), dir.path), std::invalid_argument);
 }

@@ -317,6 +317,29 @@ actors = ["ping", "pong"]
   CHECK(p.output().find("terminate called") == std::string::npos);
 }
 
+TEST_CASE("export-hf and convert-gguf refuse to write over a model without --overwrite (exit 2)") {
+  // The refusal comes before anything is read: no checkpoint or GGUF file is needed to see it.
+  const fs::path out = fs::path{SORL_TEST_DATA_DIR} / ("hf_out_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  fs::create_directories(out / "original");
+  std::ofstream(out / "special_tokens_map.json") << "{}";
+  auto cfg = write_config("hf_export.toml", "[[node]]\nname = \"m\"\nactors = [\"ping\", \"pong\"]\n");
+  child_process e{{SORL_BIN, "export-hf", cfg, out.string()}};
+  CHECK(e.wait_exit(slack) == 2);
+  CHECK(e.wait_for("already holds a model (special_tokens_map.json, ...); pass --overwrite to replace it", 1s));
+  child_process c{{SORL_BIN, "convert-gguf", (out / "none.gguf").string(), out.string()}};
+  CHECK(c.wait_exit(slack) == 2);
+  CHECK(c.wait_for("pass --overwrite", 1s));
+  // With --overwrite the old model's files go before the (here failing) conversion; other
+  // files stay.
+  child_process o{{SORL_BIN, "convert-gguf", "--overwrite", (out / "none.gguf").string(), out.string()}};
+  CHECK(o.wait_exit(slack) == 1);
+  CHECK(o.wait_for("none.gguf", 1s));
+  CHECK_FALSE(fs::exists(out / "special_tokens_map.json"));
+  CHECK(fs::exists(out / "original"));
+  fs::remove_all(out);
+}
+
 TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CPU") {
   // sorl pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2 (runtime/ml/cpu_kernels.hpp);
   // run b sets by hand what an AVX2-only machine would choose by itself.
