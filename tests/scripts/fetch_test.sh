@@ -3,19 +3,7 @@
 # message, before any download or virtualenv; --help exits 0. Nothing here touches the network.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-fail=0
-expect() { # NAME WANT_RC WANT_TEXT -- command...
-  local name=$1 want_rc=$2 want_text=$3 out rc
-  shift 4
-  out=$("$@" 2>&1)
-  rc=$?
-  if [[ $rc != "$want_rc" || "$out" != *"$want_text"* ]]; then
-    echo "FAIL: $name: exit $rc (want $want_rc), output:"; echo "$out"; echo "(want: $want_text)"
-    fail=1
-  else
-    echo "ok: $name"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 fm="$root/scripts/fetch-model"
 fd="$root/scripts/fetch-data"
 expect "fetch-model --help" 0 "Usage: scripts/fetch-model NAME [DEST]" -- "$fm" --help

@@ -3,19 +3,7 @@
 # build step is named with its Debian package and install command, exit 2, nothing run after.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-fail=0
-expect() { # NAME WANT_RC WANT_TEXT -- command...
-  local name=$1 want_rc=$2 want_text=$3 out rc
-  shift 4
-  out=$("$@" 2>&1)
-  rc=$?
-  if [[ $rc != "$want_rc" || "$out" != *"$want_text"* ]]; then
-    echo "FAIL: $name: exit $rc (want $want_rc), output:"; echo "$out"; echo "(want: $want_text)"
-    fail=1
-  else
-    echo "ok: $name"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 run() { bash -c "me=t; root='$root'; source '$root/scripts/lib/need.sh'; $1; echo reached"; }
 
 expect "a missing command names its package" 2 \
