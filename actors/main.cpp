@@ -1,6 +1,7 @@
 // The sorl command line: `sorl train`, `sorl sft`, `sorl node`, `sorl check`,
-// `sorl convert-gguf`, `sorl export-hf`, `sorl roles`, `sorl metrics`.
+// `sorl convert-gguf`, `sorl export-hf`, `sorl eval`, `sorl roles`, `sorl metrics`.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,11 +14,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/gguf_import.hpp"
+#include "runtime/ml/hf_eval.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
 #include "runtime/config_resolved.hpp"
@@ -409,6 +412,32 @@ int main(int argc, char** argv) {
   export_hf->add_flag("--overwrite", hf_overwrite,
                       "replace a model already in OUT (its files are removed first)");
 
+  std::string eval_model, eval_data, eval_checker = "first_number", eval_out, eval_system;
+  sorl::ml::hf_eval_options eval_opts;
+  auto* eval = app.add_subcommand(
+    "eval", "Score a Hugging Face model directory on a JSONL held-out set (scripts/fetch-data):\n"
+            "accuracy, pass@k, mean length; each prompt is one user message of the model's chat\n"
+            "template, answers scored by a built-in checker");
+  eval->add_option("model", eval_model, "Hugging Face model directory (sorl export-hf writes one)")
+    ->required();
+  eval->add_option("data", eval_data, "JSONL: prompt, answer (and entry, for countdown)")->required();
+  eval->add_option("--checker", eval_checker, "exact, first_number or countdown")
+    ->check(CLI::IsMember({"exact", "first_number", "countdown"}))
+    ->capture_default_str();
+  eval->add_option("--k", eval_opts.k, "completions per prompt: 1 = greedy, more = sampled (pass@k)")
+    ->check(CLI::Range(1, 64))
+    ->capture_default_str();
+  eval->add_option("--temperature", eval_opts.temperature, "sampling temperature when k > 1")
+    ->capture_default_str();
+  eval->add_option("--max-new-tokens", eval_opts.max_new_tokens, "completion budget, tokens")
+    ->check(CLI::Range(1, 1 << 20))
+    ->capture_default_str();
+  eval->add_option("--limit", eval_opts.limit, "score the first N items only (0 = all)")
+    ->check(CLI::NonNegativeNumber);
+  eval->add_option("--system", eval_system, "a system message before each prompt");
+  eval->add_option("--seed", eval_opts.seed, "sampling seed")->capture_default_str();
+  eval->add_option("--out", eval_out, "write the report (and every completion) to this JSON file");
+
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
   auto* metrics =
     app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
@@ -492,6 +521,65 @@ int main(int argc, char** argv) {
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "sorl export-hf: " << e.what() << '\n';
+      return 1;
+    }
+  }
+  if (eval->parsed()) {
+    try {
+      eval_opts.checker = sorl::ml::parse_answer_checker(eval_checker);
+      eval_opts.system_prompt = eval_system;
+      eval_opts.max_batch = std::max<std::int64_t>(16, eval_opts.k);
+      const auto items = sorl::ml::load_eval_items(eval_data, eval_opts.checker);
+      sorl::ml::hf_load_options lo;
+      lo.max_seq = 4096;
+      const auto m = sorl::ml::load_hf_model(eval_model, lo);
+      const auto tok = sorl::ml::hf_tokenizer::load(fs::path{eval_model} / "tokenizer.json");
+      const auto chat = sorl::ml::chat_template::from_tokenizer_config(eval_model);
+      std::vector<std::int32_t> stops;
+      if (auto id = tok.token_to_id(chat.end_of_turn()))
+        stops.push_back(*id);
+      for (auto id : m.config.eos_token_ids)
+        if (std::find(stops.begin(), stops.end(), id) == stops.end())
+          stops.push_back(static_cast<std::int32_t>(id));
+      auto last = std::chrono::steady_clock::now();
+      const auto start = last;
+      eval_opts.progress = [&](std::int64_t done, std::int64_t all) {
+        const auto now = std::chrono::steady_clock::now();
+        if (done < all && now - last < std::chrono::seconds(5))
+          return;
+        last = now;
+        std::cerr << fmt::format("sorl eval: {}/{} prompts, {:.0f} s\n", done, all,
+                                 std::chrono::duration<double>(now - start).count());
+      };
+      const auto r = sorl::ml::evaluate_hf_model(m.model, tok, chat, stops, items, eval_opts);
+      fmt::print("{}: {} prompts x {}  accuracy {:.3f}  pass@{} {:.3f}  mean score {:.3f}  mean length "
+                 "{:.1f} tokens  truncated {:.3f}  {:.1f} s  {:.0f} tok/s\n",
+                 eval_data, r.prompts, r.k, r.accuracy, r.k, r.pass_at_k, r.mean_score, r.mean_length,
+                 r.truncated, r.seconds, r.tokens_per_second);
+      if (!eval_out.empty()) {
+        nlohmann::ordered_json j;
+        j["model"] = eval_model;
+        j["data"] = eval_data;
+        j["checker"] = eval_checker;
+        j["k"] = r.k;
+        j["prompts"] = r.prompts;
+        j["accuracy"] = r.accuracy;
+        j["pass_at_k"] = r.pass_at_k;
+        j["mean_score"] = r.mean_score;
+        j["mean_length_tokens"] = r.mean_length;
+        j["truncated"] = r.truncated;
+        j["seconds"] = r.seconds;
+        j["tokens_per_second"] = r.tokens_per_second;
+        j["items"] = nlohmann::ordered_json::array();
+        for (const auto& it : r.items)
+          j["items"].push_back({{"line", it.line}, {"scores", it.scores}, {"lengths", it.lengths},
+                                {"completions", it.completions}});
+        sorl::ml::write_file_atomically(
+          eval_out, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+      }
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "sorl eval: " << e.what() << '\n';
       return 1;
     }
   }
