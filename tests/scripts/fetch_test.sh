@@ -16,4 +16,5 @@ expect "fetch-data: a missing value" 2 "--eval needs a value" -- "$fd" reasoning
 expect "fetch-data: zero entries" 2 "--train and --eval need at least 1 entry" -- "$fd" reasoning-gym countdown --train 0
 expect "fetch-data: an unknown option" 2 "unknown option '--size'" -- "$fd" reasoning-gym countdown --size 3
 expect "fetch-data: another source" 2 "Usage:" -- "$fd" huggingface gsm8k
+expect "fetch-data: --set without =" 2 "--set needs KEY=VALUE, got 'hard'" -- "$fd" reasoning-gym chain_sum --set hard
 exit $fail
