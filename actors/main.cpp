@@ -527,20 +527,13 @@ int main(int argc, char** argv) {
   if (eval->parsed()) {
     try {
       eval_opts.checker = sorl::ml::parse_answer_checker(eval_checker);
-      eval_opts.system_prompt = eval_system;
       eval_opts.max_batch = std::max<std::int64_t>(16, eval_opts.k);
       const auto items = sorl::ml::load_eval_items(eval_data, eval_opts.checker);
       sorl::ml::hf_load_options lo;
       lo.max_seq = 4096;
       const auto m = sorl::ml::load_hf_model(eval_model, lo);
-      const auto tok = sorl::ml::hf_tokenizer::load(fs::path{eval_model} / "tokenizer.json");
-      const auto chat = sorl::ml::chat_template::from_tokenizer_config(eval_model);
-      std::vector<std::int32_t> stops;
-      if (auto id = tok.token_to_id(chat.end_of_turn()))
-        stops.push_back(*id);
-      for (auto id : m.config.eos_token_ids)
-        if (std::find(stops.begin(), stops.end(), id) == stops.end())
-          stops.push_back(static_cast<std::int32_t>(id));
+      const auto format =
+        sorl::ml::prompt_format::hugging_face(eval_model, m.config.eos_token_ids, eval_system);
       auto last = std::chrono::steady_clock::now();
       const auto start = last;
       eval_opts.progress = [&](std::int64_t done, std::int64_t all) {
@@ -551,7 +544,7 @@ int main(int argc, char** argv) {
         std::cerr << fmt::format("sorl eval: {}/{} prompts, {:.0f} s\n", done, all,
                                  std::chrono::duration<double>(now - start).count());
       };
-      const auto r = sorl::ml::evaluate_hf_model(m.model, tok, chat, stops, items, eval_opts);
+      const auto r = sorl::ml::evaluate_hf_model(m.model, format, items, eval_opts);
       fmt::print("{}: {} prompts x {}  accuracy {:.3f}  pass@{} {:.3f}  mean score {:.3f}  mean length "
                  "{:.1f} tokens  truncated {:.3f}  {:.1f} s  {:.0f} tok/s\n",
                  eval_data, r.prompts, r.k, r.accuracy, r.k, r.pass_at_k, r.mean_score, r.mean_length,

@@ -135,15 +135,13 @@ void summarize(hf_eval_report& r) {
   r.pass_at_k = r.prompts > 0 ? static_cast<double>(solved) / static_cast<double>(r.prompts) : 0.0;
 }
 
-hf_eval_report evaluate_hf_model(const policy_model& model, const hf_tokenizer& tok, const chat_template& chat,
-                              const std::vector<std::int32_t>& stop_ids, const std::vector<eval_item>& items,
-                              const hf_eval_options& o) {
+hf_eval_report evaluate_hf_model(const policy_model& model, const prompt_format& format,
+                                 const std::vector<eval_item>& items, const hf_eval_options& o) {
   if (o.k < 1 || o.max_new_tokens < 1 || o.max_batch < o.k || o.limit < 0)
     throw std::invalid_argument(fmt::format(
         "eval options: need k >= 1, max_new_tokens >= 1, max_batch >= k, limit >= 0 (got k {}, max_new_tokens "
         "{}, max_batch {}, limit {})",
         o.k, o.max_new_tokens, o.max_batch, o.limit));
-  if (stop_ids.empty()) throw std::invalid_argument("eval: no stop token");
   const std::size_t n =
       o.limit > 0 ? std::min(items.size(), static_cast<std::size_t>(o.limit)) : items.size();
 
@@ -153,7 +151,7 @@ hf_eval_report evaluate_hf_model(const policy_model& model, const hf_tokenizer& 
   sampling_params p;
   p.temperature = o.k == 1 ? 0.0 : o.temperature;
   p.max_new_tokens = o.max_new_tokens;
-  p.eos_token_ids = stop_ids;
+  p.eos_token_ids = format.stop_ids();
   p.seed = o.seed;
 
   hf_eval_report r;
@@ -161,14 +159,7 @@ hf_eval_report evaluate_hf_model(const policy_model& model, const hf_tokenizer& 
   r.items.resize(n);
   std::map<std::uint64_t, std::size_t> item_of;
   for (std::size_t i = 0; i < n; ++i) {
-    std::vector<chat_message> messages;
-    if (!o.system_prompt.empty()) messages.push_back({chat_role::system, o.system_prompt});
-    messages.push_back({chat_role::user, items[i].prompt});
-    std::vector<std::int32_t> ids;
-    for (const auto& piece : chat.render_pieces(messages, /*add_generation_prompt=*/true)) {
-      const auto part = piece.template_text ? tok.encode_with_special(piece.text) : tok.encode(piece.text);
-      ids.insert(ids.end(), part.begin(), part.end());
-    }
+    std::vector<std::int32_t> ids = format.single_turn(items[i].prompt);
     if (static_cast<std::int64_t>(ids.size()) + 1 >= model.dims().max_seq)
       throw std::invalid_argument(fmt::format("eval: the prompt of line {} is {} tokens, the model's context {}",
                                               items[i].line, ids.size(), model.dims().max_seq));
@@ -184,7 +175,7 @@ hf_eval_report evaluate_hf_model(const policy_model& model, const hf_tokenizer& 
       auto& out = r.items[i];
       std::vector<std::int32_t> body = res.tokens;
       if (res.reason == finish_reason::eos && !body.empty()) body.pop_back();
-      const std::string text = tok.decode(body, decode_specials::skip);
+      const std::string text = format.tok().decode(body, decode_specials::skip);
       out.completions.push_back(text);
       out.scores.push_back(score_answer(o.checker, items[i], completion_answer(text)));
       out.lengths.push_back(static_cast<std::int64_t>(res.tokens.size()));

@@ -8,6 +8,7 @@
 #include "runtime/ml/chat_template.hpp"
 #include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/hf_tokenizer.hpp"
+#include "runtime/ml/prompt_format.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -62,7 +63,6 @@ struct hf_eval_options {
   std::int64_t limit = 0;          ///< score the first `limit` items only; 0 = all
   std::int64_t max_batch = 16;     ///< completions decoded at once
   std::uint64_t seed = 1;
-  std::string system_prompt;       ///< a system message before the user's, when not empty
   /// Called after each prompt's completions are scored: (prompts done, prompts in all).
   std::function<void(std::int64_t, std::int64_t)> progress;
 };
@@ -95,12 +95,11 @@ struct hf_eval_report {
 /// scores or its scores and lengths differ in number.
 void summarize(hf_eval_report& report);
 
-/// Decodes and scores `items` with `model`, prompts rendered by `chat` and tokenized by `tok`
-/// (message contents with encode, so a problem cannot inject special tokens); decoding stops
-/// at `stop_ids` (the chat's end-of-turn token and the config's eos). Throws
-/// std::invalid_argument for bad options or an empty stop list.
-hf_eval_report evaluate_hf_model(const policy_model& model, const hf_tokenizer& tok, const chat_template& chat,
-                              const std::vector<std::int32_t>& stop_ids, const std::vector<eval_item>& items,
-                              const hf_eval_options& options);
+/// Decodes and scores `items` with `model`, each prompt encoded by `format.single_turn` (for a
+/// Hugging Face model: one user message of its chat template, after the format's system
+/// message); decoding stops at `format.stop_ids()`. Throws std::invalid_argument for bad
+/// options or a prompt that does not fit the model's context.
+hf_eval_report evaluate_hf_model(const policy_model& model, const prompt_format& format,
+                                 const std::vector<eval_item>& items, const hf_eval_options& options);
 
 }  // namespace sorl::ml

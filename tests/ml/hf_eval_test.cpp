@@ -77,9 +77,7 @@ TEST_CASE("a whole evaluation of an exported model scores its own greedy answers
   const fs::path dir = fs::temp_directory_path() / fmt::format("sorl-eval-model-{}", ::getpid());
   save_hf_byte_model(sorl::ml::test::random_policy(preset("tiny"), 3), dir, at::kFloat);
   const hf_loaded_model m = load_hf_model(dir);
-  const hf_tokenizer tok = hf_tokenizer::load(dir / "tokenizer.json");
-  const chat_template chat = chat_template::from_tokenizer_config(dir);
-  const std::vector<std::int32_t> stops = {byte_tokenizer::eos, byte_tokenizer::end_turn};
+  const prompt_format format = prompt_format::hugging_face(dir, m.config.eos_token_ids);
   std::vector<eval_item> items = {{"1+1=", "x", {}, 0, 1}, {"ls", "x", {}, 0, 2}, {"cat key", "x", {}, 0, 3}};
   hf_eval_options o;
   o.checker = answer_checker::exact;
@@ -89,7 +87,7 @@ TEST_CASE("a whole evaluation of an exported model scores its own greedy answers
     CHECK(done == ++calls);
     CHECK(all == 3);
   };
-  const hf_eval_report first = evaluate_hf_model(m.model, tok, chat, stops, items, o);
+  const hf_eval_report first = evaluate_hf_model(m.model, format, items, o);
   CHECK(calls == 3);
   REQUIRE(first.items.size() == 3);
   CHECK(first.accuracy == 0.0);  // "x" is none of a random model's answers
@@ -100,18 +98,18 @@ TEST_CASE("a whole evaluation of an exported model scores its own greedy answers
   }
   // Greedy decoding is deterministic: with its own answers as references, everything scores 1.
   o.progress = nullptr;
-  const hf_eval_report again = evaluate_hf_model(m.model, tok, chat, stops, items, o);
+  const hf_eval_report again = evaluate_hf_model(m.model, format, items, o);
   CHECK(again.accuracy == 1.0);
   CHECK(again.pass_at_k == 1.0);
   CHECK(again.mean_length == first.mean_length);
 
   o.k = 3;
   o.limit = 2;
-  const hf_eval_report sampled = evaluate_hf_model(m.model, tok, chat, stops, items, o);
+  const hf_eval_report sampled = evaluate_hf_model(m.model, format, items, o);
   CHECK(sampled.prompts == 2);
   CHECK(sampled.k == 3);
   for (const auto& it : sampled.items) CHECK(it.scores.size() == 3);
   o.max_batch = 2;  // fewer than k
-  CHECK_THROWS_AS(evaluate_hf_model(m.model, tok, chat, stops, items, o), std::invalid_argument);
+  CHECK_THROWS_AS(evaluate_hf_model(m.model, format, items, o), std::invalid_argument);
   fs::remove_all(dir);
 }
