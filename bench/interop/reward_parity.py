@@ -9,7 +9,10 @@ instead of an expression; extra words; an equals sign; empty text; unbalanced pa
 Python spellings sympy reads (**, ^, //, %, !, 1_000, .5, leading zeros); and for
 gsm_symbolic the answer inside a sentence, with units, negative, decimal, or absent. Prints
 per task the number of cases, how many scores are identical, a histogram of reasoning-gym's
-scores, and the first mismatches. Exits 1 on any mismatch.
+scores, and the first mismatches. It then sends the same cases, each as a completion with the
+answer in <answer> tags, to the reward-process scorer scripts/rewards/reasoning_gym_reward.py
+(--adapter) in one protocol request and checks its rewards the same way. Exits 1 on any
+mismatch.
 
     python3 bench/interop/reward_parity.py [--entries N] [--sorl-score-answers BIN]
 
@@ -68,6 +71,8 @@ def main():
     ap.add_argument("--entries", type=int, default=100, help="entries per task")
     ap.add_argument("--sorl-score-answers", default="build/runtime/ml/sorl_score_answers")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--adapter", default="scripts/rewards/reasoning_gym_reward.py",
+                    help="the reward-process scorer to check too, with this python ('' to skip)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     ok = True
@@ -94,7 +99,33 @@ def main():
                 print(f"  MISMATCH answer={a!r} reasoning-gym={r} sorl={o}")
                 shown += 1
         ok &= same == len(cases) == len(ours)
+        if args.adapter:
+            ok &= check_adapter(args.adapter, task, ds, cases)
     sys.exit(0 if ok else 1)
+
+
+def check_adapter(adapter, task, ds, cases):
+    """The reward process speaks its protocol (runtime/ml/reward_process.hpp): every case sent
+    as a completion with the answer in <answer> tags, in one request; its rewards must be
+    reasoning-gym's score of the tagged answer, item by item."""
+    from reasoning_gym.utils import extract_answer
+    items = [{"prompt": e["question"], "completion": f"<answer>{a}</answer>", "answer": str(e["answer"]),
+              "entry": json.loads(json.dumps(e, default=str))} for a, e in cases]
+    request = json.dumps({"id": 1, "items": items})
+    run = subprocess.run([sys.executable, adapter], input=request + "\n", capture_output=True, text=True)
+    if run.returncode != 0 or not run.stdout.strip():
+        print(f"  adapter failed (exit {run.returncode}): {run.stderr.strip()[-500:]}")
+        return False
+    reply = json.loads(run.stdout.splitlines()[0])
+    want = [ds.score_answer(extract_answer(it["completion"]), e) for it, (_, e) in zip(items, cases)]
+    got = reply.get("rewards", [])
+    same = sum(1 for w, g in zip(want, got) if g is not None and w == g)
+    print(f"{task}: reward process {adapter}: {len(items)} items in one request, {same} identical")
+    for it, w, g in zip(items, want, got):
+        if g != w:
+            print(f"  MISMATCH completion={it['completion']!r} reasoning-gym={w} reward process={g}")
+            break
+    return reply.get("id") == 1 and same == len(items) == len(got)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ bytes decoded with replacement) both ways and in both modes:
 texts, how many got identical ids, and the first mismatches with both id lists. Then times
 both over the corpus repeated N times (encode only, one thread: Python's `encode` loop and
 its `encode_batch` with TOKENIZERS_PARALLELISM=false, sorl's time inside `encode`) and
-prints tokens/s and the ratio. Exits 1 when any text differs.
+prints tokens/s and the ratio. Exits 1 when any text differs. With --pipelines the same
+vocabulary is also checked under Llama 3's and Qwen2's pre-tokenizer pipelines.
 """
 
 import argparse
@@ -26,6 +27,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import unicodedata
 
@@ -260,23 +262,58 @@ def compare(name, texts, py_ids, sorl_ids, show):
     return same == len(texts)
 
 
+# The split patterns of the families' tokenizer.json files (as runtime/ml/tokenizer_json.hpp).
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def pipeline_variants(path):
+    """The vocabulary of `path` under Llama 3's pipeline (Split with its pattern, then
+    ByteLevel without its own split, ignore_merges) and Qwen2's (NFC, Split with its pattern,
+    ByteLevel), as (label, temporary tokenizer.json path) pairs."""
+    with open(path, encoding="utf-8") as f:
+        base = json.load(f)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    out = []
+    for label, pattern, normalizer, ignore in (("llama3 ", LLAMA3, None, True),
+                                               ("qwen2 ", QWEN2, {"type": "NFC"}, False)):
+        doc = json.loads(json.dumps(base))
+        doc["normalizer"] = normalizer
+        doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}, byte_level]}
+        doc["model"]["ignore_merges"] = ignore
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        out.append((label, tmp))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("tokenizer_json")
     parser.add_argument("sorl_tokenize")
     parser.add_argument("--repeat", type=int, default=20, help="corpus passes for the timing")
     parser.add_argument("--show", type=int, default=5, help="mismatches to print per mode")
+    parser.add_argument("--pipelines", action="store_true",
+                        help="also check the file's vocabulary under Llama 3's and Qwen2's pipelines")
     args = parser.parse_args()
 
     texts = corpus()
-    tk = Tokenizer.from_file(args.tokenizer_json)
     ok = True
-    for special in (False, True):
-        name = "special" if special else "plain"
-        tk.encode_special_tokens = not special
-        py_ids = [tk.encode(t, add_special_tokens=False).ids for t in texts]
-        sorl_ids, _, _ = run_sorl(args.sorl_tokenize, args.tokenizer_json, texts, special, 1)
-        ok &= compare(name, texts, py_ids, sorl_ids, args.show)
+    variants = pipeline_variants(args.tokenizer_json) if args.pipelines else []
+    for label, path in [("", args.tokenizer_json)] + variants:
+        tk = Tokenizer.from_file(path)
+        for special in (False, True):
+            name = label + ("special" if special else "plain")
+            tk.encode_special_tokens = not special
+            py_ids = [tk.encode(t, add_special_tokens=False).ids for t in texts]
+            sorl_ids, _, _ = run_sorl(args.sorl_tokenize, path, texts, special, 1)
+            ok &= compare(name, texts, py_ids, sorl_ids, args.show)
+    for _, path in variants:
+        os.unlink(path)
+    tk = Tokenizer.from_file(args.tokenizer_json)
 
     # Speed, plain mode, the corpus `repeat` times.
     tk.encode_special_tokens = True

@@ -173,13 +173,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// The split patterns of the families' tokenizer.json files (Llama 3's and Qwen2's differ in
-// how many digits stay together: up to three, or one).
-constexpr const char* llama3_pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* qwen2_pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 ojson byte_level(bool use_regex) { return byte_level_component(use_regex, true); }
 
 ojson split(const char* pattern) {
@@ -212,10 +205,10 @@ std::string gguf_tokenizer_json(const gguf_file& f) {
   } else if (pre == "gpt-2" || pre == "default") {
     pre_tokenizer = byte_level(true);
   } else if (pre == "llama-bpe") {
-    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", {split(llama3_pattern), byte_level(false)}}};
+    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", {split(llama3_split_pattern), byte_level(false)}}};
   } else if (pre == "qwen2") {
     normalizer = {{"type", "NFC"}};
-    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", {split(qwen2_pattern), byte_level(false)}}};
+    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", {split(qwen2_split_pattern), byte_level(false)}}};
   } else {
     throw gguf_error(f.label(), fmt::format("metadata 'tokenizer.ggml.pre': '{}' is not supported (supported: "
                                             "smollm, starcoder, gpt-2, default, llama-bpe, qwen2)", pre));

@@ -2,6 +2,7 @@
 
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/reasoning_checks.hpp"
+#include "runtime/ml/tasks.hpp"  // trim_ascii_whitespace
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,13 +16,6 @@
 namespace sorl::ml {
 
 namespace {
-
-std::string trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\r\n\f\v");
-  if (first == std::string_view::npos) return {};
-  const auto last = s.find_last_not_of(" \t\r\n\f\v");
-  return std::string(s.substr(first, last - first + 1));
-}
 
 std::int64_t json_int(const nlohmann::json& j) {
   if (j.is_number_integer()) return j.get<std::int64_t>();
@@ -58,7 +52,7 @@ std::vector<eval_item> load_eval_items(const std::filesystem::path& path, answer
   std::size_t n = 0;
   while (std::getline(in, line)) {
     ++n;
-    if (trim(line).empty()) continue;
+    if (trim_ascii_whitespace(line).empty()) continue;
     const auto where = fmt::format("{}:{}", path.string(), n);
     nlohmann::json j;
     try {
@@ -93,13 +87,13 @@ std::vector<eval_item> load_eval_items(const std::filesystem::path& path, answer
 
 std::string completion_answer(std::string_view completion) {
   if (auto tagged = extract_tagged_answer(completion)) return *tagged;
-  return trim(completion);
+  return std::string(trim_ascii_whitespace(completion));
 }
 
 double score_answer(answer_checker checker, const eval_item& item, std::string_view answer) {
   switch (checker) {
     case answer_checker::exact:
-      return trim(answer) == trim(item.answer) ? 1.0 : 0.0;
+      return trim_ascii_whitespace(answer) == trim_ascii_whitespace(item.answer) ? 1.0 : 0.0;
     case answer_checker::first_number:
       return first_number_score(answer, item.answer);
     case answer_checker::countdown:

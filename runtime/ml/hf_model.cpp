@@ -495,11 +495,4 @@ void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::Scal
   write_file_atomically(dir / "tokenizer_config.json", t.dump(2) + "\n");
 }
 
-bool is_hf_model_dir(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_regular_file(dir / "config.json", ec) &&
-         (fs::is_regular_file(dir / "model.safetensors", ec) ||
-          fs::is_regular_file(dir / "model.safetensors.index.json", ec));
-}
-
 }  // namespace sorl::ml

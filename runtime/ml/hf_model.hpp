@@ -126,8 +126,4 @@ void save_hf_model(const policy_model& model, const std::filesystem::path& dir,
 void save_hf_byte_model(const policy_model& model, const std::filesystem::path& dir,
                         at::ScalarType dtype = at::kBFloat16);
 
-/// Whether `dir` looks like a Hugging Face model directory (it has a config.json and a
-/// model.safetensors or model.safetensors.index.json), as opposed to a sorl checkpoint root.
-bool is_hf_model_dir(const std::filesystem::path& dir);
-
 }  // namespace sorl::ml

@@ -1,5 +1,7 @@
 #include "runtime/ml/reasoning_checks.hpp"
 
+#include "runtime/ml/tokenizer.hpp"  // sanitize_utf8
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <utf8proc.h>
@@ -54,35 +56,6 @@ class pattern {
  private:
   pcre2_code* code_ = nullptr;
 };
-
-// Text that is not valid UTF-8 is matched after replacement, as Python would see it
-// decoded with errors="replace"; the checkers then work on that text.
-std::string valid_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && n > 1) {
-      // No overlongs, surrogates or code points past U+10FFFF.
-      std::uint32_t cp = c & (0x7F >> n);
-      for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-      ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) && !(n == 4 && cp < 0x10000) &&
-           !(cp >= 0xD800 && cp <= 0xDFFF) && cp <= 0x10FFFF;
-    }
-    if (ok) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
 
 // Python's str.strip() for the whitespace a completion holds: ASCII whitespace, the
 // separators \x1c-\x1f, and NEL / NBSP / the Unicode spaces encoded in UTF-8.
@@ -341,7 +314,7 @@ std::string ascii_digits(std::string_view s) {
 
 std::optional<std::string> extract_tagged_answer(std::string_view completion) {
   static const pattern tags(R"(<answer>\s?(.*?)\s?</answer>)", PCRE2_DOTALL);
-  const std::string text = valid_utf8(completion);
+  const std::string text = sanitize_utf8(completion);
   const auto matches = tags.all(text);
   if (matches.empty()) return std::nullopt;
   const auto& m = matches.back();
@@ -354,7 +327,7 @@ std::optional<long double> evaluate_arithmetic(std::string_view expression) {
 
 double countdown_score(std::string_view answer_in, const std::vector<std::int64_t>& numbers, std::int64_t target) {
   static const pattern ints(R"(\b\d+\b)");
-  const std::string answer = valid_utf8(answer_in);
+  const std::string answer = sanitize_utf8(answer_in);
   if (strip(answer).empty()) return 0.01;
   // sympy's parser sees the text as Python source: surrounding spaces are fine.
   const auto v = evaluate_arithmetic(strip(answer));
@@ -376,7 +349,7 @@ double countdown_score(std::string_view answer_in, const std::vector<std::int64_
 
 double first_number_score(std::string_view answer_in, std::string_view expected) {
   static const pattern number(R"(\b-?\d+(?:\.\d+)?\b)");
-  const std::string answer = valid_utf8(answer_in);
+  const std::string answer = sanitize_utf8(answer_in);
   const auto m = number.all(answer, 1);
   if (m.empty()) return 0.0;
   const std::string found = ascii_digits(answer.substr(m[0].begin, m[0].end - m[0].begin));

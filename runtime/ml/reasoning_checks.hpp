@@ -9,7 +9,8 @@
 // which accepts anything Python can spell (function calls, symbols that cancel, 1e3);
 // evaluate_arithmetic accepts Python's arithmetic on numbers with sympy's readings (below)
 // and scores anything else as unparsable. Integers beyond 2^63, expressions written with
-// non-ASCII digits and newlines inside parentheses are unparsable here too.
+// non-ASCII digits and newlines inside parentheses are unparsable here too. Text that is not
+// valid UTF-8 is checked as Python would see it decoded with errors="replace" (sanitize_utf8).
 
 #include <cstdint>
 #include <optional>

@@ -9,6 +9,13 @@
 
 namespace sorl::ml {
 
+/// The Split patterns of the families' tokenizer.json files: Llama 3 keeps up to three
+/// digits together, Qwen2 one.
+inline constexpr const char* llama3_split_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+inline constexpr const char* qwen2_split_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 /// A ByteLevel component (pre-tokenizer, decoder or post-processor: `tokenizers` uses one
 /// object for all three) without a prefix space.
 nlohmann::ordered_json byte_level_component(bool use_regex, bool trim_offsets);

@@ -28,6 +28,8 @@
 #include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/hf_tokenizer.hpp"
 #include "runtime/ml/jsonl_task.hpp"
+#include "runtime/ml/tokenizer_json.hpp"
+#include "tests/ml/gguf_test_util.hpp"
 #include "runtime/ml/safetensors.hpp"
 #include "runtime/sync/delta_codec.hpp"
 
@@ -338,60 +340,46 @@ outcome run_gguf(const uint8_t* data, size_t size) {
   return accepted();
 }
 
-// Small models written as llama.cpp writes them: every metadata key the converter reads, F32
-// tensors under llama.cpp's names; a tied Llama and a Qwen2 with q/k/v biases and its own
-// output head.
+// Small models written as llama.cpp writes them (tests/ml/gguf_test_util.hpp): every
+// metadata key the converter reads, F32 tensors under llama.cpp's names; a tied Llama and a
+// Qwen2 with q/k/v biases and its own output head.
 std::vector<std::string> gguf_seeds() {
-  auto le32 = [](std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
-  auto le64 = [](std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
-  auto str = [&](const std::string& s) { return le64(s.size()) + s; };
-  auto f32 = [&](float x) { return std::string(reinterpret_cast<const char*>(&x), 4); };
-  const std::uint32_t d = 8, ff = 16, vocab = 6, heads = 2;
+  using namespace ml::test;
+  const std::uint64_t d = 8, ff = 16, vocab = 6;
   std::vector<std::string> out;
   for (const std::string arch : {"llama", "qwen2"}) {
-    const bool qwen = arch == "qwen2";
-    std::vector<std::string> kvs = {
-      str("general.architecture") + le32(8) + str(arch),
-      str(arch + ".block_count") + le32(4) + le32(1),
-      str(arch + ".context_length") + le32(4) + le32(64),
-      str(arch + ".embedding_length") + le32(4) + le32(d),
-      str(arch + ".feed_forward_length") + le32(4) + le32(ff),
-      str(arch + ".attention.head_count") + le32(4) + le32(heads),
-      str(arch + ".attention.head_count_kv") + le32(4) + le32(1),
-      str(arch + ".rope.freq_base") + le32(6) + f32(10000.0f),
-      str(arch + ".attention.layer_norm_rms_epsilon") + le32(6) + f32(1e-5f),
-      str(arch + ".vocab_size") + le32(4) + le32(vocab),
-    };
+    gguf_builder b;
+    b.kv("general.architecture", t_str, str(arch))
+      .kv(arch + ".block_count", t_u32, le<std::uint32_t>(1))
+      .kv(arch + ".context_length", t_u32, le<std::uint32_t>(64))
+      .kv(arch + ".embedding_length", t_u32, le<std::uint32_t>(d))
+      .kv(arch + ".feed_forward_length", t_u32, le<std::uint32_t>(ff))
+      .kv(arch + ".attention.head_count", t_u32, le<std::uint32_t>(2))
+      .kv(arch + ".attention.head_count_kv", t_u32, le<std::uint32_t>(1))
+      .kv(arch + ".rope.freq_base", t_f32, le<float>(10000.0f))
+      .kv(arch + ".attention.layer_norm_rms_epsilon", t_f32, le<float>(1e-5f))
+      .kv(arch + ".vocab_size", t_u32, le<std::uint32_t>(vocab));
     std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors = {
-      {"token_embd.weight", {d, vocab}},        {"output_norm.weight", {d}},
-      {"blk.0.attn_q.weight", {d, d}},          {"blk.0.attn_k.weight", {d, 4}},
-      {"blk.0.attn_v.weight", {d, 4}},          {"blk.0.attn_output.weight", {d, d}},
-      {"blk.0.ffn_gate.weight", {d, ff}},       {"blk.0.ffn_up.weight", {d, ff}},
-      {"blk.0.ffn_down.weight", {ff, d}},       {"blk.0.attn_norm.weight", {d}},
+      {"token_embd.weight", {d, vocab}},  {"output_norm.weight", {d}},
+      {"blk.0.attn_q.weight", {d, d}},    {"blk.0.attn_k.weight", {d, 4}},
+      {"blk.0.attn_v.weight", {d, 4}},    {"blk.0.attn_output.weight", {d, d}},
+      {"blk.0.ffn_gate.weight", {d, ff}}, {"blk.0.ffn_up.weight", {d, ff}},
+      {"blk.0.ffn_down.weight", {ff, d}}, {"blk.0.attn_norm.weight", {d}},
       {"blk.0.ffn_norm.weight", {d}},
     };
-    if (qwen) {
+    if (arch == "qwen2") {
       tensors.push_back({"blk.0.attn_q.bias", {d}});
       tensors.push_back({"blk.0.attn_k.bias", {4}});
       tensors.push_back({"blk.0.attn_v.bias", {4}});
       tensors.push_back({"output.weight", {d, vocab}});
     }
-    std::string file = "GGUF" + le32(3) + le64(tensors.size()) + le64(kvs.size());
-    for (const auto& kv : kvs) file += kv;
-    std::string data;
     for (const auto& [name, ne] : tensors) {
-      file += str(name) + le32(static_cast<std::uint32_t>(ne.size()));
-      std::uint64_t n = 1;
-      for (auto x : ne) {
-        file += le64(x);
-        n *= x;
-      }
-      file += le32(0) + le64(data.size());
-      for (std::uint64_t i = 0; i < n; ++i) data += f32(0.01f * static_cast<float>(i % 17) - 0.05f);
-      data.append((32 - data.size() % 32) % 32, '\0');
+      std::vector<float> values;
+      for (std::uint64_t i = 0; i < ne[0] * (ne.size() > 1 ? ne[1] : 1); ++i)
+        values.push_back(0.01f * static_cast<float>(i % 17) - 0.05f);
+      b.tensor({name, ne, g_f32, f32_bytes(values), {}});
     }
-    file.append((32 - file.size() % 32) % 32, '\0');
-    out.push_back(file + data);
+    out.push_back(b.build());
   }
   return out;
 }
@@ -451,48 +439,37 @@ outcome run_tokenizer_json(const uint8_t* data, size_t size) {
 }
 
 // The byte-level alphabet plus a few merges and added tokens, in the three pre-tokenizer
-// pipelines of the supported families.
+// pipelines of the supported families, written by runtime/ml/tokenizer_json.hpp.
 std::vector<std::string> tokenizer_json_seeds() {
-  nlohmann::json vocab = nlohmann::json::object();
-  int next = 0;
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  std::int64_t next = 0;
   auto symbol = [](int b) { return ml::byte_level_symbol(static_cast<std::uint8_t>(b)); };
   for (int b = 0; b < 256; ++b) vocab[symbol(b)] = next++;
   const std::vector<std::pair<std::string, std::string>> merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"},
                                                                   {symbol(' '), "w"}, {"1", "2"}};
-  nlohmann::json merge_list = nlohmann::json::array();
+  nlohmann::ordered_json merge_list = nlohmann::ordered_json::array();
   for (const auto& [a, b] : merges) {
     vocab[a + b] = next++;
-    merge_list.push_back({a, b});
+    merge_list.push_back(a + " " + b);
   }
-  nlohmann::json added = nlohmann::json::array();
+  nlohmann::ordered_json added = nlohmann::ordered_json::array();
   for (const char* t : {"<|endoftext|>", "<|im_start|>"}) {
-    added.push_back({{"id", next}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                     {"normalized", false}, {"special", true}});
+    added.push_back(ml::added_token_entry(next, t, true));
     vocab[t] = next++;
   }
-  const nlohmann::json byte_level_regex = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                           {"trim_offsets", true}, {"use_regex", true}};
-  const nlohmann::json byte_level_plain = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                           {"trim_offsets", true}, {"use_regex", false}};
-  const std::string llama3 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  const std::vector<std::pair<nlohmann::json, nlohmann::json>> pipelines = {
-    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}}},
-    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", llama3}}},
-                                                        {"behavior", "Isolated"}, {"invert", false}}, byte_level_plain}}}},
-    {{{"type", "NFC"}}, byte_level_regex},
+  const nlohmann::ordered_json digits = {{"type", "Digits"}, {"individual_digits", true}};
+  const nlohmann::ordered_json split = {
+    {"type", "Split"}, {"pattern", {{"Regex", ml::llama3_split_pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
+  const std::vector<std::pair<nlohmann::ordered_json, nlohmann::ordered_json>> pipelines = {
+    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {digits, ml::byte_level_component(true, true)}}}},
+    {nullptr, {{"type", "Sequence"}, {"pretokenizers", {split, ml::byte_level_component(false, true)}}}},
+    {{{"type", "NFC"}}, ml::byte_level_component(true, true)},
   };
   std::vector<std::string> out;
-  for (const auto& [normalizer, pre] : pipelines) {
-    const nlohmann::json j = {
-      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-      {"normalizer", normalizer}, {"pre_tokenizer", pre}, {"post_processor", nullptr},
-      {"decoder", byte_level_regex},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
-                 {"ignore_merges", false}, {"vocab", vocab}, {"merges", merge_list}}}};
-    out.push_back(j.dump());
-  }
+  for (const auto& [normalizer, pre] : pipelines)
+    out.push_back(ml::byte_level_bpe_document(vocab, merge_list, added, normalizer, pre, nullptr,
+                                              ml::byte_level_component(true, true), false)
+                    .dump());
   return out;
 }
 

@@ -4,6 +4,8 @@
 // template text, and refusals.
 #include "runtime/ml/chat_template.hpp"
 
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -77,8 +79,8 @@ TEST_CASE("templates sorl does not render are refused, naming the file", "[chat_
                         Catch::Contains("{% set loop_messages"));
   CHECK_THROWS_AS(chat_template::recognise(smollm2 + " ", "t"), chat_template_error);
 
-  const fs::path dir = fs::temp_directory_path() / ("sorl-chat-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const sorl::test::scratch_dir scratch("chat_template");
+  const fs::path& dir = scratch.path;
   auto write = [&](const nlohmann::json& j) { std::ofstream(dir / "tokenizer_config.json") << j.dump(); };
   write({{"chat_template", smollm2}});
   CHECK(chat_template::from_tokenizer_config(dir).family() == chat_template::kind::smollm2);
@@ -86,7 +88,6 @@ TEST_CASE("templates sorl does not render are refused, naming the file", "[chat_
   CHECK_THROWS_WITH(chat_template::from_tokenizer_config(dir), Catch::Contains("no chat_template"));
   write({{"chat_template", nlohmann::json::array({{{"name", "default"}, {"template", chatml}}})}});
   CHECK_THROWS_WITH(chat_template::from_tokenizer_config(dir), Catch::Contains("named templates"));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("sorl's own template renders what encode_chat encodes", "[chat_template]") {

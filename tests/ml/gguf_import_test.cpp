@@ -7,6 +7,8 @@
 #include "tests/ml/policy_test_util.hpp"
 
 #include <ATen/ATen.h>
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -129,8 +131,8 @@ TEST_CASE("a model written as llama.cpp writes it converts back weight for weigh
   }
 
   // The same through a file and a Hugging Face directory.
-  const fs::path dir = fs::temp_directory_path() / fmt::format("sorl-gguf-{}-{}{}", ::getpid(), tie, qwen);
-  fs::create_directories(dir);
+  const sorl::test::scratch_dir scratch(fmt::format("gguf_import_{}{}", tie, qwen));
+  const fs::path& dir = scratch.path;
   {
     std::ofstream out(dir / "m.gguf", std::ios::binary);
     out << as_gguf(m, qwen ? "qwen2" : "llama").build();
@@ -140,7 +142,6 @@ TEST_CASE("a model written as llama.cpp writes it converts back weight for weigh
   const hf_loaded_model hf = load_hf_model(dir / "hf");
   const auto ids = tokens(16, d.vocab, 3);
   CHECK(at::equal(full_logits(hf.model, ids), full_logits(m, ids)));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("GGUF models sorl cannot represent are refused by key or tensor", "[gguf_import]") {

@@ -5,6 +5,8 @@
 
 #include "tests/ml/policy_test_util.hpp"
 
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -17,8 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path write_lines(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / fmt::format("sorl-eval-{}-{}", ::getpid(), name);
+fs::path write_lines(const fs::path& dir, const std::string& name, const std::string& text) {
+  const fs::path p = dir / name;
   std::ofstream(p) << text;
   return p;
 }
@@ -53,7 +55,8 @@ TEST_CASE("answers are taken from the last answer tags, else the whole completio
 }
 
 TEST_CASE("held-out files are read with their line numbers, errors naming them", "[hf_eval]") {
-  const auto good = write_lines("good.jsonl", R"({"prompt": "2+2?", "answer": 4}
+  const sorl::test::scratch_dir scratch("hf_eval_files");
+  const auto good = write_lines(scratch.path, "good.jsonl", R"({"prompt": "2+2?", "answer": 4}
 
 {"prompt": "Make 24", "answer": "8*3", "entry": {"metadata": {"numbers": [8, 3], "target": "24"}}}
 )");
@@ -63,18 +66,16 @@ TEST_CASE("held-out files are read with their line numbers, errors naming them",
   CHECK(items[1].line == 3);
   CHECK_THROWS_WITH(load_eval_items(good, answer_checker::countdown),
                     Catch::Contains(":1: field 'entry.metadata': the countdown checker needs numbers and target"));
-  const auto bad = write_lines("bad.jsonl", "{\"prompt\": \"x\", \"answer\": \"1\"}\n{\"answer\": \"1\"}\n");
+  const auto bad = write_lines(scratch.path, "bad.jsonl", "{\"prompt\": \"x\", \"answer\": \"1\"}\n{\"answer\": \"1\"}\n");
   CHECK_THROWS_WITH(load_eval_items(bad, answer_checker::exact),
                     Catch::Contains("bad.jsonl:2: field 'prompt': a non-empty string is required"));
-  const auto empty = write_lines("empty.jsonl", "\n\n");
+  const auto empty = write_lines(scratch.path, "empty.jsonl", "\n\n");
   CHECK_THROWS_WITH(load_eval_items(empty, answer_checker::exact), Catch::Contains("no items"));
-  fs::remove(good);
-  fs::remove(bad);
-  fs::remove(empty);
 }
 
 TEST_CASE("a whole evaluation of an exported model scores its own greedy answers as correct", "[hf_eval]") {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("sorl-eval-model-{}", ::getpid());
+  const sorl::test::scratch_dir scratch("hf_eval_model");
+  const fs::path dir = scratch.path / "model";
   save_hf_byte_model(sorl::ml::test::random_policy(preset("tiny"), 3), dir, at::kFloat);
   const hf_loaded_model m = load_hf_model(dir);
   const prompt_format format = prompt_format::hugging_face(dir, m.config.eos_token_ids);
@@ -111,5 +112,4 @@ TEST_CASE("a whole evaluation of an exported model scores its own greedy answers
   for (const auto& it : sampled.items) CHECK(it.scores.size() == 3);
   o.max_batch = 2;  // fewer than k
   CHECK_THROWS_AS(evaluate_hf_model(m.model, format, items, o), std::invalid_argument);
-  fs::remove_all(dir);
 }

@@ -9,6 +9,8 @@
 #include "tests/ml/policy_test_util.hpp"
 
 #include <ATen/ATen.h>
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -47,17 +49,6 @@ const char* qwen25_config = R"({
   "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
   "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
   "vocab_size": 151936})";
-
-// A fresh, empty directory under the temp dir, removed on destruction.
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("sorl-hf-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
 
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
@@ -260,14 +251,13 @@ TEST_CASE("save_hf_model then load_hf_model gives the same weights and logits", 
     CHECK(shapes[i].first == m.parameters()[i].first);
     CHECK(shapes[i].second == m.parameters()[i].second.sizes().vec());
   }
-  temp_dir dir(std::string("rt-") + (tie ? "t" : "u") + (qwen ? "q" : "l"));
+  sorl::test::scratch_dir dir(std::string("rt-") + (tie ? "t" : "u") + (qwen ? "q" : "l"));
   hf_save_options o;
   o.family = qwen ? hf_family::qwen2 : hf_family::llama;
   o.dtype = at::kFloat;
   o.bos_token_id = 3;
   o.eos_token_ids = {4};
   save_hf_model(m, dir.path, o);
-  CHECK(is_hf_model_dir(dir.path));
   const auto saved = load_safetensors(dir.path / "model.safetensors");
   CHECK(saved.size() == m.parameters().size());  // a tied head stored once
 
@@ -282,7 +272,7 @@ TEST_CASE("save_hf_model then load_hf_model gives the same weights and logits", 
   CHECK(at::equal(sorl::ml::test::full_logits(m, ids), sorl::ml::test::full_logits(back.model, ids)));
 
   // bf16 export: the loaded weights are the bf16 rounding of the originals.
-  temp_dir bf(std::string("bf-") + (tie ? "t" : "u") + (qwen ? "q" : "l"));
+  sorl::test::scratch_dir bf(std::string("bf-") + (tie ? "t" : "u") + (qwen ? "q" : "l"));
   o.dtype = at::kBFloat16;
   save_hf_model(m, bf.path, o);
   const hf_loaded_model b16 = load_hf_model(bf.path);
@@ -314,7 +304,7 @@ TEST_CASE("sharded weights load through model.safetensors.index.json", "[hf]") {
   model_dims d = small_dims();
   d.tie_embeddings = false;
   const policy_model m = random_policy(d, 12);
-  temp_dir dir("shard");
+  sorl::test::scratch_dir dir("shard");
   hf_save_options o;
   o.dtype = at::kFloat;
   save_hf_model(m, dir.path, o);
@@ -332,7 +322,6 @@ TEST_CASE("sharded weights load through model.safetensors.index.json", "[hf]") {
   save_safetensors(dir.path / "model-00002-of-00002.safetensors", b);
   const fs::path index = dir.path / "model.safetensors.index.json";
   write_text(index, json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump());
-  CHECK(is_hf_model_dir(dir.path));
   const hf_loaded_model back = load_hf_model(dir.path);
   for (std::size_t i = 0; i < ps.size(); ++i)
     CHECK(at::equal(back.model.parameters()[i].second, ps[i].second.to(at::kHalf).to(at::kFloat)));
@@ -355,7 +344,7 @@ TEST_CASE("sharded weights load through model.safetensors.index.json", "[hf]") {
 TEST_CASE("weights that do not fit the config are refused by tensor name", "[hf]") {
   const model_dims d = small_dims();
   const policy_model m = random_policy(d, 13);
-  temp_dir dir("bad");
+  sorl::test::scratch_dir dir("bad");
   hf_save_options o;
   o.dtype = at::kFloat;
   save_hf_model(m, dir.path, o);
@@ -406,7 +395,7 @@ TEST_CASE("weights that do not fit the config are refused by tensor name", "[hf]
 TEST_CASE("load_hf_model caps max_seq, and save refuses a Llama with q/k/v biases", "[hf]") {
   model_dims d = small_dims();
   const policy_model m = random_policy(d, 14);
-  temp_dir dir("cap");
+  sorl::test::scratch_dir dir("cap");
   hf_save_options o;
   o.max_position_embeddings = 4096;
   save_hf_model(m, dir.path, o);
@@ -418,13 +407,12 @@ TEST_CASE("load_hf_model caps max_seq, and save refuses a Llama with q/k/v biase
   d.qkv_bias = true;
   const policy_model q = random_policy(d, 15);
   CHECK_THROWS_WITH(save_hf_model(q, dir.path, hf_save_options{}), Catch::Contains("Qwen2"));
-  CHECK_FALSE(is_hf_model_dir(dir.path / "nothing"));
 }
 
 TEST_CASE("save_hf_byte_model writes a directory that speaks sorl's byte tokenizer", "[hf]") {
   const model_dims d = preset("tiny");
   const policy_model m = random_policy(d, 16);
-  temp_dir dir("bytes");
+  sorl::test::scratch_dir dir("bytes");
   save_hf_byte_model(m, dir.path, at::kFloat);
   require_same_weights(m, load_hf_model(dir.path).model);
   const json gen = json::parse(read_file_bytes(dir.path / "generation_config.json"));

@@ -6,6 +6,8 @@
 #include "runtime/ml/hf_model.hpp"
 #include "tests/ml/policy_test_util.hpp"
 
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -27,7 +29,8 @@ TEST_CASE("the byte format is encode_single_turn_prompt and encode_chat", "[prom
 }
 
 TEST_CASE("a Hugging Face directory's format renders its template, contents as plain text", "[prompt_format]") {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("sorl-format-{}", ::getpid());
+  const sorl::test::scratch_dir scratch("prompt_format");
+  const fs::path dir = scratch.path / "model";
   save_hf_byte_model(sorl::ml::test::random_policy(preset("tiny"), 4), dir, at::kFloat);
   const byte_tokenizer bytes;
   // An exported sorl model: its template is sorl's own, so the chat ids are encode_chat's.
@@ -43,5 +46,4 @@ TEST_CASE("a Hugging Face directory's format renders its template, contents as p
   CHECK(with_system.single_turn("2+2=") ==
         encode_chat(bytes, {{chat_role::system, "be brief"}, {chat_role::user, "2+2="}}, true));
   CHECK_THROWS_AS(prompt_format::hugging_face(dir, {99999}), std::invalid_argument);
-  fs::remove_all(dir);
 }

@@ -1,5 +1,7 @@
 #include "runtime/ml/reward_process.hpp"
 
+#include "tests/support/scratch_dir.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cerrno>
@@ -21,14 +23,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-// A fresh directory for one case's scorer scripts.
-fs::path scratch_dir(const std::string& name) {
-  const fs::path dir = fs::path(SORL_TEST_DATA_DIR) / "reward_process" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 fs::path write_file(const fs::path& dir, const std::string& name, const std::string& text) {
   const fs::path path = dir / name;
@@ -115,7 +109,8 @@ bool contains(const std::string& text, const std::string& part) {
 } // namespace
 
 TEST_CASE("reward_process: rewards from a correct scorer, in order", "[reward_process]") {
-  const fs::path dir = scratch_dir("correct");
+  const sorl::test::scratch_dir scratch("reward_process_correct");
+  const fs::path& dir = scratch.path;
   // The reward shows that completion, answer and entry all arrive intact.
   const fs::path script = write_file(
     dir, "scorer.py",
@@ -150,7 +145,8 @@ TEST_CASE("reward_process: rewards from a correct scorer, in order", "[reward_pr
 }
 
 TEST_CASE("reward_process: requests are cut at max_batch items", "[reward_process]") {
-  const fs::path dir = scratch_dir("batches");
+  const sorl::test::scratch_dir scratch("reward_process_batches");
+  const fs::path& dir = scratch.path;
   // Each item's reward is its batch's size, its note the request id.
   const fs::path script = write_file(
     dir, "scorer.py",
@@ -176,7 +172,8 @@ TEST_CASE("reward_process: requests are cut at max_batch items", "[reward_proces
 
 TEST_CASE("reward_process: a crash fails its batch, says why, and the next batch restarts",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("crash");
+  const sorl::test::scratch_dir scratch("reward_process_crash");
+  const fs::path& dir = scratch.path;
   const fs::path script = write_file(
     dir, "scorer.py",
     python_scorer("    for it in items:\n"
@@ -227,7 +224,8 @@ TEST_CASE("reward_process: a crash fails its batch, says why, and the next batch
 
 TEST_CASE("reward_process: a hung scorer times out, is killed with its children, and is restarted",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("hang");
+  const sorl::test::scratch_dir scratch("reward_process_hang");
+  const fs::path& dir = scratch.path;
   // sh starts in a few ms, so the short timeout measures the hang and not a start-up. A
   // request holding "hang" puts a sleeping child of its own in the group, and waits for it.
   // nlohmann writes keys in order, so a request starts with {"id":<id>,.
@@ -270,7 +268,8 @@ TEST_CASE("reward_process: a hung scorer times out, is killed with its children,
 }
 
 TEST_CASE("reward_process: a batch past the deadline is not sent", "[reward_process]") {
-  const fs::path dir = scratch_dir("deadline");
+  const sorl::test::scratch_dir scratch("reward_process_deadline");
+  const fs::path& dir = scratch.path;
   const fs::path script = write_file(dir, "scorer.sh",
                                      "while IFS= read -r line; do\n"
                                      "  case \"$line\" in *slow*) sleep 100;; esac\n"
@@ -293,7 +292,8 @@ TEST_CASE("reward_process: a batch past the deadline is not sent", "[reward_proc
 
 TEST_CASE("reward_process: malformed replies fail the whole batch and restart the scorer",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("malformed");
+  const sorl::test::scratch_dir scratch("reward_process_malformed");
+  const fs::path& dir = scratch.path;
   struct scenario {
     const char* name;
     std::string body;
@@ -342,7 +342,8 @@ TEST_CASE("reward_process: malformed replies fail the whole batch and restart th
 
 TEST_CASE("reward_process: output after a reply counts as malformed before the next request",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("stray");
+  const sorl::test::scratch_dir scratch("reward_process_stray");
+  const fs::path& dir = scratch.path;
   // One write, so that the stray line arrives with the reply.
   const fs::path script = write_file(
     dir, "scorer.py",
@@ -357,7 +358,8 @@ TEST_CASE("reward_process: output after a reply counts as malformed before the n
 }
 
 TEST_CASE("reward_process: a reply line longer than max_line_bytes is malformed", "[reward_process]") {
-  const fs::path dir = scratch_dir("long");
+  const sorl::test::scratch_dir scratch("reward_process_long");
+  const fs::path& dir = scratch.path;
   const fs::path script = write_file(
     dir, "scorer.py",
     python_scorer(length_body
@@ -375,7 +377,8 @@ TEST_CASE("reward_process: a reply line longer than max_line_bytes is malformed"
 }
 
 TEST_CASE("reward_process: per-item errors and invalid rewards fail only their items", "[reward_process]") {
-  const fs::path dir = scratch_dir("items");
+  const sorl::test::scratch_dir scratch("reward_process_items");
+  const fs::path& dir = scratch.path;
   // Written by hand, to hold values json.dumps would not write for a scorer's floats.
   const fs::path script = write_file(
     dir, "scorer.py",
@@ -420,7 +423,8 @@ TEST_CASE("reward_process: per-item errors and invalid rewards fail only their i
 }
 
 TEST_CASE("reward_process: a scorer flooding stderr does not deadlock", "[reward_process]") {
-  const fs::path dir = scratch_dir("flood");
+  const sorl::test::scratch_dir scratch("reward_process_flood");
+  const fs::path& dir = scratch.path;
   // 2 MB of stderr before reading the first request, and 2 MB more before each reply,
   // while sorl writes a request too big for the stdin pipe.
   const fs::path script = write_file(
@@ -451,7 +455,8 @@ TEST_CASE("reward_process: a scorer flooding stderr does not deadlock", "[reward
 
 TEST_CASE("reward_process: a scorer that cannot start is given up after max_restarts",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("exits");
+  const sorl::test::scratch_dir scratch("reward_process_exits");
+  const fs::path& dir = scratch.path;
   const fs::path starts = dir / "starts";
   reward_process_options o;
   o.argv = {"/bin/sh", "-c",
@@ -525,7 +530,8 @@ TEST_CASE("reward_process: a command that does not exist fails with the reason",
 }
 
 TEST_CASE("reward_process: the working directory is the one asked for", "[reward_process]") {
-  const fs::path dir = scratch_dir("cwd");
+  const sorl::test::scratch_dir scratch("reward_process_cwd");
+  const fs::path& dir = scratch.path;
   write_file(dir, "weight.txt", "0.75");
   const fs::path script = write_file(
     dir, "scorer.py", python_scorer("    rewards = [float(open('weight.txt').read()) for it in items]\n"));
@@ -537,7 +543,8 @@ TEST_CASE("reward_process: the working directory is the one asked for", "[reward
 
 TEST_CASE("reward_process: shutdown waits for a clean exit, kills a scorer that does not exit",
           "[reward_process]") {
-  const fs::path dir = scratch_dir("shutdown");
+  const sorl::test::scratch_dir scratch("reward_process_shutdown");
+  const fs::path& dir = scratch.path;
   SECTION("exits at end of input") {
     const fs::path script = write_file(dir, "scorer.py", python_scorer(length_body));
     auto rp = std::make_unique<reward_process>(python_options(script));
@@ -618,7 +625,8 @@ TEST_CASE("reward_process: outcomes as reward_result", "[reward_process]") {
 }
 
 TEST_CASE("reward_process: no child is left behind", "[reward_process]") {
-  const fs::path dir = scratch_dir("zombies");
+  const sorl::test::scratch_dir scratch("reward_process_zombies");
+  const fs::path& dir = scratch.path;
   const fs::path script = write_file(
     dir, "scorer.py",
     python_scorer("    if items[0]['completion'] == 'exit':\n"
