@@ -67,6 +67,16 @@ sorl::experiment_config load_or_exit(const std::string& path) {
         if (a.role == sorl::role::trainer || a.role == sorl::role::rollout_worker
             || a.role == sorl::role::learner) {
           try {
+            // A model directory's config.json and tokenizer are read here, so their errors
+            // come before anything runs too.
+            sorl::model_dims_from(cfg);
+            sorl::prompt_format_from(cfg);
+          } catch (const std::exception& e) {
+            std::cerr << path << ": [model] hf_dir: " << e.what() << '\n';
+            std::cerr << "sorl: " << path << ": nothing started\n";
+            std::exit(2);
+          }
+          try {
             sorl::make_task_from(cfg);
           } catch (const std::exception& e) {
             std::cerr << path << ": [task]: " << e.what() << '\n';
@@ -280,6 +290,54 @@ void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std:
                  "(scripts/install-deps installs libopenblas0-pthread)");
 }
 
+/// The checkpoint step directory `export-hf` and `eval` read for CONFIG: `explicit_dir` (a step
+/// directory or a checkpoint root) when given, else the run's latest checkpoint, else the
+/// latest under model.checkpoint. nullopt for a model.hf_dir config with no checkpoint at all
+/// (its own weights are the policy). Throws std::runtime_error saying what is missing.
+std::optional<fs::path> policy_checkpoint(const sorl::experiment_config& cfg,
+                                          const std::string& explicit_dir) {
+  auto step_dir = [](const fs::path& p) -> std::optional<fs::path> {
+    if (fs::exists(p / "state.json"))
+      return p;
+    return sorl::ml::latest_checkpoint(p);
+  };
+  if (!explicit_dir.empty()) {
+    auto d = step_dir(explicit_dir);
+    if (!d)
+      throw std::runtime_error(fmt::format("--checkpoint {}: no checkpoint there", explicit_dir));
+    return d;
+  }
+  if (auto run = step_dir(fs::path{cfg.run.run_dir()} / "checkpoints"))
+    return run;
+  if (!cfg.model.checkpoint.empty()) {
+    if (auto warm = step_dir(cfg.model.checkpoint))
+      return warm;
+    throw std::runtime_error(fmt::format("no checkpoint under {}/checkpoints or model.checkpoint {} "
+                                         "(run `sorl train` or `sorl sft` first)",
+                                         cfg.run.run_dir(), cfg.model.checkpoint));
+  }
+  if (!cfg.model.hf_dir.empty())
+    return std::nullopt;
+  throw std::runtime_error(
+    fmt::format("no checkpoint under {}/checkpoints and no model.checkpoint", cfg.run.run_dir()));
+}
+
+/// CONFIG's policy with the weights of policy_checkpoint (or model.hf_dir's own), fp32, and
+/// where they came from.
+std::pair<sorl::ml::policy_model, std::string> load_config_policy(const sorl::experiment_config& cfg,
+                                                                  const std::string& explicit_dir) {
+  const auto dir = policy_checkpoint(cfg, explicit_dir);
+  const auto dims = sorl::model_dims_from(cfg);
+  if (!dir) {
+    sorl::ml::hf_load_options lo;
+    lo.max_seq = dims.max_seq;
+    return {std::move(sorl::ml::load_hf_model(cfg.model.hf_dir, lo).model), cfg.model.hf_dir};
+  }
+  sorl::ml::policy_model model(dims, cfg.run.seed);
+  sorl::ml::load_checkpoint(*dir, model.parameters());
+  return {std::move(model), dir->string()};
+}
+
 /// Prepares OUT for `convert-gguf` / `export-hf`: a directory that already holds a Hugging Face
 /// model is refused unless `overwrite`, and then that model's files go first, so that none of
 /// them (a shard index, special_tokens_map.json) is left to change the new model when
@@ -401,7 +459,7 @@ int main(int argc, char** argv) {
   auto* export_hf = app.add_subcommand(
     "export-hf", "Write CONFIG's policy from a checkpoint as a Hugging Face model directory\n"
                  "(config.json, model.safetensors, tokenizer.json, tokenizer_config.json)");
-  export_hf->add_option("config", export_config, "experiment TOML (its [model] preset)")->required();
+  export_hf->add_option("config", export_config, "experiment TOML (its [model] preset or hf_dir)")->required();
   export_hf->add_option("out", export_out, "output directory")->required();
   export_hf->add_option("--checkpoint", export_checkpoint,
                         "a checkpoint step directory or root (default: the run's latest "
@@ -412,14 +470,21 @@ int main(int argc, char** argv) {
   export_hf->add_flag("--overwrite", hf_overwrite,
                       "replace a model already in OUT (its files are removed first)");
 
-  std::string eval_model, eval_data, eval_checker = "first_number", eval_out, eval_system;
+  std::string eval_model, eval_data, eval_checker = "first_number", eval_out, eval_system,
+    eval_checkpoint;
   sorl::ml::hf_eval_options eval_opts;
   auto* eval = app.add_subcommand(
-    "eval", "Score a Hugging Face model directory on a JSONL held-out set (scripts/fetch-data):\n"
-            "accuracy, pass@k, mean length; each prompt is one user message of the model's chat\n"
-            "template, answers scored by a built-in checker");
-  eval->add_option("model", eval_model, "Hugging Face model directory (sorl export-hf writes one)")
+    "eval", "Score a Hugging Face model directory, or a run's policy, on a JSONL held-out set\n"
+            "(scripts/fetch-data): accuracy, pass@k, mean length; each prompt is one user message\n"
+            "of the model's chat template (sorl's byte format for a preset), answers scored by a\n"
+            "built-in checker");
+  eval->add_option("model", eval_model,
+                   "Hugging Face model directory (sorl export-hf writes one), or an experiment TOML:\n"
+                   "its run's latest checkpoint (else model.checkpoint, else model.hf_dir) in its\n"
+                   "prompt format")
     ->required();
+  eval->add_option("--checkpoint", eval_checkpoint,
+                   "with an experiment TOML: a checkpoint step directory or root to score instead");
   eval->add_option("data", eval_data, "JSONL: prompt, answer (and entry, for countdown)")->required();
   eval->add_option("--checker", eval_checker, "exact, first_number or countdown")
     ->check(CLI::IsMember({"exact", "first_number", "countdown"}))
@@ -488,35 +553,28 @@ int main(int argc, char** argv) {
     if (int rc = prepare_hf_out_dir(export_out, hf_overwrite, "export-hf"))
       return rc;
     try {
-      fs::path dir;
-      std::string from;
-      auto step_dir = [](const fs::path& p) -> std::optional<fs::path> {
-        if (fs::exists(p / "state.json"))
-          return p;
-        return sorl::ml::latest_checkpoint(p);
-      };
-      if (!export_checkpoint.empty()) {
-        auto d = step_dir(export_checkpoint);
-        if (!d)
-          throw std::runtime_error(fmt::format("--checkpoint {}: no checkpoint there", export_checkpoint));
-        dir = *d;
-      } else if (auto run = step_dir(fs::path{cfg.run.run_dir()} / "checkpoints")) {
-        dir = *run;
-      } else if (!cfg.model.checkpoint.empty()) {
-        auto warm = step_dir(cfg.model.checkpoint);
-        if (!warm)
-          throw std::runtime_error(fmt::format("no checkpoint under {}/checkpoints or model.checkpoint {} "
-                                               "(run `sorl train` or `sorl sft` first)",
-                                               cfg.run.run_dir(), cfg.model.checkpoint));
-        dir = *warm;
+      auto [model, from] = load_config_policy(cfg, export_checkpoint);
+      const auto dtype = export_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+      if (cfg.model.hf_dir.empty()) {
+        sorl::ml::save_hf_byte_model(model, export_out, dtype);
       } else {
-        throw std::runtime_error(
-          fmt::format("no checkpoint under {}/checkpoints and no model.checkpoint", cfg.run.run_dir()));
+        // The source directory's tokenizer and token ids, with the trained weights.
+        const auto src = sorl::ml::read_hf_config(cfg.model.hf_dir);
+        sorl::ml::hf_save_options o;
+        o.family = src.family;
+        o.dtype = dtype;
+        o.bos_token_id = src.bos_token_id;
+        o.eos_token_ids = src.eos_token_ids;
+        o.pad_token_id = src.pad_token_id;
+        o.max_position_embeddings = src.max_position_embeddings;
+        sorl::ml::save_hf_model(model, export_out, o);
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+          if (fs::exists(fs::path{cfg.model.hf_dir} / f))
+            fs::copy_file(fs::path{cfg.model.hf_dir} / f, fs::path{export_out} / f,
+                          fs::copy_options::overwrite_existing);
       }
-      sorl::ml::policy_model model(sorl::model_dims_from(cfg), cfg.run.seed);
-      sorl::ml::load_checkpoint(dir, model.parameters());
-      sorl::ml::save_hf_byte_model(model, export_out, export_dtype == "bf16" ? at::kBFloat16 : at::kFloat);
-      fmt::print("{}: {} model from {} ({} parameters, {})\n", export_out, cfg.model.preset, dir.string(),
+      fmt::print("{}: {} model from {} ({} parameters, {})\n", export_out,
+                 cfg.model.hf_dir.empty() ? cfg.model.preset : cfg.model.hf_dir, from,
                  model.dims().parameter_count(), export_dtype);
       return 0;
     } catch (const std::exception& e) {
@@ -529,11 +587,31 @@ int main(int argc, char** argv) {
       eval_opts.checker = sorl::ml::parse_answer_checker(eval_checker);
       eval_opts.max_batch = std::max<std::int64_t>(16, eval_opts.k);
       const auto items = sorl::ml::load_eval_items(eval_data, eval_opts.checker);
-      sorl::ml::hf_load_options lo;
-      lo.max_seq = 4096;
-      const auto m = sorl::ml::load_hf_model(eval_model, lo);
-      const auto format =
-        sorl::ml::prompt_format::hugging_face(eval_model, m.config.eos_token_ids, eval_system);
+      std::optional<sorl::ml::policy_model> model;
+      std::optional<sorl::ml::prompt_format> format;
+      std::string from = eval_model;
+      std::error_code ec;
+      if (fs::is_regular_file(eval_model, ec)) {
+        auto cfg = load_or_exit(eval_model);
+        if (!eval_system.empty()) {
+          if (cfg.model.hf_dir.empty())
+            throw std::runtime_error("--system: sorl's byte format has no system turn");
+          cfg.task.system_prompt = eval_system;
+        }
+        auto loaded = load_config_policy(cfg, eval_checkpoint);
+        model.emplace(std::move(loaded.first));
+        from = loaded.second;
+        format.emplace(sorl::prompt_format_from(cfg));
+      } else {
+        if (!eval_checkpoint.empty())
+          throw std::runtime_error("--checkpoint needs an experiment TOML as the model");
+        sorl::ml::hf_load_options lo;
+        lo.max_seq = 4096;
+        auto m = sorl::ml::load_hf_model(eval_model, lo);
+        format.emplace(sorl::ml::prompt_format::hugging_face(eval_model, m.config.eos_token_ids, eval_system));
+        model.emplace(std::move(m.model));
+      }
+      std::cerr << fmt::format("sorl eval: {} in prompt format '{}'\n", from, format->name());
       auto last = std::chrono::steady_clock::now();
       const auto start = last;
       eval_opts.progress = [&](std::int64_t done, std::int64_t all) {
@@ -544,7 +622,7 @@ int main(int argc, char** argv) {
         std::cerr << fmt::format("sorl eval: {}/{} prompts, {:.0f} s\n", done, all,
                                  std::chrono::duration<double>(now - start).count());
       };
-      const auto r = sorl::ml::evaluate_hf_model(m.model, format, items, eval_opts);
+      const auto r = sorl::ml::evaluate_hf_model(*model, *format, items, eval_opts);
       fmt::print("{}: {} prompts x {}  accuracy {:.3f}  pass@{} {:.3f}  mean score {:.3f}  mean length "
                  "{:.1f} tokens  truncated {:.3f}  {:.1f} s  {:.0f} tok/s\n",
                  eval_data, r.prompts, r.k, r.accuracy, r.k, r.pass_at_k, r.mean_score, r.mean_length,
@@ -552,6 +630,8 @@ int main(int argc, char** argv) {
       if (!eval_out.empty()) {
         nlohmann::ordered_json j;
         j["model"] = eval_model;
+        j["weights"] = from;
+        j["prompt_format"] = std::string(format->name());
         j["data"] = eval_data;
         j["checker"] = eval_checker;
         j["k"] = r.k;

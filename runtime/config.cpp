@@ -451,6 +451,33 @@ public:
     return nullptr;
   }
 
+  /// An array of strings; `non_empty` refuses an empty string as an element.
+  const toml::node* string_list(std::string_view key, std::vector<std::string>& out, bool non_empty) {
+    auto* n = find(key);
+    if (!n)
+      return nullptr;
+    auto* arr = n->as_array();
+    if (!arr) {
+      wrong_type(key, *n, "an array of strings");
+      return nullptr;
+    }
+    std::vector<std::string> items;
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const auto* s = arr->get(i)->as_string();
+      if (!s) {
+        error(key, *n, fmt::format("element {} is {}, not a string", i + 1, type_name(*arr->get(i))));
+        return nullptr;
+      }
+      if (non_empty && s->get().empty()) {
+        error(key, *n, fmt::format("element {} is an empty string", i + 1));
+        return nullptr;
+      }
+      items.push_back(s->get());
+    }
+    out = std::move(items);
+    return n;
+  }
+
   void choice(std::string_view key, std::string& out,
               std::initializer_list<std::string_view> allowed) {
     std::string value;
@@ -570,6 +597,21 @@ void parse_model(table_reader& r, model_config& c, const std::string& base) {
   not_yet(r, "rollout_dtype", c.rollout_dtype != "bf16", "rollout_dtype \"fp32\"");
   if (c.warm_start && c.checkpoint.empty())
     r.missing("checkpoint", "warm_start = true needs a checkpoint directory to create");
+  r.string("hf_dir", c.hf_dir);
+  c.hf_dir = resolve(base, c.hf_dir);
+  r.integer("max_seq", c.max_seq, 0, int64_t{1} << 20);
+  if (!c.hf_dir.empty()) {
+    if (auto why = path_problem(c.hf_dir + "/config.json", path_role::input_file); !why.empty())
+      r.conflict("hf_dir", why + " (a Hugging Face model directory holds config.json; "
+                                 "scripts/fetch-model makes one)");
+    if (r.table().get("preset"))
+      r.conflict("preset", "preset and hf_dir both name the model; keep one");
+    if (c.warm_start)
+      r.conflict("warm_start", "the warm start trains a byte-tokenizer preset; a model from "
+                               "hf_dir starts from its own weights");
+  } else if (c.max_seq > 0) {
+    r.conflict("max_seq", "max_seq applies to a model from hf_dir; a preset fixes its own");
+  }
 }
 
 void parse_task(table_reader& r, task_config& c, const std::string& base) {
@@ -602,6 +644,12 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
+  r.string_list("reward_command", c.reward_command, true);
+  r.integer("reward_timeout_ms", c.reward_timeout_ms, 1, 3'600'000);
+  r.string("system_prompt", c.system_prompt);
+  if (!c.reward_command.empty() && c.name != "jsonl")
+    r.conflict("reward_command", fmt::format("a reward command scores task \"jsonl\"; task \"{}\" "
+                                             "has its own verifier", c.name));
   if (c.min_digits > c.max_digits)
     r.conflict("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
                                         c.max_digits));
@@ -936,6 +984,21 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
   section("scheduler", [&](table_reader& r) { parse_scheduler(r, cfg.scheduler); });
   section("network", [&](table_reader& r) { parse_network(r, cfg.network, base_dir); });
   section("smoke", [&](table_reader& r) { parse_smoke(r, cfg.smoke); });
+  // Keys of two sections that must agree.
+  auto source_of = [&](const char* table, const char* key) {
+    const auto* t = root.get(table) ? root.get(table)->as_table() : nullptr;
+    const auto* n = t ? t->get(key) : nullptr;
+    return n ? n->source() : root.source();
+  };
+  if (!cfg.model.hf_dir.empty() && (cfg.task.name == "number_guess" || cfg.task.name == "file_search"))
+    sink.add(source_of("model", "hf_dir"), "model.hf_dir",
+             fmt::format("a model from hf_dir trains single-turn tasks (jsonl, arithmetic); "
+                         "task \"{}\" is multi-turn and speaks sorl's byte turn format",
+                         cfg.task.name));
+  if (cfg.model.hf_dir.empty() && !cfg.task.system_prompt.empty())
+    sink.add(source_of("task", "system_prompt"), "task.system_prompt",
+             "a system message needs a chat template: set model.hf_dir (sorl's byte presets "
+             "have no system turn)");
   seen.emplace("node");
   if (sink.known)
     (*sink.known)[""].insert(seen.begin(), seen.end());

@@ -69,7 +69,7 @@ enum class sync_kind { full, sparse };                  ///< [sync].mode
 /// [scheduler].policy. "cache_aware" is a designed value the config refuses, so it has no
 /// member: nothing past the config needs to refuse it again.
 enum class placement_kind { round_robin, least_loaded };
-enum class match_kind { exact, integer };               ///< [task].match
+enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
 
 template <class E>
 struct config_names {};
@@ -91,7 +91,8 @@ SORL_CONFIG_NAMES(group_policy_kind, 3, {group_policy_kind::fixed, "static"},
 SORL_CONFIG_NAMES(sync_kind, 2, {sync_kind::full, "full"}, {sync_kind::sparse, "sparse"})
 SORL_CONFIG_NAMES(placement_kind, 2, {placement_kind::round_robin, "round_robin"},
                   {placement_kind::least_loaded, "least_loaded"})
-SORL_CONFIG_NAMES(match_kind, 2, {match_kind::exact, "exact"}, {match_kind::integer, "integer"})
+SORL_CONFIG_NAMES(match_kind, 4, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
+                  {match_kind::first_number, "first_number"}, {match_kind::countdown, "countdown"})
 #undef SORL_CONFIG_NAMES
 
 /// The config spelling of an enumerated setting, e.g. to_string(sync_kind::sparse) == "sparse".
@@ -130,6 +131,14 @@ struct run_config {
 /// [model]: which policy to build or load.
 struct model_config {
   std::string preset = "tiny";    ///< "tiny" | "tiny-2k" (tiny, 2048-token context) | "50m"
+  /// A Hugging Face model directory (config.json, safetensors, tokenizer.json with a
+  /// recognised chat template; runtime/ml/hf_model.hpp, runtime/ml/prompt_format.hpp) to start
+  /// from instead of a preset: its shape, weights (unless `checkpoint` or --resume name a sorl
+  /// checkpoint) and prompt format. Single-turn tasks only. Relative to the config file.
+  std::string hf_dir;
+  /// With hf_dir: the longest sequence (prompt + response) the policy may hold, tokens; 0 =
+  /// the model's max_position_embeddings, capped at 32768. Range 0..2^20.
+  int64_t max_seq = 0;
   /// Checkpoint root (a directory of step-N checkpoints, runtime/ml/checkpoint.hpp) to start
   /// from; empty = random init from the preset. Relative to the config file.
   std::string checkpoint;
@@ -143,7 +152,18 @@ struct task_config {
   std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "file_search" | "jsonl"
   std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
   std::string eval_path;           ///< optional held-out JSONL
-  match_kind match = match_kind::exact; ///< jsonl answer match: "exact" | "integer"
+  /// jsonl answer match: "exact" | "integer" | "first_number" | "countdown" (reasoning-gym's
+  /// rules, on the text of the completion's last <answer> tag when it has one;
+  /// runtime/ml/tasks.hpp answer_match)
+  match_kind match = match_kind::exact;
+  /// jsonl: a scorer process that rewards completions instead of `match` (protocol:
+  /// runtime/ml/reward_process.hpp), e.g. [".venv-data/bin/python",
+  /// "scripts/rewards/reasoning_gym_reward.py"]. Run without a shell in sorl's working
+  /// directory; an argument is taken as written (not relative to the config file). Empty = off.
+  std::vector<std::string> reward_command;
+  int64_t reward_timeout_ms = 30000; ///< per scoring call, ms; 1..3.6e6
+  /// With model.hf_dir: a system message before every prompt ("" = none).
+  std::string system_prompt;
   int64_t min_digits = 1;          ///< arithmetic operand digits
   int64_t max_digits = 2;
   std::string operators = "+";     ///< arithmetic: non-empty subset of "+-*/"

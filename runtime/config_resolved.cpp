@@ -91,7 +91,11 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("threads", c.run.threads);
 
   e.table = "model";
-  e.str("preset", c.model.preset);
+  // A model from hf_dir has no preset, and naming both is an error.
+  if (c.model.hf_dir.empty())
+    e.str("preset", c.model.preset);
+  e.path("hf_dir", c.model.hf_dir);
+  e.integer("max_seq", c.model.max_seq);
   e.path("checkpoint", c.model.checkpoint);
   e.boolean("warm_start", c.model.warm_start);
   e.str("rollout_dtype", c.model.rollout_dtype);
@@ -119,6 +123,14 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.number("eval_fraction", c.task.eval_fraction);
   e.integer("max_new_tokens", c.task.max_new_tokens);
   e.integer("eval_prompts", c.task.eval_prompts);
+  {
+    std::string list = "[";
+    for (const auto& a : c.task.reward_command)
+      list += (list.size() > 1 ? ", " : "") + quoted(a);
+    e.add("reward_command", list + "]");
+  }
+  e.integer("reward_timeout_ms", c.task.reward_timeout_ms);
+  e.str("system_prompt", c.task.system_prompt);
 
   e.table = "sft";
   e.integer("steps", c.sft.steps);

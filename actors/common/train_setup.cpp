@@ -1,5 +1,9 @@
 #include "actors/common/train_setup.hpp"
 
+#include <algorithm>
+
+#include "runtime/ml/hf_model.hpp"
+
 namespace sorl {
 
 namespace {
@@ -27,11 +31,23 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.file_search.wander_share = t.wander_share;
   o.jsonl.path = t.path;
   o.jsonl.eval_path = t.eval_path;
-  o.jsonl.match =
-    t.match == match_kind::integer ? ml::answer_match::integer : ml::answer_match::exact;
+  switch (t.match) {
+  case match_kind::exact: o.jsonl.match = ml::answer_match::exact; break;
+  case match_kind::integer: o.jsonl.match = ml::answer_match::integer; break;
+  case match_kind::first_number: o.jsonl.match = ml::answer_match::first_number; break;
+  case match_kind::countdown: o.jsonl.match = ml::answer_match::countdown; break;
+  }
+  o.jsonl.reward.argv = t.reward_command;
+  o.jsonl.reward.timeout_ms = t.reward_timeout_ms;
   // What the rollout workers could never serve is refused when the task is built, before
   // anything starts (`sorl check`, `sorl train`).
-  o.jsonl.context_tokens = ml::preset(cfg.model.preset).max_seq;
+  o.jsonl.context_tokens = model_dims_from(cfg).max_seq;
+  if (!cfg.model.hf_dir.empty() && t.name == "jsonl") {
+    auto format = std::make_shared<ml::prompt_format>(prompt_format_from(cfg));
+    o.jsonl.prompt_tokens = [format](const std::string& prompt) {
+      return static_cast<std::int64_t>(format->single_turn(prompt).size());
+    };
+  }
   return o;
 }
 
@@ -42,7 +58,20 @@ ml::any_task make_task_from(const experiment_config& cfg) {
 }
 
 ml::model_dims model_dims_from(const experiment_config& cfg) {
-  return ml::preset(cfg.model.preset);
+  if (cfg.model.hf_dir.empty())
+    return ml::preset(cfg.model.preset);
+  const auto hf = ml::read_hf_config(cfg.model.hf_dir);
+  auto dims = hf.dims;
+  const std::int64_t cap = cfg.model.max_seq > 0 ? cfg.model.max_seq : 32768;
+  dims.max_seq = std::min(hf.max_position_embeddings, cap);
+  return dims;
+}
+
+ml::prompt_format prompt_format_from(const experiment_config& cfg) {
+  if (cfg.model.hf_dir.empty())
+    return ml::prompt_format::byte_level();
+  const auto hf = ml::read_hf_config(cfg.model.hf_dir);
+  return ml::prompt_format::hugging_face(cfg.model.hf_dir, hf.eos_token_ids, cfg.task.system_prompt);
 }
 
 ml::sft_options sft_options_from(const experiment_config& cfg) {

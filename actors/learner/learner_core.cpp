@@ -241,10 +241,8 @@ at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
                           const at::Tensor& attention, const at::Tensor& rows,
                           const at::Tensor& targets, double temperature,
                           at::Tensor* entropy = nullptr) {
-  const at::Tensor logits = model.forward(ids, attention); // [n, L, V]
-  const std::int64_t n = rows.size(0), T = rows.size(1), V = logits.size(2);
-  // Keep only the response rows before the softmax: prompt positions cost nothing more.
-  at::Tensor picked = logits.gather(1, rows.unsqueeze(-1).expand({n, T, V})); // [n, T, V]
+  // Logits of the response rows only: prompt positions never reach the LM head.
+  at::Tensor picked = model.forward_rows(ids, attention, rows); // [n, T, V]
   // In double, so that T counts as the user wrote it (torch would round a scalar divisor to
   // the tensor's fp32), then rounded once to fp32.
   if (temperature != 1.0)

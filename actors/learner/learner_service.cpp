@@ -14,6 +14,7 @@
 #include "actors/sync/weight_sync.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
 namespace sorl::learner {
@@ -170,7 +171,8 @@ learner_service::~learner_service() = default;
 
 loaded_policy learner_service::load_policy() {
   task_ = make_task_from(cfg_);
-  model_ = std::make_unique<ml::policy_model>(model_dims_from(cfg_), cfg_.run.seed);
+  format_ = std::make_unique<ml::prompt_format>(prompt_format_from(cfg_));
+  const auto dims = model_dims_from(cfg_);
   std::optional<fs::path> dir;
   loaded_policy out;
   if (cfg_.run.resume) {
@@ -200,8 +202,17 @@ loaded_policy learner_service::load_policy() {
                                            "`sorl sft` or set model.warm_start = true)",
                                            cfg_.model.checkpoint));
   }
-  out.source = fmt::format("fresh {} init (seed {})", cfg_.model.preset, cfg_.run.seed);
   ml::loaded_checkpoint loaded;
+  if (!dir && !cfg_.model.hf_dir.empty()) {
+    ml::hf_load_options lo;
+    lo.max_seq = dims.max_seq;
+    auto hf = ml::load_hf_model(cfg_.model.hf_dir, lo);
+    model_ = std::make_unique<ml::policy_model>(std::move(hf.model));
+    out.source = cfg_.model.hf_dir;
+  } else {
+    model_ = std::make_unique<ml::policy_model>(dims, cfg_.run.seed);
+    out.source = fmt::format("fresh {} init (seed {})", cfg_.model.preset, cfg_.run.seed);
+  }
   if (dir) {
     loaded = ml::load_checkpoint(*dir, model_->parameters());
     out.source = dir->string();
@@ -272,8 +283,7 @@ ml::eval_report learner_service::evaluate(uint32_t count) const {
   ml::eval_options o;
   o.count = count;
   o.max_new_tokens = cfg_.task.max_new_tokens;
-  ml::byte_tokenizer tok;
-  return ml::evaluate(*model_, tok, task_, o);
+  return ml::evaluate(*model_, *format_, task_, o);
 }
 
 saved_checkpoint learner_service::save_checkpoint(const std::string& trainer_state) const {
@@ -284,7 +294,10 @@ saved_checkpoint learner_service::save_checkpoint(const std::string& trainer_sta
     ml::checkpoint_state cs;
     cs.step = step_;
     cs.metadata["sorl.trainer"] = trainer_state;
-    cs.metadata["sorl.preset"] = cfg_.model.preset;
+    if (cfg_.model.hf_dir.empty())
+      cs.metadata["sorl.preset"] = cfg_.model.preset;
+    else
+      cs.metadata["sorl.hf_dir"] = cfg_.model.hf_dir;
     out.path =
       ml::save_checkpoint(checkpoint_root(cfg_), model_->parameters(), os.tensors, cs).string();
     spdlog::info("{}: checkpoint step {}: weights {:016x} optimizer {:016x}", me_, step_,

@@ -22,6 +22,7 @@
 #include "runtime/config.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/model.hpp"
+#include "runtime/ml/prompt_format.hpp"
 #include "runtime/ml/tasks.hpp"
 
 namespace sorl::learner {
@@ -96,7 +97,7 @@ public:
 
   /// Builds the task and the model and loads the weights: with run.resume the run's `latest`
   /// checkpoint (else its newest complete step directory, with a warning) plus optimizer state
-  /// and step, else model.checkpoint's latest, else a fresh init. Logs the source and, on
+  /// and step, else model.checkpoint's latest, else model.hf_dir's weights, else a fresh init. Logs the source and, on
   /// resume, the weights' and optimizer's fingerprints (the line a checkpoint's save wrote).
   /// Raises std::runtime_error when a checkpoint is asked for but absent, and whatever the task
   /// or checkpoint loading raise.
@@ -149,6 +150,7 @@ private:
   const experiment_config& cfg_;
   std::string me_;
   ml::any_task task_;
+  std::unique_ptr<ml::prompt_format> format_; ///< how evaluate() encodes prompts
   std::unique_ptr<ml::policy_model> model_;
   std::unique_ptr<learner_core> core_;
   int64_t step_ = 0;

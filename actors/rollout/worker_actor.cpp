@@ -79,7 +79,8 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   st.me = ctx.name();
   st.core = std::make_unique<rollout::worker_core>(model_dims_from(*ctx.config),
                                                    make_task_from(*ctx.config),
-                                                   rollout::worker_options_from(*ctx.config));
+                                                   rollout::worker_options_from(*ctx.config),
+                                                   prompt_format_from(*ctx.config));
   auto layout = rollout::receiver_layout_of(st.core->model());
   st.weights = std::make_unique<sync::weight_receiver>(
     st.me, std::move(layout.expected), std::move(layout.targets), steady_now_ns);

@@ -63,10 +63,15 @@ struct worker_core::rollout_state {
   ml::parked_kv kv = 0;
 };
 
-worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts)
-  : task_(std::move(task)), opts_(std::move(opts)) {
+worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts,
+                         ml::prompt_format format)
+  : task_(std::move(task)), format_(std::move(format)), opts_(std::move(opts)) {
   if (!task_.single_turn && !task_.multi_turn)
     throw std::invalid_argument("worker_core: empty task");
+  if (task_.multi_turn && !format_.is_byte_level())
+    throw std::invalid_argument(fmt::format("worker_core: multi-turn task '{}' needs sorl's byte "
+                                            "format, not prompt format '{}'",
+                                            task_.name(), format_.name()));
   if (!opts_.clock)
     opts_.clock = steady_ns;
   model_ = std::make_unique<ml::policy_model>(ml::policy_model{dims, 0}.clone(c10::kBFloat16));
@@ -98,7 +103,7 @@ void worker_core::enqueue(const rollout_request& r) {
   try {
     if (task_.single_turn) {
       st->prompt = task_.single_turn->prompt(r.split, r.task_index);
-      st->prompt_tokens = ml::encode_single_turn_prompt(tok_, st->prompt.prompt);
+      st->prompt_tokens = format_.single_turn(st->prompt.prompt);
     } else {
       st->env = task_.multi_turn->make_environment();
       auto first = st->env->reset(task_.multi_turn->episode_seed(r.split, r.task_index));
@@ -152,6 +157,10 @@ ml::sampling_params worker_core::sampling_for(const rollout_request& r, uint32_t
   p.top_k = r.top_k;
   p.max_new_tokens = r.max_new_tokens;
   p.seed = turn_seed(r.seed, turn);
+  if (!format_.is_byte_level()) {
+    p.eos_token_ids = format_.stop_ids();
+    return p;
+  }
   p.eos_token_ids = {tok_.special_id(ml::special_token::eos)};
   if (task_.multi_turn)
     p.eos_token_ids.push_back(tok_.special_id(ml::special_token::end_turn));
@@ -257,7 +266,7 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   std::vector<int32_t> body = g.tokens;
   if (g.reason == ml::finish_reason::eos && !body.empty())
     body.pop_back();
-  auto text = tok_.decode(body, ml::decode_specials::skip);
+  auto text = format_.tok().decode(body, ml::decode_specials::skip);
   if (task_.single_turn) {
     try {
       auto r = task_.single_turn->score(st.prompt, text);

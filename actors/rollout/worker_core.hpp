@@ -8,7 +8,10 @@
 // environment's tokens and the previous action's last token, not the whole transcript.
 //
 // Token layout of a rollout (the same as the warm start's, runtime/ml/sft.hpp):
-//   single-turn  prompt = <|bos|> encode(prompt text); response = sampled tokens (<|eos|> kept)
+//   single-turn  prompt = the prompt format's single_turn(prompt text) (runtime/ml/
+//                prompt_format.hpp: <|bos|> + its bytes in sorl's byte format, one user
+//                message of the chat template for a Hugging Face model); response = sampled
+//                tokens (the stop token kept)
 //   multi-turn   prompt = encode_chat(first observation, generation prompt); response = every
 //                token after it: sampled action tokens (mask 1) and the environment's
 //                <|user|> observation <|end_turn|> <|assistant|> tokens (mask 0)
@@ -24,6 +27,7 @@
 #include "actors/rollout/rollout_types.hpp"
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/model.hpp"
+#include "runtime/ml/prompt_format.hpp"
 #include "runtime/ml/tasks.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
@@ -52,9 +56,11 @@ worker_options worker_options_from(const experiment_config& cfg);
 /// one thread (the actor's).
 class worker_core {
 public:
-  /// Builds a bf16 model of `dims` (weights arrive by sync before the first request).
-  /// Raises std::invalid_argument for an empty task.
-  worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts = {});
+  /// Builds a bf16 model of `dims` (weights arrive by sync before the first request) that
+  /// speaks `format`. Raises std::invalid_argument for an empty task, and for a multi-turn
+  /// task with a format other than sorl's byte format (environments speak its turn layout).
+  worker_core(const ml::model_dims& dims, ml::any_task task, worker_options opts = {},
+              ml::prompt_format format = ml::prompt_format::byte_level());
   ~worker_core();
 
   /// The rollout weights; the sync path writes into parameters() in place, then calls
@@ -122,7 +128,8 @@ private:
   rollout_result finalize(rollout_state& st, ml::finish_reason reason);
 
   ml::any_task task_;
-  ml::byte_tokenizer tok_;
+  ml::byte_tokenizer tok_; ///< multi-turn: encode_chat's layout
+  ml::prompt_format format_;
   worker_options opts_;
   std::unique_ptr<ml::policy_model> model_;
   std::unique_ptr<ml::generator> gen_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -99,8 +100,14 @@ std::int64_t block_size(std::optional<std::uint64_t> size, std::uint64_t first, 
 
 }  // namespace
 
-eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
-                     const eval_options& opts) {
+namespace {
+
+/// The single-turn evaluation with prompts encoded by `encode` and completions ending at
+/// `stop_ids`.
+eval_report evaluate_single_turn(const policy_model& model, const tokenizer& tok,
+                                 const std::function<std::vector<token_id>(const std::string&)>& encode,
+                                 std::vector<token_id> stop_ids, const single_turn_task& task,
+                                 const eval_options& opts) {
   check(opts);
   const auto start = clock_type::now();
   const std::int64_t n = block_size(task.size(opts.split), opts.first_index, opts.count);
@@ -109,12 +116,12 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const sing
   std::vector<task_prompt> prompts;
   prompts.reserve(static_cast<std::size_t>(n));
   generator gen(model, generator_options{opts.batch, kv_cache_options{}});
-  const sampling_params base = base_params(opts, {tok.special_id(special_token::eos)});
+  const sampling_params base = base_params(opts, std::move(stop_ids));
   std::unordered_map<std::uint64_t, std::size_t> slot;  // request id → position in prompts
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint64_t index = opts.first_index + static_cast<std::uint64_t>(i);
     prompts.push_back(task.prompt(opts.split, index));
-    std::vector<token_id> ids = encode_single_turn_prompt(tok, prompts.back().prompt);
+    std::vector<token_id> ids = encode(prompts.back().prompt);
     if (static_cast<std::int64_t>(ids.size()) >= max_seq)
       throw std::invalid_argument(fmt::format(
           "evaluate: prompt {} of split {} has {} tokens; the model's context is {}", index,
@@ -145,6 +152,28 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const sing
   rep.truncated = cut;
   finish_report(rep, all, opts.keep_samples, generated, start);
   return rep;
+}
+
+}  // namespace
+
+eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
+                     const eval_options& opts) {
+  return evaluate_single_turn(
+      model, tok, [&](const std::string& text) { return encode_single_turn_prompt(tok, text); },
+      {tok.special_id(special_token::eos)}, task, opts);
+}
+
+eval_report evaluate(const policy_model& model, const prompt_format& format, const any_task& task,
+                     const eval_options& opts) {
+  if (format.is_byte_level())
+    return evaluate(model, format.tok(), task, opts);
+  if (!task.single_turn)
+    throw std::invalid_argument(fmt::format(
+        "evaluate: prompt format '{}' encodes single-turn tasks; task '{}' is multi-turn",
+        format.name(), task.name()));
+  return evaluate_single_turn(
+      model, format.tok(), [&](const std::string& text) { return format.single_turn(text); },
+      format.stop_ids(), *task.single_turn, opts);
 }
 
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const multi_turn_task& task,

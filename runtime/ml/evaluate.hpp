@@ -12,6 +12,7 @@
 // Single-turn completions stop at <|eos|>; multi-turn actions stop at <|end_turn|> (or <|eos|>).
 
 #include "runtime/ml/model.hpp"
+#include "runtime/ml/prompt_format.hpp"
 #include "runtime/ml/sampler.hpp"
 #include "runtime/ml/tasks.hpp"
 #include "runtime/ml/tokenizer.hpp"
@@ -99,6 +100,14 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const sing
 /// The episode's reward is the sum of its step rewards (1 when the goal was reached).
 /// Same errors as the single-turn overload.
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const multi_turn_task& task,
+                     const eval_options& opts = {});
+
+/// Evaluates with `format`'s prompt encoding and stop tokens (runtime/ml/prompt_format.hpp):
+/// sorl's byte format as the tokenizer overloads do (either kind of task); a Hugging Face
+/// format encodes each single-turn prompt as one user message of its chat template and stops
+/// at its end-of-turn and eos tokens. Throws as the overloads above, and
+/// std::invalid_argument for a multi-turn task with a Hugging Face format.
+eval_report evaluate(const policy_model& model, const prompt_format& format, const any_task& task,
                      const eval_options& opts = {});
 
 /// Dispatches on the kind of `task`. Throws std::invalid_argument for an empty any_task.

@@ -1,5 +1,8 @@
 #include "runtime/ml/jsonl_task.hpp"
 
+#include "runtime/ml/hf_eval.hpp"
+#include "runtime/ml/reasoning_checks.hpp"
+#include "runtime/ml/reward_process.hpp"
 #include "runtime/ml/tokenizer.hpp"
 #include "runtime/ml/tasks_random.hpp"
 
@@ -22,10 +25,22 @@ std::string json_type_name(const json& j) {
   return std::string("a ") + j.type_name();
 }
 
+/// A JSON integer (or an integer's decimal string, as some generators write them).
+std::optional<std::int64_t> json_integer(const json& j) {
+  if (j.is_number_integer())
+    return j.get<std::int64_t>();
+  if (j.is_string()) {
+    const integer_answer parsed = parse_integer_answer(j.get<std::string>());
+    return parsed.value;
+  }
+  return std::nullopt;
+}
+
 } // namespace
 
 std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match,
-                                     std::int64_t context_tokens) {
+                                     std::int64_t context_tokens,
+                                     const std::function<std::int64_t(const std::string&)>& prompt_tokens) {
   const byte_tokenizer tok;
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -60,7 +75,9 @@ std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match
     if (rec.prompt.empty())
       fail("field \"prompt\" is empty");
     if (context_tokens > 0) {
-      const auto n = static_cast<std::int64_t>(encode_single_turn_prompt(tok, rec.prompt).size());
+      const auto n = prompt_tokens
+                       ? prompt_tokens(rec.prompt)
+                       : static_cast<std::int64_t>(encode_single_turn_prompt(tok, rec.prompt).size());
       if (n >= context_tokens)
         fail("field \"prompt\" takes " + std::to_string(n) + " tokens, which leaves no room to "
              "generate in the model's context of " + std::to_string(context_tokens) + " tokens");
@@ -82,6 +99,28 @@ std::vector<jsonl_record> load_jsonl(const std::string& path, answer_match match
       if (!parsed.value)
         fail("field \"answer\" is not an integer answer (integer match mode): " + parsed.error);
     }
+    const auto entry = j.find("entry");
+    if (entry != j.end() && !entry->is_null())
+      rec.entry_json = entry->dump(-1, ' ', false, json::error_handler_t::replace);
+    if (match == answer_match::countdown) {
+      const json* md = nullptr;
+      if (entry != j.end() && entry->is_object() && entry->contains("metadata")
+          && (*entry)["metadata"].is_object())
+        md = &(*entry)["metadata"];
+      if (!md || !md->contains("numbers") || !(*md)["numbers"].is_array() || !md->contains("target"))
+        fail("the countdown match needs field \"entry\" with metadata.numbers (an array) and "
+             "metadata.target, as scripts/fetch-data writes them");
+      for (const auto& x : (*md)["numbers"]) {
+        const auto v = json_integer(x);
+        if (!v)
+          fail("field \"entry.metadata.numbers\" holds " + json_type_name(x) + ", not an integer");
+        rec.numbers.push_back(*v);
+      }
+      const auto t = json_integer((*md)["target"]);
+      if (!t)
+        fail("field \"entry.metadata.target\" is " + json_type_name((*md)["target"]) + ", not an integer");
+      rec.target = *t;
+    }
     records.push_back(std::move(rec));
   }
   if (in.bad())
@@ -97,10 +136,18 @@ jsonl_task::jsonl_task(const jsonl_options& options, double eval_fraction) : opt
   if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
     throw std::invalid_argument("jsonl task: eval_fraction must be in [0, 1), got "
                                 + std::to_string(eval_fraction));
-  auto records = load_jsonl(options.path, options.match, options.context_tokens);
+  if (!options.reward.argv.empty()) {
+    reward_process_options ro;
+    ro.argv = options.reward.argv;
+    ro.timeout_ms = options.reward.timeout_ms;
+    scorer_ = std::make_shared<reward_process>(std::move(ro));
+  }
+  auto records =
+    load_jsonl(options.path, options.match, options.context_tokens, options.prompt_tokens);
   if (!options.eval_path.empty()) {
     train_ = std::move(records);
-    eval_ = load_jsonl(options.eval_path, options.match, options.context_tokens);
+    eval_ = load_jsonl(options.eval_path, options.match, options.context_tokens,
+                       options.prompt_tokens);
     return;
   }
   for (auto& rec : records) {
@@ -138,6 +185,30 @@ task_prompt jsonl_task::prompt(task_split split, std::uint64_t index) const {
 }
 
 reward_result jsonl_task::score(const task_prompt& prompt, std::string_view completion) const {
+  const auto& recs = records(prompt.split);
+  if (prompt.index >= recs.size())
+    throw std::out_of_range("jsonl task: scoring index " + std::to_string(prompt.index)
+                            + " of the " + std::string(to_string(prompt.split)) + " split of size "
+                            + std::to_string(recs.size()));
+  const jsonl_record& rec = recs[prompt.index];
+  if (scorer_) {
+    reward_request item;
+    item.prompt = rec.prompt;
+    item.completion = std::string(completion);
+    item.answer = rec.answer;
+    item.entry_json = rec.entry_json;
+    return to_reward_result(scorer_->score({item}).at(0));
+  }
+  if (options_.match == answer_match::first_number || options_.match == answer_match::countdown) {
+    const std::string answer = completion_answer(completion);
+    const double r = options_.match == answer_match::first_number
+                       ? first_number_score(answer, rec.answer)
+                       : countdown_score(answer, rec.numbers, rec.target);
+    if (r == 1.0)
+      return {1.0, "correct"};
+    return {r, "wrong answer: got " + quote_for_reason(answer) + ", expected "
+                 + quote_for_reason(trim_ascii_whitespace(rec.answer))};
+  }
   if (options_.match == answer_match::integer) {
     const integer_answer got = parse_integer_answer(completion);
     if (!got.value)
@@ -163,9 +234,10 @@ reward_result jsonl_task::score(const task_prompt& prompt, std::string_view comp
 std::optional<std::string> jsonl_task::wrong_completion(const task_prompt& prompt,
                                                        std::uint64_t seed) const {
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
-  if (options_.match == answer_match::integer) {
+  if (options_.match == answer_match::integer || options_.match == answer_match::first_number) {
     const integer_answer ref = parse_integer_answer(prompt.reference);
-    return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));
+    if (ref.value || options_.match == answer_match::integer)
+      return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));
   }
   // Another train record's answer: a plausible output in the dataset's own style, and
   // never an eval answer (demonstrations are training data). Random probes first, so

@@ -411,6 +411,11 @@ void policy_model::set_decode_gemm(decode_gemm g) noexcept { impl_->gemm = g; }
 decode_gemm policy_model::get_decode_gemm() const noexcept { return impl_->gemm; }
 
 at::Tensor policy_model::forward(const at::Tensor& ids_in, const at::Tensor& attention_mask) const {
+  return forward_rows(ids_in, attention_mask, at::Tensor{});
+}
+
+at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor& attention_mask,
+                                      const at::Tensor& rows) const {
   auto& m = *impl_;
   const model_dims& d = m.dims;
   TORCH_CHECK(ids_in.dim() == 2, "forward: ids must be [batch, seq], got ", ids_in.sizes());
@@ -453,6 +458,18 @@ at::Tensor policy_model::forward(const at::Tensor& ids_in, const at::Tensor& att
     const at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, KV, hd});
     h = h + at::linear(attend(q, k, v, masked), w.o_w);
     h = h + swiglu_mlp(w, rms_norm(h, w.post_norm, d.norm_eps));
+  }
+  if (rows.defined()) {
+    TORCH_CHECK(rows.dim() == 2 && rows.size(0) == B, "forward_rows: rows must be [", B,
+                ", R], got ", rows.sizes());
+    TORCH_CHECK(rows.scalar_type() == at::kLong, "forward_rows: rows must be int64, got ",
+                rows.scalar_type());
+    const at::Tensor r = rows.to(m.device);
+    TORCH_CHECK(r.numel() == 0 || (r.min().item<std::int64_t>() >= 0 && r.max().item<std::int64_t>() < T),
+                "forward_rows: a row index is outside [0, ", T, ")");
+    // The LM head is the widest matmul of the model (vocab columns): only the positions a
+    // loss reads pay for it, and for its [rows, vocab] gradient.
+    h = h.gather(1, r.unsqueeze(-1).expand({B, r.size(1), d.d_model}));
   }
   return at::linear(rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
 }

@@ -181,6 +181,15 @@ class policy_model {
   /// Returns [batch, seq, vocab] fp32. Throws c10::Error on bad shapes / ids, seq > max_seq.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& attention_mask = {}) const;
 
+  /// forward() with logits at chosen positions only: rows [batch, R] int64 in [0, seq) picks
+  /// the positions of each sequence; returns [batch, R, vocab] fp32, the rows of forward()'s
+  /// logits up to fp32 rounding of the LM-head matmul (the same position's logits may differ
+  /// in the last bits). An undefined `rows` is forward(). The trunk runs over every position
+  /// (attention needs them); the LM head, the widest matmul, only over the R chosen ones.
+  /// Throws c10::Error as forward() does, and for rows of another shape, dtype or range.
+  at::Tensor forward_rows(const at::Tensor& ids, const at::Tensor& attention_mask,
+                          const at::Tensor& rows) const;
+
   /// Incremental forward over a KV cache: appends tokens[i] (k_i >= 1 tokens, ragged) to cache
   /// sequence seqs[i], all in one pass, and returns their logits: [seqs.size(), vocab] fp32
   /// for logits_for::last, [sum k_i, vocab] fp32 packed in call order for logits_for::all.

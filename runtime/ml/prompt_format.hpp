@@ -50,6 +50,9 @@ class prompt_format {
   /// The tokens that end a completion or a turn (eos ids of the generator), without repeats.
   const std::vector<token_id>& stop_ids() const noexcept { return stops_; }
 
+  /// Whether this is sorl's byte format (byte_level()), whose multi-turn layout is encode_chat's.
+  bool is_byte_level() const noexcept { return !chat_.has_value(); }
+
   /// "byte" or the chat template's name ("smollm2", "chatml", "sorl").
   std::string_view name() const noexcept;
 

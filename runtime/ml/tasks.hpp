@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -203,10 +204,29 @@ struct file_search_options {
   double wander_share = 0.0;
 };
 
-/// How a "jsonl" task compares a completion with the reference answer.
+/// How a "jsonl" task compares a completion with the reference answer. The reasoning modes
+/// score the completion's answer: the text of its last `<answer>...</answer>` when it has
+/// one, else the whole completion (reasoning-gym's convention, runtime/ml/hf_eval.hpp
+/// completion_answer), with reasoning-gym's own rules (runtime/ml/reasoning_checks.hpp).
 enum class answer_match {
   exact,   ///< equal after trimming ASCII whitespace on both sides
   integer, ///< `parse_integer_answer` format, equal values (references checked at load)
+  /// gsm_symbolic's rule: the answer's first number equals the reference's value: 1, a
+  /// different number 0.01, no number 0 (first_number_score)
+  first_number,
+  /// countdown's rule against the record's "entry" (metadata.numbers, metadata.target,
+  /// checked at load): 1 for an expression using exactly those numbers with the target's
+  /// value, else 0.05 / 0.01 (countdown_score)
+  countdown,
+};
+
+/// Rewards from a scorer subprocess instead of a built-in match (runtime/ml/reward_process.hpp):
+/// each completion is sent with its prompt, the record's answer and its "entry" (the record's
+/// own JSON value of that name, null when absent). A failed call (a crash, a timeout, a
+/// malformed or out-of-range reply, the scorer's own error) is a failed reward, never a 0.
+struct jsonl_reward_command {
+  std::vector<std::string> argv;   ///< empty = score with `match`
+  std::int64_t timeout_ms = 30000; ///< per call, the scorer's start-up included; > 0
 };
 
 /// Options of the "jsonl" task (runtime/ml/jsonl_task.hpp).
@@ -218,6 +238,10 @@ struct jsonl_options {
   /// (<|bos|> and its bytes, as the rollout worker encodes it) leaves no room to generate, so
   /// the file is refused at load time, naming the line; 0 = not checked.
   std::int64_t context_tokens = 0;
+  /// Counts a prompt's tokens as the policy's prompt format encodes it (the check above);
+  /// empty = the byte tokenizer's single-turn encoding (encode_single_turn_prompt).
+  std::function<std::int64_t(const std::string&)> prompt_tokens;
+  jsonl_reward_command reward;
 };
 
 /// Everything `make_task` needs; only the struct for the named task is read.

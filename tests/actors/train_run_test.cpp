@@ -767,3 +767,50 @@ actors = ["trainer", "learner"]
                    "scheduler, rollout_worker",
                    1s));
 }
+
+TEST_CASE("a Hugging Face model directory trains, evaluates and exports in its own prompt format") {
+  // The warm start exported as a Hugging Face directory: its chat template is sorl's turn
+  // format, so the worker's prompts are <|user|> A <|end_turn|> <|assistant|>, not the byte
+  // format's <|bos|> A. Nothing asks it to learn here; the run checks the path end to end.
+  sorl::test::require_warm_start(data_dir());
+  const auto hf = data_dir() / "hf-warm-start";
+  fs::remove_all(hf);
+  child_process e{{SORL_BIN, "export-hf", write("hf_export_warm.toml", sorl::test::warm_start_config(data_dir())),
+                   hf.string(), "--dtype", "fp32"}};
+  REQUIRE(e.wait_exit(120s) == 0);
+  fs::remove_all(data_dir() / "runs" / "hfrun");
+  auto text = small_config("hfrun", 2, one_node, 2);
+  const std::string fresh = "[model]\npreset = \"tiny\"\n[task]\nname = \"arithmetic\"\n";
+  text.replace(text.find(fresh), fresh.size(),
+               "[model]\nhf_dir = \"" + hf.string() + "\"\nmax_seq = 64\n[task]\nname = \"jsonl\"\npath = \""
+                 + sorl::test::warm_start_prompts(data_dir()).string()
+                 + "\"\neval_fraction = 0.0\nmatch = \"first_number\"\n");
+  auto cfg = write("hfrun.toml", text);
+  child_process p{{SORL_BIN, "train", cfg}};
+  REQUIRE(p.wait_exit(600s) == 0);
+  INFO(p.output());
+  CHECK(p.wait_for("policy from " + hf.string(), 1s));
+  auto lines = jsonl("hfrun");
+  REQUIRE(lines.size() == 2);
+  for (const auto& line : lines) {
+    CHECK(field(line, "rollouts") == "16.0");
+    CHECK(field(line, "checksum") == "\"ok\"");
+  }
+  // The run's checkpoint exports with the directory's tokenizer, and scores in its format.
+  const auto out = data_dir() / "hf-trained";
+  fs::remove_all(out);
+  child_process x{{SORL_BIN, "export-hf", cfg, out.string(), "--dtype", "fp32"}};
+  REQUIRE(x.wait_exit(120s) == 0);
+  INFO(x.output());
+  CHECK(x.wait_for("step-0000000002", 1s));
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    CHECK(fs::exists(out / f));
+  child_process v{{SORL_BIN, "eval", cfg, sorl::test::warm_start_prompts(data_dir()).string(), "--limit", "4",
+                   "--max-new-tokens", "4"}};
+  REQUIRE(v.wait_exit(120s) == 0);
+  INFO(v.output());
+  CHECK(v.wait_for("step-0000000002 in prompt format 'sorl'", 1s));
+  CHECK(v.wait_for("4 prompts x 1  accuracy", 1s));
+  fs::remove_all(hf);
+  fs::remove_all(out);
+}

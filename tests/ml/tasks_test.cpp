@@ -1,5 +1,6 @@
 #include "runtime/ml/environments.hpp"
 #include "runtime/ml/jsonl_task.hpp"
+#include "runtime/ml/reward_process.hpp"
 #include "runtime/ml/tasks.hpp"
 #include "runtime/ml/tasks_arithmetic.hpp"
 #include "runtime/ml/tasks_random.hpp"
@@ -653,4 +654,107 @@ TEST_CASE("a JSONL task without an eval file splits by prompt", "[tasks][jsonl]"
   const task_prompt p = task.prompt(task_split::train, 0);
   CHECK(task.score(p, p.reference + " ").reward == 1.0);
   CHECK(task.score(p, "0" + p.reference).reward == 0.0);
+}
+
+TEST_CASE("a JSONL task scores reasoning answers with reasoning-gym's rules", "[tasks][jsonl]") {
+  jsonl_options opt;
+  opt.path = write_data_file("reasoning.jsonl",
+                             "{\"prompt\": \"What is 40 + 2?\", \"answer\": \"42\", \"entry\": {\"k\": 1}}\n"
+                             "{\"prompt\": \"Half of 5?\", \"answer\": \"2.5\"}\n");
+  opt.eval_path = opt.path;
+  opt.match = answer_match::first_number;
+  const jsonl_task task(opt, 0.0);
+  const task_prompt p = task.prompt(task_split::train, 0);
+  CHECK(task.records(task_split::train)[0].entry_json == "{\"k\":1}");
+  CHECK(task.records(task_split::train)[1].entry_json.empty());
+  // The first number of the answer counts, and a tagged answer is the answer.
+  CHECK(task.score(p, "42 is the sum").reward == 1.0);
+  CHECK(task.score(p, "40 + 2 = 42").reward == 0.01);
+  CHECK(task.score(p, "so <answer>42</answer>").reward == 1.0);
+  CHECK(task.score(p, "41, no: <answer> 42 </answer>").reward == 1.0);
+  const reward_result none = task.score(p, "I do not know");
+  CHECK(none.reward == 0.0);
+  CHECK(none.reason == "wrong answer: got \"I do not know\", expected \"42\"");
+  CHECK(task.score(task.prompt(task_split::train, 1), "2.5").reward == 1.0);
+  // A wrong demonstration of an integer answer is a nearby integer; of another, a record's answer.
+  const auto wrong = task.wrong_completion(p, 5);
+  REQUIRE(wrong);
+  CHECK(task.score(p, *wrong).reward < 1.0);
+  CHECK(task.wrong_completion(task.prompt(task_split::train, 1), 5) == "42");
+}
+
+TEST_CASE("a JSONL countdown task reads its numbers and target from the entry", "[tasks][jsonl]") {
+  jsonl_options opt;
+  opt.path = write_data_file(
+      "countdown.jsonl",
+      "{\"prompt\": \"Make 12 from 3 and 4\", \"answer\": \"3*4\", "
+      "\"entry\": {\"metadata\": {\"numbers\": [3, 4], \"target\": 12}}}\n");
+  opt.eval_path = opt.path;
+  opt.match = answer_match::countdown;
+  const jsonl_task task(opt, 0.0);
+  const auto& rec = task.records(task_split::train)[0];
+  CHECK(rec.numbers == std::vector<std::int64_t>{3, 4});
+  CHECK(rec.target == 12);
+  const task_prompt p = task.prompt(task_split::train, 0);
+  CHECK(task.score(p, "<answer>4 * 3</answer>").reward == 1.0);
+  CHECK(task.score(p, "<answer>3 + 4</answer>").reward == 0.05);
+  CHECK(task.score(p, "<answer>3 * 4 * 1</answer>").reward == 0.05);
+  CHECK(task.score(p, "").reward == 0.01);
+
+  opt.path = write_data_file("countdown_bad.jsonl",
+                             "{\"prompt\": \"a\", \"answer\": \"1\", \"entry\": {\"metadata\": {\"numbers\": [1]}}}\n"
+                             "{\"prompt\": \"b\", \"answer\": \"1\"}\n");
+  opt.eval_path.clear();
+  try {
+    jsonl_task bad(opt, 0.0);
+    FAIL("loaded");
+  } catch (const task_data_error& e) {
+    CHECK(e.line() == 1);
+    CHECK(std::string(e.what()).find("metadata.numbers (an array) and metadata.target") != std::string::npos);
+  }
+  opt.path = write_data_file("countdown_text.jsonl",
+                             "{\"prompt\": \"a\", \"answer\": \"1\", \"entry\": {\"metadata\": "
+                             "{\"numbers\": [1, \"x\"], \"target\": 1}}}\n");
+  CHECK_THROWS_WITH(jsonl_task(opt, 0.0),
+                    Catch::Contains("field \"entry.metadata.numbers\" holds a string, not an integer"));
+}
+
+TEST_CASE("a JSONL prompt is counted in the policy's own tokens against its context", "[tasks][jsonl]") {
+  const std::string path = write_data_file("long_prompt.jsonl", "{\"prompt\": \"abcd\", \"answer\": \"1\"}\n");
+  // The byte format needs 5 tokens; a format with 3 tokens per byte needs 12.
+  CHECK(load_jsonl(path, answer_match::exact, 6).size() == 1);
+  const auto triple = [](const std::string& s) { return static_cast<std::int64_t>(3 * s.size()); };
+  CHECK(load_jsonl(path, answer_match::exact, 13, triple).size() == 1);
+  CHECK_THROWS_WITH(load_jsonl(path, answer_match::exact, 12, triple),
+                    Catch::Contains("takes 12 tokens, which leaves no room"));
+}
+
+TEST_CASE("a JSONL task with a reward command scores through its scorer process", "[tasks][jsonl]") {
+  const std::string scorer = write_data_file("scorer.py", R"(import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    out = []
+    for it in req["items"]:
+        bonus = 0.5 if (it["entry"] or {}).get("k") == 7 else 0.0
+        out.append(bonus + (0.5 if it["completion"].strip() == it["answer"] else 0.0))
+    print(json.dumps({"id": req["id"], "rewards": out}), flush=True)
+)");
+  jsonl_options opt;
+  opt.path = write_data_file("scored.jsonl",
+                             "{\"prompt\": \"p\", \"answer\": \"yes\", \"entry\": {\"k\": 7}}\n"
+                             "{\"prompt\": \"q\", \"answer\": \"no\"}\n");
+  opt.eval_path = opt.path;
+  opt.reward.argv = {"python3", scorer};
+  opt.reward.timeout_ms = 20000;
+  const jsonl_task task(opt, 0.0);
+  const task_prompt p = task.prompt(task_split::train, 0);
+  CHECK(task.score(p, " yes ").reward == 1.0);
+  CHECK(task.score(p, "maybe").reward == 0.5);
+  CHECK(task.score(task.prompt(task_split::train, 1), "no").reward == 0.5);
+  CHECK(task.score(p, "yes").reason == "reward process");
+
+  // A scorer that dies is a failed reward, never a 0.
+  opt.reward.argv = {"python3", "-c", "import sys; sys.exit(3)"};
+  const jsonl_task broken(opt, 0.0);
+  CHECK_THROWS_AS(broken.score(p, "yes"), reward_failed_error);
 }

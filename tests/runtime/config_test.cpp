@@ -13,6 +13,7 @@ using sorl::config_exception;
 using namespace sorl;
 using sorl::parse_config;
 using sorl::test::scratch_dir;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -696,4 +697,73 @@ TEST_CASE("the removed rollout.kv_cache_tokens is an unknown key") {
   CHECK(e.line == 2);
   CHECK_THAT(e.message, Catch::StartsWith("unknown key"));
   CHECK(known_config_keys().at("rollout").count("kv_cache_tokens") == 0);
+}
+
+TEST_CASE("model.hf_dir is resolved against the config file and must hold a config.json") {
+  scratch_dir dir{"config_hf_dir"};
+  fs::create_directories(dir.path / "m");
+  std::ofstream{dir.path / "m" / "config.json"} << "{}";
+  auto cfg = parse_config("[model]\nhf_dir = \"m\"\nmax_seq = 512\n[task]\nsystem_prompt = \"be brief\"\n"
+                            + std::string{minimal},
+                          "test.toml", roles, dir.path.string());
+  CHECK(cfg.model.hf_dir == (dir.path / "m").string());
+  CHECK(cfg.model.max_seq == 512);
+  CHECK(cfg.task.system_prompt == "be brief");
+
+  auto missing = only_error("[model]\nhf_dir = \"nothing\"\n" + std::string{minimal}, dir.path.string());
+  CHECK(missing.key == "model.hf_dir");
+  CHECK(missing.line == 2);
+  CHECK(missing.message.find("config.json\" does not exist") != std::string::npos);
+  CHECK(missing.message.find("scripts/fetch-model") != std::string::npos);
+}
+
+TEST_CASE("a model from hf_dir conflicts with a preset, the warm start and multi-turn tasks") {
+  scratch_dir dir{"config_hf_conflicts"};
+  fs::create_directories(dir.path / "m");
+  std::ofstream{dir.path / "m" / "config.json"} << "{}";
+  const std::string base = dir.path.string();
+  auto preset = only_error("[model]\nhf_dir = \"m\"\npreset = \"tiny\"\n" + std::string{minimal}, base);
+  CHECK(preset.key == "model.preset");
+  CHECK(preset.line == 3);
+  CHECK(preset.message == "preset and hf_dir both name the model; keep one");
+  auto warm = only_error("[model]\nhf_dir = \"m\"\ncheckpoint = \"w\"\nwarm_start = true\n"
+                           + std::string{minimal},
+                         base);
+  CHECK(warm.key == "model.warm_start");
+  auto turns = only_error("[model]\nhf_dir = \"m\"\n[task]\nname = \"number_guess\"\n" + std::string{minimal}, base);
+  CHECK(turns.key == "model.hf_dir");
+  CHECK(turns.line == 2);
+  CHECK(turns.message.find("multi-turn") != std::string::npos);
+  auto seq = only_error("[model]\nmax_seq = 64\n" + std::string{minimal});
+  CHECK(seq.key == "model.max_seq");
+  auto system = only_error("[task]\nsystem_prompt = \"hi\"\n" + std::string{minimal});
+  CHECK(system.key == "task.system_prompt");
+  CHECK(system.message.find("set model.hf_dir") != std::string::npos);
+}
+
+TEST_CASE("task.reward_command is an array of non-empty strings for the jsonl task") {
+  scratch_dir dir{"config_reward_command"};
+  std::ofstream{dir.path / "t.jsonl"} << "{}\n";
+  const std::string jsonl = "[task]\nname = \"jsonl\"\npath = \"t.jsonl\"\nmatch = \"countdown\"\n";
+  auto cfg = parse_config(jsonl + "reward_command = [\"python3\", \"score.py\"]\nreward_timeout_ms = 500\n"
+                            + std::string{minimal},
+                          "test.toml", roles, dir.path.string());
+  CHECK(cfg.task.reward_command == std::vector<std::string>{"python3", "score.py"});
+  CHECK(cfg.task.reward_timeout_ms == 500);
+  CHECK(cfg.task.match == match_kind::countdown);
+  auto first = parse_config("[task]\nmatch = \"first_number\"\n" + std::string{minimal}, "test.toml", roles);
+  CHECK(first.task.match == match_kind::first_number);
+
+  auto not_array = only_error(jsonl + "reward_command = \"python3 score.py\"\n" + std::string{minimal},
+                              dir.path.string());
+  CHECK(not_array.key == "task.reward_command");
+  CHECK(not_array.message == "expected an array of strings, got a string");
+  auto number = only_error(jsonl + "reward_command = [\"python3\", 7]\n" + std::string{minimal},
+                           dir.path.string());
+  CHECK(number.message == "element 2 is an integer, not a string");
+  auto empty = only_error(jsonl + "reward_command = [\"\"]\n" + std::string{minimal}, dir.path.string());
+  CHECK(empty.message == "element 1 is an empty string");
+  auto other = only_error("[task]\nreward_command = [\"python3\"]\n" + std::string{minimal});
+  CHECK(other.key == "task.reward_command");
+  CHECK(other.message.find("task \"arithmetic\" has its own verifier") != std::string::npos);
 }

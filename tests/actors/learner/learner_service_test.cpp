@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "actors/learner/learner_service.hpp"
 #include "runtime/config.hpp"
+#include "runtime/ml/hf_model.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace sorl;
@@ -180,4 +183,34 @@ TEST_CASE("the service answers a batch it cannot assemble with ok = false and ke
   CHECK(r.reason == "the batch of 2 rollouts names request 1 whose trajectory never arrived");
   CHECK(svc.kept() == 0);
   CHECK(svc.version() == 0);
+}
+
+TEST_CASE("a learner started from a model directory holds its weights and evaluates in its format") {
+  sorl::test::scratch_dir scratch{"learner_service_hf"};
+  const auto dir = scratch.path / "model";
+  ml::model_dims dims = ml::preset("tiny");
+  const ml::policy_model source{dims, 21};
+  ml::save_hf_byte_model(source, dir, at::kFloat);
+  experiment_config exp;
+  exp.run.output_dir = scratch.path.string();
+  exp.run.name = "run";
+  exp.model.hf_dir = dir.string();
+  exp.model.max_seq = 128;
+  learner_service svc{exp, "learner"};
+  auto loaded = svc.load_policy();
+  CHECK(loaded.source == dir.string());
+  CHECK(svc.model().dims().max_seq == 128);
+  const auto& got = svc.model().parameters();
+  const auto& want = source.parameters();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(want[i].first);
+    CHECK(got[i].first == want[i].first);
+    CHECK(at::equal(got[i].second, want[i].second));
+  }
+  // Held-out prompts go through the directory's chat template (sorl's turn format here).
+  auto report = svc.evaluate(3);
+  CHECK(report.count == 3);
+  auto saved = svc.save_checkpoint("{}");
+  CHECK(saved.error.empty());
 }

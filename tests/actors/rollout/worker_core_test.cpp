@@ -18,8 +18,10 @@
 #include "actors/sync/weight_receiver.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
+#include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/sampler.hpp"
 #include "runtime/ml/tokenizer.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 using namespace sorl;
 using namespace sorl::rollout;
@@ -777,4 +779,29 @@ TEST_CASE("the weight receiver sees every bf16 parameter of the rollout model, i
   const ml::policy_model fp32{small_dims(), 0};
   CHECK_THROWS_WITH(receiver_layout_of(fp32),
                     "rollout parameter \"model.embed_tokens.weight\" is not contiguous bf16");
+}
+
+TEST_CASE("a Hugging Face prompt format encodes single-turn prompts with its chat template") {
+  at::set_num_threads(1);
+  sorl::test::scratch_dir scratch{"worker_core_hf_format"};
+  const auto dir = scratch.path / "model";
+  ml::save_hf_byte_model(ml::policy_model{small_dims(), 9}, dir, at::kFloat);
+  ml::byte_tokenizer tok;
+  const auto format = ml::prompt_format::hugging_face(
+    dir, {tok.special_id(ml::special_token::eos), tok.special_id(ml::special_token::end_turn)});
+  auto task = arithmetic();
+  worker_core w{small_dims(), task, counting_clock(), format};
+  const auto req = request(1, 4, 0, 5, 3);
+  CHECK(w.sampling_for(req, 0).eos_token_ids == format.stop_ids());
+  w.enqueue(req);
+  auto all = run(w);
+  REQUIRE(all.size() == 1);
+  const auto text = task.single_turn->prompt(ml::task_split::train, 4).prompt;
+  // One user message of the directory's template (sorl's turn format here), not <|bos|> + text.
+  CHECK(all[0].prompt == format.single_turn(text));
+  CHECK(all[0].prompt == ml::encode_chat(tok, {{ml::chat_role::user, text}}, true));
+  CHECK(all[0].status == rollout_status::ok);
+
+  CHECK_THROWS_WITH((worker_core{small_dims(), guessing(), counting_clock(), format}),
+                    Catch::Contains("multi-turn task 'number_guess' needs sorl's byte format"));
 }
