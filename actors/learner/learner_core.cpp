@@ -443,24 +443,27 @@ std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
   return compute_advantages(batch, options).advantages;
 }
 
-std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
-                                                  const std::vector<rollout_sample>& batch,
-                                                  double temperature) {
+at::Tensor response_logprobs_tensor(const ml::policy_model& model,
+                                    const std::vector<rollout_sample>& batch, double temperature) {
   validate_batch(batch, model.dims());
   if (!(std::isfinite(temperature) && temperature >= ml::min_temperature))
     throw std::invalid_argument(fmt::format(
       "response_logprobs: temperature must be >= {}, got {}", ml::min_temperature, temperature));
   const packed_batch p = pack(batch, model.device(), [](std::size_t) { return true; });
+  return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature);
+}
+
+std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
+                                                  const std::vector<rollout_sample>& batch,
+                                                  double temperature) {
   at::NoGradGuard no_grad;
-  const at::Tensor logp = token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature)
-                            .to(at::kCPU)
-                            .contiguous();
+  const at::Tensor logp = response_logprobs_tensor(model, batch, temperature).to(at::kCPU).contiguous();
   std::vector<std::vector<float>> out(batch.size());
   const float* src = logp.data_ptr<float>();
   const std::int64_t T = logp.size(1);
   for (std::size_t i = 0; i < batch.size(); ++i)
     out[i].assign(src + static_cast<std::int64_t>(i) * T,
-                  src + static_cast<std::int64_t>(i) * T + p.resp_len[i]);
+                  src + static_cast<std::int64_t>(i) * T + static_cast<std::int64_t>(batch[i].response.size()));
   return out;
 }
 

@@ -172,6 +172,15 @@ std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
                                                   const std::vector<rollout_sample>& batch,
                                                   double temperature = 1.0);
 
+/// The differentiable form of response_logprobs: [N, T] fp32, T = the longest response, row i
+/// holding batch[i]'s response log-probs in its first response-length columns (values beyond
+/// are finite and meaningless). The same single forward train_step's policy loss uses when a
+/// minibatch fits one micro-batch; gradients flow to the model when grad mode is on. Throws as
+/// response_logprobs.
+at::Tensor response_logprobs_tensor(const ml::policy_model& model,
+                                    const std::vector<rollout_sample>& batch,
+                                    double temperature = 1.0);
+
 /// Rows of one forward pass each: `rows` (indices into `seq_len`) split so that every group's
 /// padded size, its row count × its longest seq_len (tokens), is at most `budget`; a row longer
 /// than the budget gets a group of its own. When all of `rows` fit (or budget is 0) the result

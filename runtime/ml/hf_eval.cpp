@@ -85,11 +85,6 @@ std::vector<eval_item> load_eval_items(const std::filesystem::path& path, answer
   return out;
 }
 
-std::string completion_answer(std::string_view completion) {
-  if (auto tagged = extract_tagged_answer(completion)) return *tagged;
-  return std::string(trim_ascii_whitespace(completion));
-}
-
 double score_answer(answer_checker checker, const eval_item& item, std::string_view answer) {
   switch (checker) {
     case answer_checker::exact:

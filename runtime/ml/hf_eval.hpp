@@ -9,6 +9,7 @@
 #include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/hf_tokenizer.hpp"
 #include "runtime/ml/prompt_format.hpp"
+#include "runtime/ml/reasoning_checks.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -46,9 +47,6 @@ struct eval_item {
 /// without numbers / target when `checker` is countdown), or a file without items.
 std::vector<eval_item> load_eval_items(const std::filesystem::path& path, answer_checker checker);
 
-/// The answer a completion gives: the text in its last `<answer>...</answer>` when it has one
-/// (reasoning-gym's convention), else the whole completion with surrounding whitespace removed.
-std::string completion_answer(std::string_view completion);
 
 /// The score of one answer for `item` under `checker`, in [0, 1]; 1 means correct (countdown
 /// and first_number give reasoning-gym's partial credits below 1).

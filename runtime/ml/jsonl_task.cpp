@@ -1,6 +1,5 @@
 #include "runtime/ml/jsonl_task.hpp"
 
-#include "runtime/ml/hf_eval.hpp"
 #include "runtime/ml/reasoning_checks.hpp"
 #include "runtime/ml/reward_process.hpp"
 #include "runtime/ml/tokenizer.hpp"

@@ -1,5 +1,6 @@
 #include "runtime/ml/reasoning_checks.hpp"
 
+#include "runtime/ml/tasks.hpp"      // trim_ascii_whitespace
 #include "runtime/ml/tokenizer.hpp"  // sanitize_utf8
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -319,6 +320,12 @@ std::optional<std::string> extract_tagged_answer(std::string_view completion) {
   if (matches.empty()) return std::nullopt;
   const auto& m = matches.back();
   return strip(std::string_view(text).substr(m.g_begin, m.g_end - m.g_begin));
+}
+
+std::string completion_answer(std::string_view completion) {
+  if (auto tagged = extract_tagged_answer(completion))
+    return *tagged;
+  return std::string(trim_ascii_whitespace(completion));
 }
 
 std::optional<long double> evaluate_arithmetic(std::string_view expression) {

@@ -25,6 +25,11 @@ namespace sorl::ml {
 /// reasoning-gym's extract_answer(completion, "answer").
 std::optional<std::string> extract_tagged_answer(std::string_view completion);
 
+/// The answer a completion gives: extract_tagged_answer's when it has `<answer>` tags
+/// (reasoning-gym's convention), else the whole completion with surrounding ASCII whitespace
+/// removed.
+std::string completion_answer(std::string_view completion);
+
 /// The value of an arithmetic expression as sympy's parse_expr reads it, in long double:
 /// integers (Python's literal rules: `1_000`, no leading zeros) and decimals (`2.`, `.5`,
 /// `1e3`), binary + - * / // % with Python's precedence, ** (right-associative, above unary

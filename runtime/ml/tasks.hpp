@@ -206,8 +206,8 @@ struct file_search_options {
 
 /// How a "jsonl" task compares a completion with the reference answer. The reasoning modes
 /// score the completion's answer: the text of its last `<answer>...</answer>` when it has
-/// one, else the whole completion (reasoning-gym's convention, runtime/ml/hf_eval.hpp
-/// completion_answer), with reasoning-gym's own rules (runtime/ml/reasoning_checks.hpp).
+/// one, else the whole completion (reasoning-gym's convention), with reasoning-gym's own rules
+/// (runtime/ml/reasoning_checks.hpp: completion_answer and the scores).
 enum class answer_match {
   exact,   ///< equal after trimming ASCII whitespace on both sides
   integer, ///< `parse_integer_answer` format, equal values (references checked at load)

@@ -479,7 +479,9 @@ outcome run_jsonl(const uint8_t* data, size_t size) {
   const fs::path path = scratch_file("task.jsonl");
   write_all(path, data, size);
   outcome result = accepted();
-  for (auto match : {ml::answer_match::exact, ml::answer_match::integer}) {
+  for (auto match : {ml::answer_match::exact, ml::answer_match::integer, ml::answer_match::first_number,
+                     ml::answer_match::countdown}) {
+    const bool reasoning = match == ml::answer_match::first_number || match == ml::answer_match::countdown;
     ml::jsonl_options o;
     o.path = path.string();
     o.match = match;
@@ -495,6 +497,17 @@ outcome run_jsonl(const uint8_t* data, size_t size) {
       const uint64_t n = task->size(split).value_or(0);
       for (uint64_t i = 0; i < n; ++i) {
         const ml::task_prompt p = task->prompt(split, i);
+        if (reasoning) {
+          // reasoning-gym's rules give partial credit and need not accept the reference's
+          // spelling; a score is in [0, 1] whatever the text.
+          for (const std::string& text : {p.reference, p.prompt, "<answer>" + p.reference + "</answer>"}) {
+            const double r = task->score(p, text).reward;
+            if (!(r >= 0.0 && r <= 1.0))
+              broken_promise("a reasoning score outside [0, 1] for: " + text);
+          }
+          (void)task->wrong_completion(p, i);
+          continue;
+        }
         if (task->score(p, p.reference).reward != 1.0)
           broken_promise("a reference does not score as correct: " + p.reference);
         const std::optional<std::string> wrong = task->wrong_completion(p, i);
