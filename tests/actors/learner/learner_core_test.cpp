@@ -721,3 +721,23 @@ TEST_CASE("learner options come from [algorithm] and the turn budget, with the c
   CHECK(g.overlong == overlong_mode::filter);
   CHECK(g.temperature == 1.0);
 }
+
+TEST_CASE("response_logprobs_tensor is response_logprobs with gradients to the model") {
+  at::set_num_threads(1);
+  ml::policy_model model(small_dims(), 4);
+  model.set_requires_grad(true);
+  const auto batch = synthetic_batch(2, 3, small_dims().vocab);
+  const auto plain = response_logprobs(model, batch, 0.7);
+  const at::Tensor t = response_logprobs_tensor(model, batch, 0.7);
+  REQUIRE(t.dim() == 2);
+  REQUIRE(t.size(0) == static_cast<std::int64_t>(batch.size()));
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    for (std::size_t k = 0; k < batch[i].response.size(); ++k)
+      CHECK(t[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(k)].item<float>() == plain[i][k]);
+  REQUIRE(t.requires_grad());
+  t.select(1, 0).sum().backward();
+  const auto& embed = model.parameters().front().second;
+  REQUIRE(embed.grad().defined());
+  CHECK(embed.grad().abs().sum().item<double>() > 0.0);
+  CHECK_THROWS_AS(response_logprobs_tensor(model, batch, 0.0), std::invalid_argument);
+}
