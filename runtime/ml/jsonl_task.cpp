@@ -184,13 +184,17 @@ task_prompt jsonl_task::prompt(task_split split, std::uint64_t index) const {
 }
 
 reward_result jsonl_task::score(const task_prompt& prompt, std::string_view completion) const {
-  const auto& recs = records(prompt.split);
-  if (prompt.index >= recs.size())
-    throw std::out_of_range("jsonl task: scoring index " + std::to_string(prompt.index)
-                            + " of the " + std::string(to_string(prompt.split)) + " split of size "
-                            + std::to_string(recs.size()));
-  const jsonl_record& rec = recs[prompt.index];
+  // The scorer process and the countdown rule need the record's entry, not only its answer.
+  const auto record = [&]() -> const jsonl_record& {
+    const auto& recs = records(prompt.split);
+    if (prompt.index >= recs.size())
+      throw std::out_of_range("jsonl task: scoring index " + std::to_string(prompt.index)
+                              + " of the " + std::string(to_string(prompt.split))
+                              + " split of size " + std::to_string(recs.size()));
+    return recs[prompt.index];
+  };
   if (scorer_) {
+    const jsonl_record& rec = record();
     reward_request item;
     item.prompt = rec.prompt;
     item.completion = std::string(completion);
@@ -200,13 +204,17 @@ reward_result jsonl_task::score(const task_prompt& prompt, std::string_view comp
   }
   if (options_.match == answer_match::first_number || options_.match == answer_match::countdown) {
     const std::string answer = completion_answer(completion);
-    const double r = options_.match == answer_match::first_number
-                       ? first_number_score(answer, rec.answer)
-                       : countdown_score(answer, rec.numbers, rec.target);
+    double r = 0.0;
+    if (options_.match == answer_match::first_number) {
+      r = first_number_score(answer, prompt.reference);
+    } else {
+      const jsonl_record& rec = record();
+      r = countdown_score(answer, rec.numbers, rec.target);
+    }
     if (r == 1.0)
       return {1.0, "correct"};
     return {r, "wrong answer: got " + quote_for_reason(answer) + ", expected "
-                 + quote_for_reason(trim_ascii_whitespace(rec.answer))};
+                 + quote_for_reason(trim_ascii_whitespace(prompt.reference))};
   }
   if (options_.match == answer_match::integer) {
     const integer_answer got = parse_integer_answer(completion);
