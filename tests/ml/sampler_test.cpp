@@ -2,7 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -330,4 +332,41 @@ TEST_CASE("a stop string spanning tokens finishes with reason stop", "[sampler]"
   CHECK(s.check({'E', 'N', 'D'}) == finish_reason::stop);
   CHECK_THROWS_AS(stop_checker(p, {}), std::invalid_argument);
   CHECK(std::string(to_string(finish_reason::abort)) == "abort");
+}
+
+TEST_CASE("the sampling order is logit descending then token id, for ties, signed zeros and -inf", "[sampler]") {
+  // A vocabulary the size of SmolLM2's with many exact ties (logits on a 1/8 grid), both zeros
+  // and -inf: the kept tokens must come in the order of the comparison the rule states.
+  const std::int64_t vocab = 49152;
+  std::vector<float> logits(static_cast<std::size_t>(vocab));
+  std::uint64_t state = 7;
+  for (auto& x : logits) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<std::int64_t>((state >> 33) % 161) - 80) / 8.0f;
+  }
+  logits[5] = -0.0f;
+  logits[6] = 0.0f;
+  logits[7] = -std::numeric_limits<float>::infinity();
+  logits[100] = 12.0f;
+  sampling_params p;
+  p.temperature = 2.0;
+  const auto dist = sampling_distribution(logits.data(), vocab, p);
+  std::vector<std::int32_t> want(static_cast<std::size_t>(vocab));
+  for (std::int32_t t = 0; t < vocab; ++t)
+    want[static_cast<std::size_t>(t)] = t;
+  std::sort(want.begin(), want.end(), [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  want.pop_back();  // -inf has weight 0 and is not kept
+  REQUIRE(dist.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (dist[i].token != want[i])
+      FAIL("position " << i << ": token " << dist[i].token << ", expected " << want[i]);
+  CHECK(dist.front().token == 100);
+  // top-k keeps the same first k in the same order.
+  p.top_k = 1000;
+  const auto top = sampling_distribution(logits.data(), vocab, p);
+  REQUIRE(top.size() == 1000);
+  for (std::size_t i = 0; i < top.size(); ++i)
+    CHECK(top[i].token == want[i]);
 }
