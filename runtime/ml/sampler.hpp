@@ -114,7 +114,8 @@ struct token_prob {
 /// probabilities summing to 1 (up to double rounding), none of them 0.
 /// Greedy cases (temperature 0, top_k 1, top_p <= 0) give the single argmax token. Speculative
 /// verification must accept drafts against exactly this distribution.
-/// logits: `vocab` fp32 values, -inf allowed (masked tokens). Throws std::invalid_argument for
+/// logits: `vocab` fp32 values, -inf allowed (masked tokens). Time O(vocab) without top-k (the
+/// ranking is a radix sort), O(vocab log k) with it. Throws std::invalid_argument for
 /// vocab < 1, a NaN or +inf logit, or every logit -inf; and what validate() throws.
 std::vector<token_prob> sampling_distribution(const float* logits, std::int64_t vocab,
                                               const sampling_params& p);
