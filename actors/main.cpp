@@ -486,9 +486,11 @@ int main(int argc, char** argv) {
   eval->add_option("--checkpoint", eval_checkpoint,
                    "with an experiment TOML: a checkpoint step directory or root to score instead");
   eval->add_option("data", eval_data, "JSONL: prompt, answer (and entry, for countdown)")->required();
-  eval->add_option("--checker", eval_checker, "exact, first_number or countdown")
-    ->check(CLI::IsMember({"exact", "first_number", "countdown"}))
-    ->capture_default_str();
+  auto* eval_checker_opt =
+    eval->add_option("--checker", eval_checker,
+                     "exact, first_number or countdown (default: an experiment TOML's task.match "
+                     "when it is one of these, else first_number)")
+      ->check(CLI::IsMember({"exact", "first_number", "countdown"}));
   eval->add_option("--k", eval_opts.k, "completions per prompt: 1 = greedy, more = sampled (pass@k)")
     ->check(CLI::Range(1, 64))
     ->capture_default_str();
@@ -584,15 +586,28 @@ int main(int argc, char** argv) {
   }
   if (eval->parsed()) {
     try {
+      std::optional<sorl::experiment_config> eval_cfg;
+      std::error_code ec;
+      if (fs::is_regular_file(eval_model, ec))
+        eval_cfg = load_or_exit(eval_model);
+      if (eval_cfg && eval_checker_opt->count() == 0) {
+        // Score as the run does where a built-in checker can.
+        const auto match = eval_cfg->task.match;
+        if (match == sorl::match_kind::integer)
+          throw std::runtime_error("task.match \"integer\" has no eval checker; pass --checker");
+        if (!eval_cfg->task.reward_command.empty())
+          std::cerr << "sorl eval: the run scores with task.reward_command; eval scores with the "
+                       "built-in checker '" << sorl::to_string(match) << "' (task.match)\n";
+        eval_checker = std::string(sorl::to_string(match));
+      }
       eval_opts.checker = sorl::ml::parse_answer_checker(eval_checker);
       eval_opts.max_batch = std::max<std::int64_t>(16, eval_opts.k);
       const auto items = sorl::ml::load_eval_items(eval_data, eval_opts.checker);
       std::optional<sorl::ml::policy_model> model;
       std::optional<sorl::ml::prompt_format> format;
       std::string from = eval_model;
-      std::error_code ec;
-      if (fs::is_regular_file(eval_model, ec)) {
-        auto cfg = load_or_exit(eval_model);
+      if (eval_cfg) {
+        auto& cfg = *eval_cfg;
         if (!eval_system.empty()) {
           if (cfg.model.hf_dir.empty())
             throw std::runtime_error("--system: sorl's byte format has no system turn");
@@ -623,9 +638,9 @@ int main(int argc, char** argv) {
                                  std::chrono::duration<double>(now - start).count());
       };
       const auto r = sorl::ml::evaluate_hf_model(*model, *format, items, eval_opts);
-      fmt::print("{}: {} prompts x {}  accuracy {:.3f}  pass@{} {:.3f}  mean score {:.3f}  mean length "
+      fmt::print("{} ({}): {} prompts x {}  accuracy {:.3f}  pass@{} {:.3f}  mean score {:.3f}  mean length "
                  "{:.1f} tokens  truncated {:.3f}  {:.1f} s  {:.0f} tok/s\n",
-                 eval_data, r.prompts, r.k, r.accuracy, r.k, r.pass_at_k, r.mean_score, r.mean_length,
+                 eval_data, eval_checker, r.prompts, r.k, r.accuracy, r.k, r.pass_at_k, r.mean_score, r.mean_length,
                  r.truncated, r.seconds, r.tokens_per_second);
       if (!eval_out.empty()) {
         nlohmann::ordered_json j;

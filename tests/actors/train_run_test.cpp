@@ -810,7 +810,7 @@ TEST_CASE("a Hugging Face model directory trains, evaluates and exports in its o
   REQUIRE(v.wait_exit(120s) == 0);
   INFO(v.output());
   CHECK(v.wait_for("step-0000000002 in prompt format 'sorl'", 1s));
-  CHECK(v.wait_for("4 prompts x 1  accuracy", 1s));
+  CHECK(v.wait_for("(first_number): 4 prompts x 1  accuracy", 1s)); // task.match is its checker
   fs::remove_all(hf);
   fs::remove_all(out);
 }
