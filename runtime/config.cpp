@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -548,6 +549,34 @@ private:
   std::set<std::string, std::less<>> seen_;
 };
 
+/// Why `program` (a command's argv[0]) cannot be started, or "" when it can: with a '/' it is
+/// a path from sorl's working directory (not from the config file, as the reward process runs
+/// it), else it is looked up in PATH. Checked now so that a typo fails before any model loads.
+std::string program_problem(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    if (::access(program.c_str(), X_OK) == 0)
+      return "";
+    return fmt::format("cannot run \"{}\": {} (a path is taken from sorl's working directory, "
+                       "not from the config file)",
+                       program, std::error_code{errno, std::generic_category()}.message());
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  size_t from = 0;
+  while (from <= dirs.size()) {
+    size_t to = dirs.find(':', from);
+    if (to == std::string::npos)
+      to = dirs.size();
+    std::string dir = dirs.substr(from, to - from);
+    if (dir.empty())
+      dir = ".";
+    if (::access((dir + "/" + program).c_str(), X_OK) == 0)
+      return "";
+    from = to + 1;
+  }
+  return fmt::format("\"{}\" is not a program in PATH", program);
+}
+
 constexpr int64_t max_i64 = std::numeric_limits<int64_t>::max();
 constexpr double inf = std::numeric_limits<double>::infinity();
 
@@ -650,6 +679,9 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   if (!c.reward_command.empty() && c.name != "jsonl")
     r.conflict("reward_command", fmt::format("a reward command scores task \"jsonl\"; task \"{}\" "
                                              "has its own verifier", c.name));
+  if (!c.reward_command.empty())
+    if (auto why = program_problem(c.reward_command.front()); !why.empty())
+      r.conflict("reward_command", why);
   if (c.min_digits > c.max_digits)
     r.conflict("min_digits", fmt::format("min_digits = {} exceeds max_digits = {}", c.min_digits,
                                         c.max_digits));

@@ -159,7 +159,8 @@ struct task_config {
   /// jsonl: a scorer process that rewards completions instead of `match` (protocol:
   /// runtime/ml/reward_process.hpp), e.g. [".venv-data/bin/python",
   /// "scripts/rewards/reasoning_gym_reward.py"]. Run without a shell in sorl's working
-  /// directory; an argument is taken as written (not relative to the config file). Empty = off.
+  /// directory; an argument is taken as written (not relative to the config file). argv[0]
+  /// must be a program that can be started (a path, or a name in PATH). Empty = off.
   std::vector<std::string> reward_command;
   int64_t reward_timeout_ms = 30000; ///< per scoring call, ms; 1..3.6e6
   /// With model.hf_dir: a system message before every prompt ("" = none).

@@ -763,6 +763,14 @@ TEST_CASE("task.reward_command is an array of non-empty strings for the jsonl ta
   CHECK(number.message == "element 2 is an integer, not a string");
   auto empty = only_error(jsonl + "reward_command = [\"\"]\n" + std::string{minimal}, dir.path.string());
   CHECK(empty.message == "element 1 is an empty string");
+  // A program that cannot be started is refused now, not after the model loads.
+  auto missing = only_error(jsonl + "reward_command = [\"/nonexistent/scorer\"]\n" + std::string{minimal},
+                            dir.path.string());
+  CHECK(missing.key == "task.reward_command");
+  CHECK(missing.message.find("cannot run \"/nonexistent/scorer\": No such file or directory") == 0);
+  auto unknown = only_error(jsonl + "reward_command = [\"sorl-no-such-scorer\"]\n" + std::string{minimal},
+                            dir.path.string());
+  CHECK(unknown.message == "\"sorl-no-such-scorer\" is not a program in PATH");
   auto other = only_error("[task]\nreward_command = [\"python3\"]\n" + std::string{minimal});
   CHECK(other.key == "task.reward_command");
   CHECK(other.message.find("task \"arithmetic\" has its own verifier") != std::string::npos);
