@@ -158,6 +158,16 @@ TEST_CASE("every shipped config in configs/ loads with the real role table") {
         CHECK_NOTHROW(make_task_from(cfg));
       loaded.push_back(path.filename().string());
     } catch (const config_exception& e) {
+      // A config of a fetched model and dataset (scripts/fetch-model, scripts/fetch-data) loads
+      // once they are fetched; on a clean clone its only errors are those missing inputs.
+      const bool fetched_inputs_missing = std::all_of(e.errors().begin(), e.errors().end(), [](const auto& err) {
+        return (err.key == "model.hf_dir" || err.key == "task.path" || err.key == "task.eval_path")
+               && err.message.find("does not exist") != std::string::npos;
+      });
+      if (fetched_inputs_missing) {
+        loaded.push_back(path.filename().string());
+        continue;
+      }
       for (const auto& err : e.errors())
         UNSCOPED_INFO(err.to_string());
       FAIL("the config does not load");
