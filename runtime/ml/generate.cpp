@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 namespace sorl::ml {
@@ -33,6 +34,9 @@ struct generator::sample {
   sampler_rng rng;
   std::vector<std::int32_t> tokens;
   std::vector<float> logprobs;
+  bool drafting = false;       // started in the draft source
+  std::int64_t drafted = 0;    // draft tokens verified
+  std::int64_t accepted = 0;   // of them, emitted
 
   sample(std::shared_ptr<request> r, std::int64_t i, seq_id s)
       : req(std::move(r)), index(i), seq(s), rng(req->params.seed, static_cast<std::uint64_t>(i)) {}
@@ -42,6 +46,9 @@ generator::generator(const policy_model& model, generator_options opts)
     : model_(model), opts_(opts) {
   if (opts.max_batch < 1)
     throw std::invalid_argument(fmt::format("generator_options.max_batch must be >= 1, got {}", opts.max_batch));
+  if (opts.drafts != nullptr && opts.max_draft_tokens < 1)
+    throw std::invalid_argument(fmt::format("generator_options.max_draft_tokens must be >= 1, got {}",
+                                            opts.max_draft_tokens));
   if (opts.separate_prefill_tokens < 2)
     throw std::invalid_argument(fmt::format("generator_options.separate_prefill_tokens must be >= 2, got {}",
                                             opts.separate_prefill_tokens));
@@ -163,6 +170,12 @@ generation_result generator::finish(sample& s, finish_reason reason) {
     }
   }
   s.seq = -1;
+  if (s.drafting) {
+    opts_.drafts->finish(s.req->id, s.index, reason != finish_reason::abort);
+    s.drafting = false;
+  }
+  r.drafted_tokens = s.drafted;
+  r.accepted_tokens = s.accepted;
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
@@ -181,15 +194,42 @@ std::vector<generation_result> generator::step() {
     admitted.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
-  // Decode rows (one token per live sample), then prefill rows (an admitted prompt, or the
-  // part of it past a continuation's parked KV).
+  const auto started = std::chrono::steady_clock::now();
+  const std::int64_t max_seq = model_.dims().max_seq;
+  const std::int64_t vocab_size = model_.dims().vocab;
+  // Drafts, clamped so that every token the sample may emit stays within max_new_tokens
+  // (the last emitted token is never a draft token) and every fed position within max_seq.
+  std::vector<std::vector<std::int32_t>> drafts(live_.size());
+  bool any_draft = false;
+  if (speculating()) {
+    for (std::size_t i = 0; i < live_.size(); ++i) {
+      const sample& s = *live_[i];
+      const auto used = static_cast<std::int64_t>(s.tokens.size());
+      const auto fed = static_cast<std::int64_t>(s.req->prompt.size()) + used;  // cache + the last token
+      const std::int64_t allowed = std::min<std::int64_t>(
+          {opts_.max_draft_tokens, s.req->params.max_new_tokens - used - 1, max_seq - fed});
+      if (allowed < 1) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      opts_.drafts->draft(s.req->id, s.index, static_cast<std::int32_t>(allowed), drafts[i]);
+      spec_.draft_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      ++spec_.draft_calls;
+      std::vector<std::int32_t>& d = drafts[i];
+      if (static_cast<std::int64_t>(d.size()) > allowed) d.resize(static_cast<std::size_t>(allowed));
+      const auto bad = std::find_if(d.begin(), d.end(), [&](std::int32_t t) { return t < 0 || t >= vocab_size; });
+      d.erase(bad, d.end());
+      any_draft = any_draft || !d.empty();
+    }
+  }
+  // Decode rows (the last token of every live sample, then its draft), then prefill rows (an
+  // admitted prompt, or the part of it past a continuation's parked KV).
   std::vector<seq_id> seqs;
   std::vector<std::vector<std::int32_t>> toks;
   seqs.reserve(live_.size() + admitted.size());
   toks.reserve(seqs.capacity());
-  for (const auto& s : live_) {
-    seqs.push_back(s->seq);
-    toks.push_back({s->tokens.back()});
+  for (std::size_t i = 0; i < live_.size(); ++i) {
+    seqs.push_back(live_[i]->seq);
+    toks.push_back({live_[i]->tokens.back()});
+    toks.back().insert(toks.back().end(), drafts[i].begin(), drafts[i].end());
   }
   std::vector<seq_id> prefill;
   std::size_t longest = 0;
@@ -200,11 +240,14 @@ std::vector<generation_result> generator::step() {
     longest = std::max(longest, toks.back().size());
   }
   if (seqs.empty()) return {};
+  // Verification needs every decode row's logits and prefills only their last: two passes.
   const bool separate = !live_.empty() && !admitted.empty() &&
-                        static_cast<std::int64_t>(longest) >= opts_.separate_prefill_tokens;
+                        (any_draft || static_cast<std::int64_t>(longest) >= opts_.separate_prefill_tokens);
+  const logits_for decode_rows = any_draft ? logits_for::all : logits_for::last;
 
   std::vector<std::unique_ptr<sample>> fresh;
   std::vector<sampled_token> drawn;
+  std::vector<std::size_t> drawn_end;  // drawn[drawn_end[i-1] .. drawn_end[i]) is sample i's
   try {
     at::Tensor logits;
     if (separate) {
@@ -212,17 +255,22 @@ std::vector<generation_result> generator::step() {
       const std::vector<seq_id> dseqs(seqs.begin(), seqs.begin() + cut), pseqs(seqs.begin() + cut, seqs.end());
       const std::vector<std::vector<std::int32_t>> dtoks(toks.begin(), toks.begin() + cut),
           ptoks(toks.begin() + cut, toks.end());
-      const at::Tensor decoded = model_.forward_cached(*cache_, dseqs, dtoks, logits_for::last).to(c10::kCPU);
+      const at::Tensor decoded = model_.forward_cached(*cache_, dseqs, dtoks, decode_rows).to(c10::kCPU);
       const at::Tensor prefilled = model_.forward_cached(*cache_, pseqs, ptoks, logits_for::last).to(c10::kCPU);
       logits = at::cat({decoded, prefilled}).contiguous();
     } else {
-      logits = model_.forward_cached(*cache_, seqs, toks, logits_for::last).to(c10::kCPU).contiguous();
+      logits = model_.forward_cached(*cache_, seqs, toks, live_.empty() ? logits_for::last : decode_rows)
+                   .to(c10::kCPU)
+                   .contiguous();
     }
     const std::int64_t vocab = logits.size(1);
     const float* row = logits.data_ptr<float>();
-    for (const auto& s : live_) {
-      drawn.push_back(sample_token(row, vocab, s->req->params, s->rng));
-      row += vocab;
+    for (std::size_t i = 0; i < live_.size(); ++i) {
+      sample& s = *live_[i];
+      const std::vector<std::int32_t>& d = drafts[i];
+      verify_draft(row, vocab, d.data(), d.size(), s.req->params, s.rng, drawn);
+      drawn_end.push_back(drawn.size());
+      row += static_cast<std::int64_t>(any_draft ? d.size() + 1 : 1) * vocab;
     }
     // Fork every sibling before any of them can finish and release the shared prompt.
     for (std::size_t r = 0; r < admitted.size(); ++r) {
@@ -230,12 +278,14 @@ std::vector<generation_result> generator::step() {
         const seq_id s = i == 0 ? prefill[r] : cache_->fork(prefill[r]);
         fresh.push_back(std::make_unique<sample>(admitted[r], admitted[r]->streams[static_cast<std::size_t>(i)], s));
         drawn.push_back(sample_token(row, vocab, admitted[r]->params, fresh.back()->rng));
+        drawn_end.push_back(drawn.size());
       }
       row += vocab;
     }
   } catch (...) {
-    // Leave the generator as before the step: live samples back to their lengths, admitted
-    // groups back at the head of the queue (a continuation keeps its parked prefix).
+    // Leave the generator as before the step: live samples back to their lengths (fed draft
+    // positions included), admitted groups back at the head of the queue (a continuation
+    // keeps its parked prefix).
     for (const auto& s : live_) {
       const auto len = static_cast<std::int64_t>(s->req->prompt.size() + s->tokens.size()) - 1;
       if (cache_->length(s->seq) > len) cache_->truncate(s->seq, len);
@@ -260,24 +310,69 @@ std::vector<generation_result> generator::step() {
   std::vector<std::unique_ptr<sample>> next;
   next.reserve(live_.size() + fresh.size());
   std::size_t k = 0;
-  const std::int64_t max_seq = model_.dims().max_seq;
-  auto advance = [&](std::unique_ptr<sample> s) {
-    const sampled_token t = drawn[k++];
-    s->tokens.push_back(t.token);
-    s->logprobs.push_back(t.logprob);
-    std::optional<finish_reason> why = s->req->stop.check(s->tokens);
-    // The next token would sit at position prompt + tokens, past the model's context.
-    if (!why && static_cast<std::int64_t>(s->req->prompt.size() + s->tokens.size()) >= max_seq)
-      why = finish_reason::length;
+  std::size_t from = 0;
+  std::int64_t decode_emitted = 0;
+  const bool had_live = !live_.empty();
+  auto advance = [&](std::unique_ptr<sample> s, const std::vector<std::int32_t>* draft) {
+    const std::size_t to = drawn_end[k++];
+    const std::size_t before = s->tokens.size();
+    std::optional<finish_reason> why;
+    for (std::size_t j = from; j < to && !why; ++j) {
+      s->tokens.push_back(drawn[j].token);
+      s->logprobs.push_back(drawn[j].logprob);
+      why = s->req->stop.check(s->tokens);
+      // The next token would sit at position prompt + tokens, past the model's context.
+      if (!why && static_cast<std::int64_t>(s->req->prompt.size() + s->tokens.size()) >= max_seq)
+        why = finish_reason::length;
+    }
+    from = to;
+    const std::size_t emitted = s->tokens.size() - before;
+    if (draft != nullptr) {
+      decode_emitted += static_cast<std::int64_t>(emitted);
+      if (!draft->empty()) {
+        std::size_t accepted = 0;
+        while (accepted < emitted && accepted < draft->size() && s->tokens[before + accepted] == (*draft)[accepted])
+          ++accepted;
+        s->drafted += static_cast<std::int64_t>(draft->size());
+        s->accepted += static_cast<std::int64_t>(accepted);
+        spec_.drafted_tokens += static_cast<std::int64_t>(draft->size());
+        spec_.accepted_tokens += static_cast<std::int64_t>(accepted);
+        // Keep the KV of the accepted positions only: the cache holds every token but the
+        // last emitted one, which the next step feeds.
+        const auto keep = static_cast<std::int64_t>(s->req->prompt.size() + s->tokens.size()) - 1;
+        if (cache_->length(s->seq) > keep) cache_->truncate(s->seq, keep);
+      }
+    }
+    if (opts_.drafts != nullptr) {
+      if (!s->drafting) {
+        opts_.drafts->start(s->req->id, s->index, s->req->prompt);
+        s->drafting = true;
+      }
+      opts_.drafts->extend(s->req->id, s->index, s->tokens.data() + before, emitted);
+    }
     if (why)
       done.push_back(finish(*s, *why));
     else
       next.push_back(std::move(s));
   };
-  for (auto& s : live_) advance(std::move(s));
-  for (auto& s : fresh) advance(std::move(s));
+  for (std::size_t i = 0; i < live_.size(); ++i) advance(std::move(live_[i]), &drafts[i]);
+  for (auto& s : fresh) advance(std::move(s), nullptr);
   live_ = std::move(next);
+  if (had_live) {
+    ++(any_draft ? spec_.verify_steps : spec_.plain_steps);
+    if (admitted.empty()) {
+      spec_.decode_tokens += decode_emitted;
+      spec_.decode_ns +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+    }
+  }
   return done;
+}
+
+speculation_stats generator::take_speculation_stats() noexcept {
+  const speculation_stats out = spec_;
+  spec_ = speculation_stats{};
+  return out;
 }
 
 std::vector<generation_result> generator::run_until_idle() {

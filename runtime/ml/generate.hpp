@@ -19,6 +19,40 @@
 
 namespace sorl::ml {
 
+/// Where a generator gets drafts for speculative decoding (ARCHITECTURE.md §6 WAR): a
+/// deterministic function of text already generated, never of the verification's random
+/// numbers. The generator tells it what every sample emits; it answers draft() calls. The
+/// rollout worker's is the suffix-tree drafter (actors/suffix_index/suffix_drafter.hpp).
+class draft_source {
+ public:
+  virtual ~draft_source() = default;
+  /// Sample `sample` (its random stream) of request `request_id` joins the batch after
+  /// `prompt` (the whole prompt, a parked prefix included).
+  virtual void start(std::uint64_t request_id, std::int64_t sample, const std::vector<std::int32_t>& prompt) = 0;
+  /// The tokens the sample emitted in one step, in order.
+  virtual void extend(std::uint64_t request_id, std::int64_t sample, const std::int32_t* tokens,
+                      std::size_t n) = 0;
+  /// Writes at most max_tokens (>= 1) proposed next tokens of the sample into `out`
+  /// (cleared first; empty = no draft).
+  virtual void draft(std::uint64_t request_id, std::int64_t sample, std::int32_t max_tokens,
+                     std::vector<std::int32_t>& out) = 0;
+  /// The sample left the batch: `completed` when it finished by eos, stop or length (its
+  /// text is a whole response), false for an abort.
+  virtual void finish(std::uint64_t request_id, std::int64_t sample, bool completed) = 0;
+};
+
+/// Speculative decoding counters of a generator since construction (or take_speculation_stats).
+struct speculation_stats {
+  std::int64_t verify_steps = 0;     ///< steps whose decode pass verified at least one draft
+  std::int64_t plain_steps = 0;      ///< steps with live samples and no draft
+  std::int64_t draft_calls = 0;      ///< draft_source::draft calls
+  std::int64_t draft_ns = 0;         ///< time in those calls, ns
+  std::int64_t drafted_tokens = 0;   ///< draft tokens fed to the model
+  std::int64_t accepted_tokens = 0;  ///< draft tokens that were emitted
+  std::int64_t decode_tokens = 0;    ///< tokens emitted by decode rows (prefill rows excluded)
+  std::int64_t decode_ns = 0;        ///< time of steps' decode work (drafts, passes, sampling), ns
+};
+
 /// Limits of a generator.
 struct generator_options {
   /// Most samples decoding at once; a group is admitted whole when it fits (FIFO).
@@ -30,6 +64,11 @@ struct generator_options {
   /// longest); shorter prefills share the decodes' pass, where the padding costs less than a
   /// second pass (bench/decode_bench --mixed measures both). Tokens, >= 2.
   std::int64_t separate_prefill_tokens = 16;
+  /// Drafts for speculative decoding; null = plain decoding. Not owned; must outlive the
+  /// generator.
+  draft_source* drafts = nullptr;
+  /// Longest draft per sample and step, tokens, >= 1 (with drafts).
+  std::int32_t max_draft_tokens = 16;
 };
 
 /// Handle of a parked KV sequence (see generator); 0 = none. Never reused by a generator.
@@ -58,9 +97,29 @@ struct generation_result {
   /// prompt + tokens minus the last token (sampled, never fed): prompt_tokens + tokens.size()
   /// - 1 positions. The caller submits a continuation from it or release()s it.
   parked_kv parked = 0;
+  std::int64_t drafted_tokens = 0;   ///< draft tokens verified for this sample
+  std::int64_t accepted_tokens = 0;  ///< of them, emitted
 };
 
-/// Continuous-batching sampler over a policy_model. The model must outlive the generator and
+/// Continuous-batching sampler over a policy_model.
+///
+/// Speculative decoding (generator_options::drafts, while speculating() is on). A live sample
+/// with a draft d_1..d_k feeds [its last token, d_1..d_k] in the step's decode pass and gets
+/// k + 1 logits rows. Position j's token is drawn exactly as plain decoding draws it: one
+/// uniform from the sample's own stream, inverse CDF of sampling_distribution (temperature,
+/// top-k, top-p). If it equals d_{j+1} the draft token is accepted and position j + 1 is
+/// read; otherwise it is emitted and the step ends for the sample; after a fully accepted
+/// draft, row k gives one more token. This is the exact rule for deterministic drafts
+/// (Leviathan et al. 2023, arXiv 2211.17192, with a point-mass draft; Chen et al. 2023): the
+/// draw equals d with probability q(d), and given that it does not, it is distributed as q
+/// with d removed and renormalised, because the same uniform lands uniformly in the rest of
+/// the CDF. As a consequence a sample emits the very tokens plain decoding would emit from
+/// the same logits: speculation changes the number of forward passes, not the rollout (up
+/// to the last-bit differences between a k + 1-row pass and one-row passes, which sampler.hpp
+/// discusses for batch composition). Log-probs are recorded as the plain path records them.
+/// Drafts are clamped to the tokens still allowed (max_new_tokens minus one, and the context
+/// up to max_seq); an eos or stop string inside an accepted draft ends the sample there; the
+/// KV of rejected positions is truncated. The model must outlive the generator and
 /// must not change weights while samples are in flight (their KV would mix two versions).
 /// Parked KV was computed under the weights of its time: whoever changes the model's weights
 /// calls release_all_parked() with the change (worker_core::weights_changed does), or a later
@@ -68,7 +127,8 @@ struct generation_result {
 /// cache blocks until they are continued, released, or the generator is destroyed.
 class generator {
  public:
-  /// Throws std::invalid_argument for max_batch < 1 or bad cache options.
+  /// Throws std::invalid_argument for max_batch < 1, bad cache options, or drafts with
+  /// max_draft_tokens < 1.
   explicit generator(const policy_model& model, generator_options opts = {});
   ~generator();
   generator(const generator&) = delete;
@@ -127,6 +187,14 @@ class generator {
   bool idle() const noexcept { return live_samples() == 0 && queued_requests() == 0; }
   const kv_cache& cache() const noexcept;
 
+  /// Turns speculation on or off for later steps (with generator_options::drafts; a no-op
+  /// without). On by default when drafts are given. The load-aware switch of the rollout
+  /// worker calls it.
+  void set_speculating(bool on) noexcept { speculating_ = on; }
+  bool speculating() const noexcept { return speculating_ && opts_.drafts != nullptr; }
+  /// Reads and resets the speculation counters.
+  speculation_stats take_speculation_stats() noexcept;
+
  private:
   struct request;
   struct sample;
@@ -145,6 +213,8 @@ class generator {
   std::uint64_t next_request_ = 1;
   std::unordered_map<parked_kv, parked_seq> parked_;
   parked_kv next_parked_ = 1;
+  bool speculating_ = true;
+  speculation_stats spec_;
 };
 
 }  // namespace sorl::ml

@@ -214,6 +214,14 @@ sampled_token sample_token(const float* logits, std::int64_t vocab, const sampli
   return {token, static_cast<float>(training_logprob(logits, vocab, p.temperature, token))};
 }
 
+void verify_draft(const float* rows, std::int64_t vocab, const std::int32_t* draft, std::size_t k,
+                  const sampling_params& p, sampler_rng& rng, std::vector<sampled_token>& out) {
+  for (std::size_t j = 0; j <= k; ++j) {
+    out.push_back(sample_token(rows + static_cast<std::int64_t>(j) * vocab, vocab, p, rng));
+    if (j < k && out.back().token != draft[j]) return;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // stop_checker
 

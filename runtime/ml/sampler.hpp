@@ -137,6 +137,16 @@ struct sampled_token {
 sampled_token sample_token(const float* logits, std::int64_t vocab, const sampling_params& p,
                            sampler_rng& rng);
 
+/// Exact verification of a deterministic draft (speculative decoding; the rule and why it is
+/// exact are in generate.hpp). `rows`: k + 1 logits rows of `vocab` fp32 values, row j the
+/// model's distribution after the context and draft[0..j). Position j draws with
+/// sample_token (one uniform); the draw is appended to `out`; verification goes on to row
+/// j + 1 only while the draw equals draft[j]. So 1..k + 1 tokens are appended, the stream
+/// advances by as many uniforms, and they are the tokens sample_token would draw from the
+/// same rows one at a time. Same errors as sample_token.
+void verify_draft(const float* rows, std::int64_t vocab, const std::int32_t* draft, std::size_t k,
+                  const sampling_params& p, sampler_rng& rng, std::vector<sampled_token>& out);
+
 /// Turns completion token ids into text for stop-string matching (the tokenizer's decode).
 using detokenize_fn = std::function<std::string(const std::vector<std::int32_t>&)>;
 
