@@ -75,6 +75,17 @@ enum RolloutStatus {
                     # reward; out of its group's statistics, masked out of the loss
 }
 
+# What speculative decoding did for one rollout, over all its turns: the trainer sums these
+# over a step for its metrics. All 0 (the struct left unset) with speculative decoding off.
+struct SpeculationCounts {
+  verifySteps @0 :UInt32;     # decode steps that verified a draft for this rollout
+  plainSteps @1 :UInt32;      # decode steps without a draft
+  draftedTokens @2 :UInt32;   # draft tokens verified
+  acceptedTokens @3 :UInt32;  # of them, those the verification accepted (≤ draftedTokens)
+  draftCalls @4 :UInt32;      # drafter calls made for this rollout
+  draftNs @5 :UInt64;         # time in those calls, ns
+}
+
 # A finished rollout: everything the learner needs, plus the facts that metrics report.
 struct Trajectory {
   requestId @0 :UInt64;
@@ -98,6 +109,7 @@ struct Trajectory {
   failure @17 :Text;                # why, when status is not ok
   replacedFrom @18 :Text;           # the request's replacedFrom: the lost worker it was
                                     # placed on before this one; empty if it was not re-placed
+  speculation @19 :SpeculationCounts; # unset (all 0) with speculative decoding off
 }
 
 # Trainer → scheduler → rollout workers: stop these rollouts now and free their KV cache

@@ -797,7 +797,11 @@ void parse_rollout(table_reader& r, rollout_config& c) {
   r.integer("max_batch", c.max_batch, 1, 1 << 20);
   r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20);
   r.choice("speculative", c.speculative, {"off", "on", "auto"});
-  not_yet(r, "speculative", c.speculative != "off", "speculative decoding");
+  r.integer("draft_max_tokens", c.draft_max_tokens, 1, 256);
+  r.number("draft_min_token_prob", c.draft_min_token_prob, 0.0, 1.0);
+  r.number("draft_spec_factor", c.draft_spec_factor, 0.0, 64.0);
+  r.integer("suffix_max_depth", c.suffix_max_depth, 2, 256);
+  r.integer("suffix_global_bytes", c.suffix_global_bytes, 0, 1ll << 40);
   r.number("watchdog_s", c.watchdog_s, 0.0, 1e9, true);
 }
 

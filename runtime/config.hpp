@@ -283,7 +283,20 @@ struct sync_config {
 struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
-  std::string speculative = "off"; ///< "off" | "on" | "auto"
+  /// Suffix speculative decoding (ARCHITECTURE.md §6 WAR): "off"; "on"; "auto" = per batch
+  /// size, whichever of the two measured faster (actors/rollout/speculation_switch.hpp).
+  /// Rollouts are the same tokens either way (runtime/ml/generate.hpp).
+  std::string speculative = "off";
+  int64_t draft_max_tokens = 16;      ///< longest draft per sample and step, tokens, 1..256
+  /// A draft stops where the product of its tokens' frequencies in the suffix tree falls
+  /// below this, [0, 1].
+  double draft_min_token_prob = 0.1;
+  /// A suffix match of m tokens allows drafts of floor(m * factor) tokens, [0, 64].
+  double draft_spec_factor = 1.0;
+  int64_t suffix_max_depth = 32;      ///< longest indexed substring of the suffix trees, tokens, 2..256
+  /// Bound on the global suffix tree of finished responses, bytes; the oldest responses are
+  /// evicted past it; 0 = group trees only. 0..2^40.
+  int64_t suffix_global_bytes = 64ll << 20;
   /// s: the longest the trainer waits, in a step's rollout phase, for the next finished
   /// rollout (or the group-size decision) before it fails the job, naming the request ids,
   /// groups and samples still missing; > 0.

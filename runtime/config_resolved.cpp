@@ -190,6 +190,11 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("max_batch", c.rollout.max_batch);
   e.integer("chunk_tokens", c.rollout.chunk_tokens);
   e.str("speculative", c.rollout.speculative);
+  e.integer("draft_max_tokens", c.rollout.draft_max_tokens);
+  e.number("draft_min_token_prob", c.rollout.draft_min_token_prob);
+  e.number("draft_spec_factor", c.rollout.draft_spec_factor);
+  e.integer("suffix_max_depth", c.rollout.suffix_max_depth);
+  e.integer("suffix_global_bytes", c.rollout.suffix_global_bytes);
   e.number("watchdog_s", c.rollout.watchdog_s);
 
   e.table = "scheduler";

@@ -38,6 +38,7 @@ const char* group_title(metric::group g) {
     case metric::group::step: return "step";
     case metric::group::group_control: return "group-size control";
     case metric::group::rollout: return "rollout";
+    case metric::group::speculation: return "speculative decoding";
     case metric::group::groups: return "groups (DAPO)";
     case metric::group::timing: return "timing";
     case metric::group::learner: return "learner loss";

@@ -38,7 +38,8 @@ namespace sorl {
 
 // The metric schema, one X(...) row per key:
 //   X(constant, "key", group, kind, "unit", "meaning")
-// group: step, group_control, rollout, groups, timing, learner, sync, heldout (metric::group).
+// group: step, group_control, rollout, speculation, groups, timing, learner, sync, heldout
+// (metric::group).
 // kind: member_int / member_number / member_numbers are fields of metrics_record; number,
 // count (a whole number written as a JSON number, e.g. 2.0) and flag (1.0 or 0.0) live in
 // `extra`; text lives in `extra_text`. A new field goes through `extra` first and is
@@ -72,6 +73,15 @@ namespace sorl {
   X(failed_rollouts, "failed_rollouts", rollout, count, "", "rollouts a worker could not serve (prompt does not fit, weights of another version, decoding error); never trained on") \
   X(reward_failures, "reward_failures", rollout, count, "", "rollouts whose scorer or environment threw or gave NaN / inf: out of their group's statistics and masked out of the loss") \
   X(replaced_requests, "replaced_requests", rollout, count, "", "rollouts the scheduler placed again on another worker because theirs was lost (peer_down, ARCHITECTURE.md §5)") \
+  X(spec_verify_steps, "spec_verify_steps", speculation, count, "", "decode steps that verified a draft, summed over the step's rollouts (every spec_ key: steps decoded with rollout.speculative on only)") \
+  X(spec_plain_steps, "spec_plain_steps", speculation, count, "", "decode steps without a draft, summed over the step's rollouts") \
+  X(spec_drafted_tokens, "spec_drafted_tokens", speculation, count, "tokens", "draft tokens verified") \
+  X(spec_accepted_tokens, "spec_accepted_tokens", speculation, count, "tokens", "of them, those the verification accepted") \
+  X(spec_draft_calls, "spec_draft_calls", speculation, count, "", "drafter calls") \
+  X(spec_acceptance, "spec_acceptance", speculation, number, "", "spec_accepted_tokens / spec_drafted_tokens (absent when nothing was drafted)") \
+  X(spec_mean_accepted, "spec_mean_accepted", speculation, number, "tokens", "accepted draft tokens per verifying step: spec_accepted_tokens / spec_verify_steps (absent without a verifying step)") \
+  X(spec_draft_us, "spec_draft_us", speculation, number, "µs", "mean time of a drafter call: the rollouts' drafter time / spec_draft_calls (absent without a call)") \
+  X(spec_share, "spec_share", speculation, number, "", "share of decode steps that verified a draft: spec_verify_steps / (spec_verify_steps + spec_plain_steps)") \
   X(refill_rounds, "refill_rounds", groups, count, "", "DAPO dynamic-sampling rounds that drew more prompts to replace zero-signal groups") \
   X(zero_signal_groups_rollout, "zero_signal_groups_rollout", groups, count, "", "generated groups whose rewards are all equal (no advantage signal)") \
   X(trained_groups,   "trained_groups",   groups, count, "", "groups in the learner's batch") \
@@ -128,7 +138,17 @@ namespace metric {
 enum class kind { member_int, member_number, member_numbers, number, count, flag, text };
 
 /// The schema's groups, in the order the generated table lists them.
-enum class group { step, group_control, rollout, groups, timing, learner, sync, heldout };
+enum class group {
+  step,
+  group_control,
+  rollout,
+  speculation,
+  groups,
+  timing,
+  learner,
+  sync,
+  heldout
+};
 
 /// A key of the schema whose kind is fixed at compile time, so that
 /// metrics_record::set accepts only values of the right type.

@@ -15,6 +15,26 @@
 
 namespace sorl::rollout {
 
+/// What speculative decoding did for one rollout (mirrors msg::SpeculationCounts).
+struct speculation_counts {
+  uint32_t verify_steps = 0;    ///< decode steps that verified a draft for it
+  uint32_t plain_steps = 0;     ///< decode steps without a draft
+  uint32_t drafted_tokens = 0;  ///< draft tokens verified
+  uint32_t accepted_tokens = 0; ///< of them, emitted
+  uint32_t draft_calls = 0;     ///< drafter calls made for it
+  uint64_t draft_ns = 0;        ///< time in those calls, ns
+
+  speculation_counts& operator+=(const speculation_counts& o) {
+    verify_steps += o.verify_steps;
+    plain_steps += o.plain_steps;
+    drafted_tokens += o.drafted_tokens;
+    accepted_tokens += o.accepted_tokens;
+    draft_calls += o.draft_calls;
+    draft_ns += o.draft_ns;
+    return *this;
+  }
+};
+
 /// One rollout to generate (mirrors msg::GenerateRequest).
 struct rollout_request {
   uint64_t request_id = 0;
@@ -69,6 +89,9 @@ struct rollout_result {
   uint32_t turns = 0;
   int64_t start_ns = 0;
   int64_t end_ns = 0;
+  /// Speculative decoding of this rollout, over all its turns (runtime/ml/generate.hpp);
+  /// all 0 with rollout.speculative = "off".
+  speculation_counts speculation;
 };
 
 /// A RolloutEvent as read: the core's event plus what only the message carries.

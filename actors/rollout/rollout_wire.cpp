@@ -55,6 +55,11 @@ rollout_status from_msg(msg::RolloutStatus s) {
   return rollout_status::failed;
 }
 
+bool any_count(const speculation_counts& s) {
+  return s.verify_steps != 0 || s.plain_steps != 0 || s.drafted_tokens != 0
+         || s.accepted_tokens != 0 || s.draft_calls != 0 || s.draft_ns != 0;
+}
+
 } // namespace
 
 msg::FinishReason to_msg(ml::finish_reason r) {
@@ -176,6 +181,17 @@ envelope to_msg(const rollout_result& r, const std::string& worker, uint64_t ver
     b.setStatus(to_msg(r.status));
     b.setFailure(r.failure);
     b.setReplacedFrom(r.request.replaced_from);
+    // Left unset with speculation off, so such a trajectory keeps the bytes it had
+    // before the field existed; a reader sees all 0 either way.
+    if (any_count(r.speculation)) {
+      auto s = b.initSpeculation();
+      s.setVerifySteps(r.speculation.verify_steps);
+      s.setPlainSteps(r.speculation.plain_steps);
+      s.setDraftedTokens(r.speculation.drafted_tokens);
+      s.setAcceptedTokens(r.speculation.accepted_tokens);
+      s.setDraftCalls(r.speculation.draft_calls);
+      s.setDraftNs(r.speculation.draft_ns);
+    }
   });
 }
 
@@ -203,6 +219,13 @@ trajectory_record from_msg(msg::Trajectory::Reader t) {
   r.turns = t.getTurns();
   r.start_ns = t.getStartNs();
   r.end_ns = t.getEndNs();
+  const auto s = t.getSpeculation();
+  r.speculation.verify_steps = s.getVerifySteps();
+  r.speculation.plain_steps = s.getPlainSteps();
+  r.speculation.drafted_tokens = s.getDraftedTokens();
+  r.speculation.accepted_tokens = s.getAcceptedTokens();
+  r.speculation.draft_calls = s.getDraftCalls();
+  r.speculation.draft_ns = s.getDraftNs();
   rec.worker = t.getWorker();
   rec.weight_version = t.getWeightVersion();
   return rec;

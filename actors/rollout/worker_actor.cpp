@@ -123,6 +123,8 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
     [self](tick_atom) {
       auto& st = self->state;
       auto t = rollout::decode_tick(*st.core, st.me);
+      for (const auto& line : st.core->take_log())
+        spdlog::info("{}: {}", st.me, line);
       if (t.failure)
         spdlog::critical("{}: decoding failed: {}", st.me, *t.failure);
       send_out(self, t.results);

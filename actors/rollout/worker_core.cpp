@@ -18,8 +18,37 @@ worker_options worker_options_from(const experiment_config& cfg) {
   worker_options o;
   o.max_batch = cfg.rollout.max_batch;
   o.chunk_tokens = cfg.rollout.chunk_tokens;
+  const auto& r = cfg.rollout;
+  o.speculative = r.speculative == "on"     ? speculation_mode::on
+                  : r.speculative == "auto" ? speculation_mode::automatic
+                                            : speculation_mode::off;
+  o.drafter.max_depth = static_cast<int32_t>(r.suffix_max_depth);
+  o.drafter.global_bytes = static_cast<size_t>(r.suffix_global_bytes);
+  o.drafter.draft.max_tokens = static_cast<int32_t>(r.draft_max_tokens);
+  o.drafter.draft.min_token_prob = r.draft_min_token_prob;
+  o.drafter.draft.spec_factor = r.draft_spec_factor;
   return o;
 }
+
+// The generator's draft hook on the suffix drafter: a sample is (generator request, stream).
+class worker_core::draft_adapter final : public ml::draft_source {
+public:
+  explicit draft_adapter(const suffix_index::drafter_options& o) : drafter(o) {}
+  void start(uint64_t request_id, int64_t sample, const std::vector<int32_t>& prompt) override {
+    drafter.start(request_id, sample, prompt.data(), prompt.size());
+  }
+  void extend(uint64_t request_id, int64_t sample, const int32_t* tokens, size_t n) override {
+    drafter.extend(request_id, sample, tokens, n);
+  }
+  void draft(uint64_t request_id, int64_t sample, int32_t max_tokens, std::vector<int32_t>& out) override {
+    const auto& d = drafter.propose(request_id, sample, max_tokens);
+    out.assign(d.tokens.begin(), d.tokens.end());
+  }
+  void finish(uint64_t request_id, int64_t sample, bool completed) override {
+    drafter.finish(request_id, sample, completed);
+  }
+  suffix_index::suffix_drafter drafter;
+};
 
 namespace {
 
@@ -58,6 +87,7 @@ struct worker_core::rollout_state {
   std::string failure;
   bool truncated = false;                  ///< the context filled up between turns
   bool live = false;                       ///< submitted to the generator
+  speculation_counts speculation;          ///< summed over its turns
   /// Multi-turn, between turns: the generator's parked KV of `context` minus its last token,
   /// which the next turn continues from; released by finalize(). 0 = none.
   ml::parked_kv kv = 0;
@@ -77,10 +107,25 @@ worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_o
   model_ = std::make_unique<ml::policy_model>(ml::policy_model{dims, 0}.clone(c10::kBFloat16));
   ml::generator_options g;
   g.max_batch = opts_.max_batch;
+  if (opts_.speculative != speculation_mode::off) {
+    drafts_ = std::make_unique<draft_adapter>(opts_.drafter);
+    g.drafts = drafts_.get();
+    g.max_draft_tokens = std::max(1, opts_.drafter.draft.max_tokens);
+  }
   gen_ = std::make_unique<ml::generator>(*model_, g);
 }
 
 worker_core::~worker_core() = default;
+
+std::vector<std::string> worker_core::take_log() {
+  return switch_.take_log();
+}
+
+std::optional<suffix_index::drafter_stats> worker_core::take_drafter_stats() {
+  if (!drafts_)
+    return std::nullopt;
+  return drafts_->drafter.take_stats();
+}
 
 ml::policy_model& worker_core::model() {
   return *model_;
@@ -226,7 +271,19 @@ std::vector<rollout_result> worker_core::step() {
   flush_pending();
   if (gen_->idle())
     return std::exchange(ready_, {});
+  const int64_t batch = gen_->live_samples();
+  const bool automatic = opts_.speculative == speculation_mode::automatic;
+  bool speculate = opts_.speculative != speculation_mode::off;
+  if (automatic && batch > 0)
+    speculate = switch_.decide(batch);
+  gen_->set_speculating(speculate);
   auto finished = gen_->step();
+  if (automatic) {
+    // Only steps that admitted nothing time their decode work (generate.hpp).
+    const ml::speculation_stats st = gen_->take_speculation_stats();
+    if (batch > 0)
+      switch_.observe(batch, speculate, st.decode_tokens, st.decode_ns);
+  }
   if (opts_.chunk_tokens > 0) {
     for (const auto& p : gen_->progress()) {
       auto it = by_gen_.find({p.request_id, p.sample_index});
@@ -263,6 +320,13 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   st.mask.insert(st.mask.end(), g.tokens.size(), 1);
   st.logprobs.insert(st.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
   ++st.turns;
+  auto& sc = st.speculation;
+  sc.verify_steps += static_cast<uint32_t>(g.verify_steps);
+  sc.plain_steps += static_cast<uint32_t>(g.plain_steps);
+  sc.drafted_tokens += static_cast<uint32_t>(g.drafted_tokens);
+  sc.accepted_tokens += static_cast<uint32_t>(g.accepted_tokens);
+  sc.draft_calls += static_cast<uint32_t>(g.draft_calls);
+  sc.draft_ns += static_cast<uint64_t>(g.draft_ns);
   std::vector<int32_t> body = g.tokens;
   if (g.reason == ml::finish_reason::eos && !body.empty())
     body.pop_back();
@@ -337,6 +401,7 @@ rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason
   r.reward_reason = st.status == rollout_status::ok ? st.reason : st.failure;
   r.finish = reason;
   r.turns = st.turns;
+  r.speculation = st.speculation;
   r.start_ns = st.start_ns;
   r.end_ns = opts_.clock();
   events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::finish,

@@ -21,10 +21,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "actors/rollout/rollout_types.hpp"
+#include "actors/rollout/speculation_switch.hpp"
+#include "actors/suffix_index/suffix_drafter.hpp"
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/model.hpp"
 #include "runtime/ml/prompt_format.hpp"
@@ -40,8 +43,16 @@ namespace sorl::rollout {
 /// Steady-clock nanoseconds; injectable for tests.
 using clock_fn = std::function<int64_t()>;
 
+/// rollout.speculative: suffix speculative decoding off, always on, or chosen per batch size
+/// by measured throughput (speculation_switch.hpp).
+enum class speculation_mode { off, on, automatic };
+
 struct worker_options {
   int64_t max_batch = 64;   ///< samples decoding at once
+  speculation_mode speculative = speculation_mode::off;
+  /// The drafter's trees and draft rule (actors/suffix_index/suffix_drafter.hpp); its
+  /// draft.max_tokens is the longest draft per step.
+  suffix_index::drafter_options drafter{};
   /// A chunk event every this many generated tokens of a rollout (and at every turn end),
   /// so the SAGC controller sees long rollouts while they run; 0 = only at turn ends.
   int64_t chunk_tokens = 16;
@@ -49,7 +60,7 @@ struct worker_options {
 };
 
 /// The worker's options from a loaded (validated) experiment: `[rollout] max_batch`,
-/// `chunk_tokens`; the clock stays the default.
+/// `chunk_tokens`, `speculative` and the draft_* / suffix_* keys; the clock stays the default.
 worker_options worker_options_from(const experiment_config& cfg);
 
 /// Owns the rollout copy of the policy (bf16 weights), a generator and the task. Called on
@@ -117,6 +128,13 @@ public:
     return rollouts_.size();
   }
 
+  /// Lines for the worker's log since the last call: the load-aware switch's changes of
+  /// choice with the throughputs they rest on (speculation_mode::automatic only).
+  std::vector<std::string> take_log();
+  /// The drafter's counters since the last call (global tree size, evictions); nullopt
+  /// with speculation off.
+  std::optional<suffix_index::drafter_stats> take_drafter_stats();
+
 private:
   struct rollout_state;
   void submit_turn(rollout_state& st);
@@ -132,6 +150,9 @@ private:
   ml::prompt_format format_;
   worker_options opts_;
   std::unique_ptr<ml::policy_model> model_;
+  class draft_adapter;
+  std::unique_ptr<draft_adapter> drafts_;   ///< null with speculation off
+  speculation_switch switch_;
   std::unique_ptr<ml::generator> gen_;
   std::map<uint64_t, std::unique_ptr<rollout_state>> rollouts_; ///< by request id
   std::vector<uint64_t> pending_;                               ///< request ids to submit

@@ -72,6 +72,10 @@ void suffix_drafter::start(std::uint64_t group, std::int64_t sample, const std::
   }
   ++slot->open;
   sample_state st;
+  if (global_) {
+    st.global_seq = next_global_++;
+    global_->begin_sequence(st.global_seq);
+  }
   st.epoch = global_ ? global_->removal_epoch() : 0;
   const std::size_t from = n > static_cast<std::size_t>(opts_.max_depth) ? n - static_cast<std::size_t>(opts_.max_depth) : 0;
   for (std::size_t i = from; i < n; ++i) advance_global(st, prompt[i]);
@@ -84,6 +88,7 @@ void suffix_drafter::extend(std::uint64_t group, std::int64_t sample, const std:
   for (std::size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0) throw std::invalid_argument(fmt::format("suffix_drafter: negative token {}", tokens[i]));
     if (opts_.group_trees) g->tree.append(sample + 1, tokens[i]);
+    if (global_) global_->append(s.global_seq, tokens[i]);
     s.response.push_back(tokens[i]);
     advance_global(s, tokens[i]);
   }
@@ -119,11 +124,13 @@ const draft& suffix_drafter::propose(std::uint64_t group, std::int64_t sample, s
 void suffix_drafter::finish(std::uint64_t group, std::int64_t sample, bool keep) {
   const auto it = samples_.find({group, sample});
   if (it == samples_.end()) return;
-  if (keep && global_ && !it->second.response.empty()) {
-    const suffix_tree::seq_id id = next_global_++;
-    global_->add_sequence(id, it->second.response.data(), it->second.response.size());
-    fifo_.push_back(id);
-    evict();
+  if (global_) {
+    if (keep && !it->second.response.empty()) {
+      fifo_.push_back(it->second.global_seq);
+      evict();
+    } else {
+      global_->remove_sequence(it->second.global_seq);
+    }
   }
   samples_.erase(it);
   auto& g = groups_.at(group);

@@ -3,7 +3,10 @@
 // Drafts for suffix speculative decoding from two kinds of suffix tree (ARCHITECTURE.md §6
 // WAR): one per group, holding the group's prompt and the running responses of its samples
 // (siblings, and a sample's own earlier text, draft for each other), and one global tree of
-// finished responses, bounded in bytes with first-in-first-out eviction of whole responses.
+// responses: every running response as it is generated (so concurrent rollouts of other
+// groups draft from it too, and its statistics merge with earlier text) and the finished ones
+// until they are evicted, first in first out, past a byte bound. Prompts stay out of the
+// global tree: they differ from rollout to rollout, and the group tree has them.
 // Each call proposes the better-scoring of the group tree's and the global tree's drafts
 // (suffix_tree.hpp; ties to the group tree), as the reference implementation does with its
 // per-request and global trees.
@@ -47,7 +50,7 @@ struct drafter_stats {
   std::int64_t drafted_tokens = 0;     ///< tokens proposed
   std::int64_t from_global = 0;        ///< calls whose draft came from the global tree
   std::int64_t evicted_responses = 0;  ///< responses evicted from the global tree
-  std::int64_t global_responses = 0;   ///< responses in the global tree now (not reset)
+  std::int64_t global_responses = 0;   ///< finished responses in the global tree now (not reset)
   std::size_t global_bytes = 0;        ///< the global tree's live_bytes() now (not reset)
 };
 
@@ -64,8 +67,8 @@ class suffix_drafter {
 
   /// A sample starts decoding after `prompt` (n tokens >= 0, ids >= 0). The group's first
   /// sample inserts the prompt into the group tree; later ones must pass the same prompt
-  /// (only its length is checked). Throws std::invalid_argument for a sample already started
-  /// or a negative token.
+  /// (only its length is checked). The sample's response starts in the global tree.
+  /// Throws std::invalid_argument for a sample already started or a negative token.
   void start(std::uint64_t group, std::int64_t sample, const std::int32_t* prompt, std::size_t n);
   /// Tokens the sample emitted, in order. Throws std::invalid_argument for an unknown sample.
   void extend(std::uint64_t group, std::int64_t sample, const std::int32_t* tokens, std::size_t n);
@@ -73,9 +76,10 @@ class suffix_drafter {
   /// valid until the next call on this drafter. Throws std::invalid_argument for an unknown
   /// sample.
   const draft& propose(std::uint64_t group, std::int64_t sample, std::int32_t max_tokens);
-  /// The sample is done. With `keep`, its response (the tokens extend() gave) enters the
-  /// global tree, evicting the oldest responses past the byte bound. The group tree goes
-  /// when its last started sample finishes. Unknown samples are ignored.
+  /// The sample is done. With `keep`, its response stays in the global tree (a finished
+  /// response, evicted oldest first past the byte bound, which this call enforces); without,
+  /// it is removed (an aborted rollout's text). The group tree goes when its last started
+  /// sample finishes. Unknown samples are ignored.
   void finish(std::uint64_t group, std::int64_t sample, bool keep);
   /// Drops every group tree and the global tree (the policy changed, say, and old text is
   /// no longer wanted). Samples in flight must be started again.
@@ -94,6 +98,7 @@ class suffix_drafter {
     std::vector<std::int32_t> recent;     // the last max_depth context tokens, for re-matching
     node_id cursor = suffix_tree::root;   // global tree match state
     std::uint64_t epoch = 0;              // global removal epoch the cursor is valid for
+    suffix_tree::seq_id global_seq = -1;  // its response in the global tree, appended live
   };
   struct group_state {
     suffix_tree tree;

@@ -184,7 +184,14 @@ void suffix_tree::free_node(node_id v) {
 void suffix_tree::bump(node_id parent, node_id c) {
   const std::int32_t k = ++nodes_[static_cast<std::size_t>(c)].count;
   node& p = nodes_[static_cast<std::size_t>(parent)];
-  if (p.head == no_node || (p.head != c && k > nodes_[static_cast<std::size_t>(p.head)].count)) p.head = c;
+  // Ties go to the child that reached the count last (recency), except that a new child (count
+  // 1) never displaces an older one.
+  if (p.head == no_node || p.head == c) {
+    p.head = c;
+    return;
+  }
+  const std::int32_t best = nodes_[static_cast<std::size_t>(p.head)].count;
+  if (k > best || (k == best && k > 1)) p.head = c;
 }
 
 void suffix_tree::recompute_head(node_id v) {

@@ -40,7 +40,8 @@ inline std::vector<rollout::rollout_request> requests_of(const cmd::generate& c)
 
 /// The driver's event of a finished rollout: ids, reward (the worker's Float32, widened),
 /// outcome, failure, worker, policy tokens (the sum of the loss mask), finish reason (stop and
-/// abort are `other`) and whether the scheduler re-placed it (replaced_from non-empty).
+/// abort are `other`), whether the scheduler re-placed it (replaced_from non-empty) and its
+/// speculation counts.
 inline ev::rollout_finished finished_of(const rollout::trajectory_record& t) {
   const auto& r = t.result;
   ev::rollout_finished x;
@@ -60,6 +61,9 @@ inline ev::rollout_finished finished_of(const rollout::trajectory_record& t) {
              : r.finish == ml::finish_reason::length ? ev::finish_reason::length
                                                      : ev::finish_reason::other;
   x.replaced = !r.request.replaced_from.empty();
+  const auto& s = r.speculation;
+  x.spec = {s.verify_steps, s.plain_steps, s.drafted_tokens, s.accepted_tokens, s.draft_calls,
+            s.draft_ns};
   return x;
 }
 

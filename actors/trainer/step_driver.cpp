@@ -251,9 +251,20 @@ void step_driver::on(out& o, const ev::rollout_finished& t) {
     return;
   }
   progress_ns_ = now_ns_;
+  auto spec = t.spec;
+  if (spec.accepted_tokens > spec.drafted_tokens) {
+    // A worker that reports more accepted than drafted tokens miscounts: its numbers would
+    // push the step's acceptance above 1, so they are left out rather than trusted.
+    o.push_back(cmd::log{cmd::log_level::warn,
+                         fmt::format("step {}: rollout {} from {} reports {} accepted of {} "
+                                     "drafted tokens; its speculation counts are left out",
+                                     step_ + 1, t.request_id, t.worker, spec.accepted_tokens,
+                                     spec.drafted_tokens)});
+    spec = {};
+  }
   rollouts_.emplace(t.request_id,
                     kept_rollout{t.group_id, t.reward, t.outcome, t.policy_tokens, t.finish,
-                                 t.replaced});
+                                 t.replaced, spec});
   o.push_back(cmd::keep_trajectory{t.request_id});
   if (t.outcome != rollout_outcome::ok || !std::isfinite(t.reward)) {
     auto why = t.outcome == rollout_outcome::ok ? fmt::format("reward {} is not finite", t.reward)
@@ -335,6 +346,34 @@ std::string step_driver::missing_rollouts() const {
   return text;
 }
 
+namespace {
+
+/// The spec_* keys of `rec` from the step's summed counts. A step without any decode step
+/// counted (speculation off) gets none, so such runs write no new keys; a ratio whose
+/// denominator is 0 is left out, as undefined.
+void set_speculation(metrics_record& rec, const ev::speculation& s) {
+  const auto steps = s.verify_steps + s.plain_steps;
+  if (steps == 0)
+    return;
+  auto ratio = [](uint64_t num, uint64_t den) {
+    return static_cast<double>(num) / static_cast<double>(den);
+  };
+  rec.set(metric::spec_verify_steps, s.verify_steps);
+  rec.set(metric::spec_plain_steps, s.plain_steps);
+  rec.set(metric::spec_drafted_tokens, s.drafted_tokens);
+  rec.set(metric::spec_accepted_tokens, s.accepted_tokens);
+  rec.set(metric::spec_draft_calls, s.draft_calls);
+  rec.set(metric::spec_share, ratio(s.verify_steps, steps));
+  if (s.drafted_tokens > 0)
+    rec.set(metric::spec_acceptance, ratio(s.accepted_tokens, s.drafted_tokens));
+  if (s.verify_steps > 0)
+    rec.set(metric::spec_mean_accepted, ratio(s.accepted_tokens, s.verify_steps));
+  if (s.draft_calls > 0)
+    rec.set(metric::spec_draft_us, ratio(s.draft_ns, s.draft_calls) / 1e3);
+}
+
+} // namespace
+
 /// Every group is in: fill the record's rollout fields and hand the batch to the learner.
 void step_driver::end_rollouts(out& o) {
   rollout_end_ns_ = now_ns_;
@@ -347,8 +386,15 @@ void step_driver::end_rollouts(out& o) {
   double tokens = 0;
   std::map<std::string, int> finish_counts;
   double replaced = 0;
+  ev::speculation spec;
   for (const auto& [id, t] : rollouts_) {
     replaced += t.replaced ? 1 : 0;
+    spec.verify_steps += t.spec.verify_steps;
+    spec.plain_steps += t.spec.plain_steps;
+    spec.drafted_tokens += t.spec.drafted_tokens;
+    spec.accepted_tokens += t.spec.accepted_tokens;
+    spec.draft_calls += t.spec.draft_calls;
+    spec.draft_ns += t.spec.draft_ns;
     if (t.outcome == rollout_outcome::failed)
       continue; // nothing was generated that the statistics could describe
     lengths.push_back(t.policy_tokens);
@@ -396,6 +442,7 @@ void step_driver::end_rollouts(out& o) {
   rec.set(metric::failed_rollouts, plan_->failed_rollouts());
   rec.set(metric::reward_failures, plan_->reward_failures());
   rec.set(metric::replaced_requests, replaced);
+  set_speculation(rec, spec);
   if (chosen.empty()) {
     fail(o, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} without a "
                         "reward)",

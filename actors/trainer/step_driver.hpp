@@ -149,6 +149,16 @@ struct rollout_started {
 /// How a rollout's generation ended ([FinishReason]; stop and abort count as other).
 enum class finish_reason { eos, length, other };
 
+/// [SpeculationCounts] what speculative decoding did for one rollout; all 0 without it.
+struct speculation {
+  uint64_t verify_steps = 0;    ///< decode steps that verified a draft
+  uint64_t plain_steps = 0;     ///< decode steps without a draft
+  uint64_t drafted_tokens = 0;  ///< draft tokens verified
+  uint64_t accepted_tokens = 0; ///< of them, accepted; ≤ drafted_tokens
+  uint64_t draft_calls = 0;     ///< drafter calls
+  uint64_t draft_ns = 0;        ///< time in those calls, ns
+};
+
 /// [Trajectory] a finished rollout.
 struct rollout_finished {
   uint64_t request_id = 0;
@@ -164,6 +174,8 @@ struct rollout_finished {
   /// [replacedFrom] non-empty: the scheduler placed the request again on another worker
   /// because its first one was lost; counted in the record's replaced_requests.
   bool replaced = false;
+  /// Summed over the step into the record's spec_* keys.
+  speculation spec{};
 };
 
 /// [StepTiming] the controller's timing summary of the step.
@@ -431,6 +443,7 @@ private:
     double policy_tokens = 0;
     ev::finish_reason finish = ev::finish_reason::eos;
     bool replaced = false;
+    ev::speculation spec{};
   };
   enum class awaiting { nothing, open, write };
 

@@ -37,6 +37,7 @@ struct generator::sample {
   bool drafting = false;       // started in the draft source
   std::int64_t drafted = 0;    // draft tokens verified
   std::int64_t accepted = 0;   // of them, emitted
+  std::int64_t verify_steps = 0, plain_steps = 0, draft_calls = 0, draft_ns = 0;
 
   sample(std::shared_ptr<request> r, std::int64_t i, seq_id s)
       : req(std::move(r)), index(i), seq(s), rng(req->params.seed, static_cast<std::uint64_t>(i)) {}
@@ -176,6 +177,10 @@ generation_result generator::finish(sample& s, finish_reason reason) {
   }
   r.drafted_tokens = s.drafted;
   r.accepted_tokens = s.accepted;
+  r.verify_steps = s.verify_steps;
+  r.plain_steps = s.plain_steps;
+  r.draft_calls = s.draft_calls;
+  r.draft_ns = s.draft_ns;
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
@@ -211,8 +216,12 @@ std::vector<generation_result> generator::step() {
       if (allowed < 1) continue;
       const auto t0 = std::chrono::steady_clock::now();
       opts_.drafts->draft(s.req->id, s.index, static_cast<std::int32_t>(allowed), drafts[i]);
-      spec_.draft_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      const std::int64_t ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      spec_.draft_ns += ns;
       ++spec_.draft_calls;
+      live_[i]->draft_ns += ns;
+      ++live_[i]->draft_calls;
       std::vector<std::int32_t>& d = drafts[i];
       if (static_cast<std::int64_t>(d.size()) > allowed) d.resize(static_cast<std::size_t>(allowed));
       const auto bad = std::find_if(d.begin(), d.end(), [&](std::int32_t t) { return t < 0 || t >= vocab_size; });
@@ -329,6 +338,7 @@ std::vector<generation_result> generator::step() {
     const std::size_t emitted = s->tokens.size() - before;
     if (draft != nullptr) {
       decode_emitted += static_cast<std::int64_t>(emitted);
+      if (opts_.drafts != nullptr) ++(draft->empty() ? s->plain_steps : s->verify_steps);
       if (!draft->empty()) {
         std::size_t accepted = 0;
         while (accepted < emitted && accepted < draft->size() && s->tokens[before + accepted] == (*draft)[accepted])

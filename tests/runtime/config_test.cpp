@@ -452,11 +452,27 @@ TEST_CASE("algorithm dapo brings DAPO's defaults unless a key is set") {
   CHECK(grpo.algorithm.overlong == overlong_kind::none);
 }
 
-TEST_CASE("settings that are not implemented yet are refused, not ignored") {
-  auto e = only_error("[rollout]\nspeculative = \"on\"\n" + std::string{minimal});
+TEST_CASE("speculative decoding settings are read and their ranges enforced") {
+  auto cfg = parse_config("[rollout]\nspeculative = \"auto\"\ndraft_max_tokens = 8\n"
+                          "draft_min_token_prob = 0.2\ndraft_spec_factor = 2.0\nsuffix_max_depth = 24\n"
+                          "suffix_global_bytes = 0\n" + std::string{minimal},
+                          "test.toml", roles);
+  CHECK(cfg.rollout.speculative == "auto");
+  CHECK(cfg.rollout.draft_max_tokens == 8);
+  CHECK(cfg.rollout.draft_min_token_prob == 0.2);
+  CHECK(cfg.rollout.draft_spec_factor == 2.0);
+  CHECK(cfg.rollout.suffix_max_depth == 24);
+  CHECK(cfg.rollout.suffix_global_bytes == 0);
+  auto e = only_error("[rollout]\nspeculative = \"sometimes\"\n" + std::string{minimal});
   CHECK(e.key == "rollout.speculative");
   CHECK(e.line == 2);
-  CHECK(e.message == "speculative decoding is not implemented yet");
+  CHECK(only_error("[rollout]\ndraft_max_tokens = 0\n" + std::string{minimal}).key == "rollout.draft_max_tokens");
+  CHECK(only_error("[rollout]\ndraft_min_token_prob = 1.5\n" + std::string{minimal}).key ==
+        "rollout.draft_min_token_prob");
+  CHECK(only_error("[rollout]\nsuffix_max_depth = 1\n" + std::string{minimal}).key == "rollout.suffix_max_depth");
+}
+
+TEST_CASE("settings that are not implemented yet are refused, not ignored") {
   auto cache = only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal});
   CHECK(cache.key == "scheduler.policy");
   CHECK(cache.line == 2);

@@ -159,6 +159,31 @@ TEST_CASE("a record survives a round trip through its JSON line", "[metrics]") {
   CHECK(back.extra.at("sync_bytes") == 1024);
 }
 
+TEST_CASE("the speculation keys are written in key order and read back", "[metrics]") {
+  // The sums of two rollouts: (verify 3, plain 1, drafted 12, accepted 9, calls 4, 8000 ns)
+  // and (1, 3, 4, 1, 4, 4000 ns).
+  metrics_record r;
+  r.step = 3;
+  r.set(sorl::metric::spec_verify_steps, 4);
+  r.set(sorl::metric::spec_plain_steps, 4);
+  r.set(sorl::metric::spec_drafted_tokens, 16);
+  r.set(sorl::metric::spec_accepted_tokens, 10);
+  r.set(sorl::metric::spec_draft_calls, 8);
+  r.set(sorl::metric::spec_acceptance, 10.0 / 16.0);
+  r.set(sorl::metric::spec_mean_accepted, 10.0 / 4.0);
+  r.set(sorl::metric::spec_draft_us, 12000.0 / 8.0 / 1000.0);
+  r.set(sorl::metric::spec_share, 4.0 / 8.0);
+  const auto line = sorl::to_json_line(r);
+  CHECK(line == R"({"step":3,"spec_acceptance":0.625,"spec_accepted_tokens":10.0,)"
+                R"("spec_draft_calls":8.0,"spec_draft_us":1.5,"spec_drafted_tokens":16.0,)"
+                R"("spec_mean_accepted":2.5,"spec_plain_steps":4.0,"spec_share":0.5,)"
+                R"("spec_verify_steps":4.0})");
+  const auto back = sorl::parse_metrics_line(line);
+  CHECK(back.extra == r.extra);
+  for (const auto& [key, value] : r.extra)
+    CHECK(sorl::metric::find(key)->group == sorl::metric::group::speculation);
+}
+
 TEST_CASE("bad records and lines are rejected with the reason", "[metrics]") {
   metrics_record r;
   r.step = 1;

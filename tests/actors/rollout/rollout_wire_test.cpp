@@ -261,6 +261,55 @@ TEST_CASE("an empty trajectory (a failed request) keeps the worker shell's bytes
   CHECK(back.result.failure == "the worker holds no weights yet");
 }
 
+TEST_CASE("a trajectory's speculation counts decode back and cost no bytes when all 0") {
+  auto r = a_result(rollout_status::ok);
+  r.speculation = {3, 1, 12, 9, 4, (1ull << 40) + 8000}; // draft_ns needs all 64 bits
+  auto e = to_msg(r, "rollout_worker#0@n0", 6);
+  auto with_counts = [&](msg::Trajectory::Builder b) {
+    auto s = b.initSpeculation();
+    s.setVerifySteps(3);
+    s.setPlainSteps(1);
+    s.setDraftedTokens(12);
+    s.setAcceptedTokens(9);
+    s.setDraftCalls(4);
+    s.setDraftNs((1ull << 40) + 8000);
+  };
+  // The reference encoder's bytes with the counts added by hand: nothing else moved.
+  auto reference_bytes = reference::encode_trajectory(r, "rollout_worker#0@n0", 6);
+  std::optional<envelope> expected;
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(reference_bytes, [&](msg::Trajectory::Reader t) {
+    capnp::MallocMessageBuilder builder;
+    builder.setRoot(t);
+    with_counts(builder.getRoot<msg::Trajectory>());
+    expected = make_envelope<msg::Trajectory>(builder);
+  }));
+  CHECK(same_bytes(e, *expected));
+  const auto s = decoded<msg::Trajectory>(e).result.speculation;
+  CHECK(s.verify_steps == 3);
+  CHECK(s.plain_steps == 1);
+  CHECK(s.drafted_tokens == 12);
+  CHECK(s.accepted_tokens == 9);
+  CHECK(s.draft_calls == 4);
+  CHECK(s.draft_ns == (1ull << 40) + 8000);
+
+  // Any single non-zero count is sent; all 0 leaves the field unset.
+  r.speculation = {};
+  r.speculation.draft_calls = 1;
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(to_msg(r, "w", 0), [](msg::Trajectory::Reader t) {
+    CHECK(t.hasSpeculation());
+    CHECK(t.getSpeculation().getDraftCalls() == 1);
+  }));
+  r.speculation = {};
+  auto plain = to_msg(r, "w", 0);
+  CHECK(same_bytes(plain, reference::encode_trajectory(r, "w", 0)));
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(
+    plain, [](msg::Trajectory::Reader t) { CHECK_FALSE(t.hasSpeculation()); }));
+  const auto zero = decoded<msg::Trajectory>(plain).result.speculation;
+  CHECK(zero.verify_steps == 0);
+  CHECK(zero.accepted_tokens == 0);
+  CHECK(zero.draft_ns == 0);
+}
+
 TEST_CASE("a generate request is the trainer's and the scheduler's bytes and decodes back") {
   auto req = a_request();
   auto e = to_msg(req);

@@ -21,6 +21,7 @@
 #include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/sampler.hpp"
 #include "runtime/ml/tokenizer.hpp"
+#include "tests/actors/rollout/rollout_test_util.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace sorl;
@@ -28,16 +29,7 @@ using namespace sorl::rollout;
 
 namespace {
 
-ml::model_dims small_dims() {
-  ml::model_dims d = ml::preset("tiny");
-  d.d_model = 32;
-  d.n_layers = 1;
-  d.n_heads = 2;
-  d.n_kv_heads = 1;
-  d.d_ff = 64;
-  d.max_seq = 96;
-  return d;
-}
+using fixtures::small_dims;
 
 ml::any_task arithmetic() {
   ml::task_options o;

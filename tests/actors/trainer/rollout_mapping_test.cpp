@@ -99,6 +99,19 @@ TEST_CASE("a trajectory's status, finish reason and re-placement map one to one"
   CHECK(finished_of(t).finish == ev::finish_reason::other);
 }
 
+TEST_CASE("a trajectory's speculation counts reach the driver's event field by field") {
+  auto t = a_trajectory();
+  CHECK(finished_of(t).spec.verify_steps == 0); // decoded without drafts
+  t.result.speculation = {3, 1, 12, 9, 4, 8000};
+  const auto x = finished_of(t).spec;
+  CHECK(x.verify_steps == 3);
+  CHECK(x.plain_steps == 1);
+  CHECK(x.drafted_tokens == 12);
+  CHECK(x.accepted_tokens == 9);
+  CHECK(x.draft_calls == 4);
+  CHECK(x.draft_ns == 8000);
+}
+
 TEST_CASE("only a start event tells the driver where a rollout runs") {
   rollout::event_record e;
   e.event.request_id = 41;

@@ -240,6 +240,19 @@ int64_t run_step(harness& h, int64_t t, uint64_t step,
   return t;
 }
 
+/// After start(): the first step with G = 2, each of its four rollouts carrying `spec`,
+/// through learning and sync to the write of its record.
+void first_step_with_spec(harness& h, ev::speculation spec) {
+  h.at(2 * sec, static_g(0, 2));
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto r = rollout(i, i / 2, static_cast<uint32_t>(i % 2), i % 2 == 0 ? 1.0 : 0.0);
+    r.spec = spec;
+    h.at(3 * sec, r);
+  }
+  h.at(4 * sec, ev::train_result{1, {}, {}});
+  REQUIRE(h.at(5 * sec, ready(1)) == lines{"write_metrics step 1"});
+}
+
 } // namespace
 
 TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, record and "
@@ -940,6 +953,90 @@ TEST_CASE("replaced_requests counts the step's rollouts the scheduler placed aga
   h.at(5 * sec, ready(1));
   CHECK(h.record().extra.at("replaced_requests") == 2);
   CHECK(h.record().extra.at("failed_rollouts") == 1);
+}
+
+TEST_CASE("the spec_ keys sum the speculation counts of the step's rollouts") {
+  harness h{two_steps()};
+  start(h);
+  h.at(2 * sec, static_g(0, 2));
+  auto r0 = rollout(0, 0, 0, 1.0);
+  r0.spec = {3, 1, 12, 9, 4, 8000};
+  auto r2 = rollout(2, 1, 0, 1.0);
+  r2.spec = {1, 3, 4, 1, 4, 4000};
+  h.at(3 * sec, r0);
+  h.at(3 * sec, rollout(1, 0, 1, 0.0)); // decoded without drafts: adds nothing
+  h.at(3 * sec, r2);
+  h.at(3 * sec, rollout(3, 1, 1, 0.0));
+  h.at(4 * sec, ev::train_result{1, {}, {}});
+  h.at(5 * sec, ready(1));
+  const auto& x = h.record().extra;
+  CHECK(x.at("spec_verify_steps") == 4);
+  CHECK(x.at("spec_plain_steps") == 4);
+  CHECK(x.at("spec_drafted_tokens") == 16);
+  CHECK(x.at("spec_accepted_tokens") == 10);
+  CHECK(x.at("spec_draft_calls") == 8);
+  CHECK(x.at("spec_acceptance") == 0.625);   // 10 / 16
+  CHECK(x.at("spec_mean_accepted") == 2.5);  // 10 accepted over 4 verifying steps
+  CHECK(x.at("spec_draft_us") == 1.5);       // 12000 ns over 8 calls
+  CHECK(x.at("spec_share") == 0.5);          // 4 of 8 decode steps
+  CHECK_NOTHROW(sorl::to_json_line(h.record()));
+}
+
+TEST_CASE("a step without speculation writes no spec_ key and undefined ratios are left out") {
+  harness h{two_steps()};
+  start(h);
+  SECTION("speculation off") {
+    first_step_with_spec(h, {});
+    const auto& x = h.record().extra;
+    for (const auto& [key, value] : x)
+      CHECK(key.rfind("spec_", 0) != 0);
+  }
+  SECTION("plain steps only: no draft, no verification, no drafter call") {
+    first_step_with_spec(h, {0, 5, 0, 0, 0, 0});
+    const auto& x = h.record().extra;
+    CHECK(x.at("spec_verify_steps") == 0);
+    CHECK(x.at("spec_plain_steps") == 20);
+    CHECK(x.at("spec_drafted_tokens") == 0);
+    CHECK(x.at("spec_draft_calls") == 0);
+    CHECK(x.at("spec_share") == 0.0);
+    CHECK(x.count("spec_acceptance") == 0);
+    CHECK(x.count("spec_mean_accepted") == 0);
+    CHECK(x.count("spec_draft_us") == 0);
+  }
+  SECTION("drafter calls that found no draft") {
+    first_step_with_spec(h, {0, 5, 0, 0, 2, 3000});
+    const auto& x = h.record().extra;
+    CHECK(x.at("spec_draft_calls") == 8);
+    CHECK(x.at("spec_draft_us") == 1.5); // 12000 ns over 8 calls
+    CHECK(x.count("spec_acceptance") == 0);
+    CHECK(x.count("spec_mean_accepted") == 0);
+  }
+}
+
+TEST_CASE("a rollout that reports more accepted than drafted tokens is left out of the spec_ "
+          "sums with a warning") {
+  harness h{two_steps()};
+  start(h);
+  h.at(2 * sec, static_g(0, 2));
+  auto r0 = rollout(0, 0, 0, 1.0);
+  r0.spec = {2, 2, 4, 3, 2, 2000};
+  auto r1 = rollout(1, 0, 1, 0.0);
+  r1.spec = {1, 0, 2, 5, 1, 1000};
+  h.at(3 * sec, r0);
+  CHECK(h.at(3 * sec, r1) ==
+        lines{"log warn: step 1: rollout 1 from rollout_worker#0@n reports 5 accepted of 2 "
+              "drafted tokens; its speculation counts are left out",
+              "keep 1"});
+  h.at(3 * sec, rollout(2, 1, 0, 1.0));
+  h.at(3 * sec, rollout(3, 1, 1, 0.0));
+  h.at(4 * sec, ev::train_result{1, {}, {}});
+  h.at(5 * sec, ready(1));
+  const auto& x = h.record().extra;
+  CHECK(x.at("spec_verify_steps") == 2);
+  CHECK(x.at("spec_drafted_tokens") == 4);
+  CHECK(x.at("spec_accepted_tokens") == 3);
+  CHECK(x.at("spec_acceptance") == 0.75);
+  CHECK(x.at("rollouts") == 4); // the rollout itself still counts
 }
 
 TEST_CASE("a resume from a corrupt trainer state fails the job") {

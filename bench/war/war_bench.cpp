@@ -1,0 +1,325 @@
+// war_bench: suffix speculative decoding measured on recorded and live rollouts of an
+// experiment's workload (ARCHITECTURE.md §6 WAR). Every figure comes with its baseline from the
+// same run.
+//
+//   war_bench record CONFIG OUT.jsonl [--groups N] [--group-size G] [--first N]
+//       Runs N groups of G rollouts (default 32 x 4, task indices from --first, default 0) of
+//       CONFIG's task with its model (model.checkpoint's latest, or model.hf_dir) on one
+//       rollout worker, without speculation, and writes each policy turn as a JSON line
+//       {"group", "prompt", "response"}: the context the turn was decoded from and the
+//       tokens it sampled, in the order the rollouts finished (a multi-turn rollout gives one
+//       line per action, its context being the transcript so far).
+//   war_bench draft TRAJ.jsonl [--max-depth 32] [--max-spec-tokens 16] [--spec-factor 1]
+//       [--min-token-prob 0.1]
+//       Replays the lines through the suffix drafter (actors/suffix_index/suffix_drafter.hpp)
+//       as bench/war/arctic_replay.py replays them through ArcticInference: per line, the
+//       prompt starts a request; at each position a draft of at most min(max, tokens left - 1)
+//       tokens is proposed (timed), its longest prefix equal to the recorded tokens counts as
+//       accepted, and those plus one more token are emitted; the finished response enters the
+//       global tree. Prints one JSON object (µs per call, acceptance, tokens per step).
+//   war_bench throughput CONFIG [--batches 1,4,16,64] [--modes off,on,auto] [--rollouts N]
+//       [--warm N]
+//       For each batch size B and mode: a fresh worker with the config's weights first runs
+//       --warm rollouts (default 32, other prompts) so that the global tree holds earlier
+//       responses, as it would after earlier steps; then N rollouts (default max(B, 16)) with
+//       at most B in flight are timed. Rollouts are the same tokens in every mode (exact
+//       verification), so the modes decode the same work. Prints tokens/s, the speed-up over
+//       "off" at the same B, acceptance and mean accepted draft tokens per verifying step.
+
+#include "actors/common/train_setup.hpp"
+#include "actors/roles.hpp"
+#include "actors/rollout/worker_core.hpp"
+#include "actors/suffix_index/suffix_drafter.hpp"
+#include "runtime/config.hpp"
+#include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/hf_model.hpp"
+#include "runtime/role_names.hpp"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace sorl;
+using json = nlohmann::json;
+
+namespace {
+
+std::map<std::string, std::string> flags(int argc, char** argv, int from) {
+  std::map<std::string, std::string> out;
+  for (int i = from; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --key value, got " + k);
+    out[k.substr(2)] = argv[++i];
+  }
+  return out;
+}
+
+std::string flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& dflt) {
+  const auto it = f.find(k);
+  return it == f.end() ? dflt : it->second;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  while (from <= s.size()) {
+    const std::size_t comma = s.find(',', from);
+    out.push_back(s.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return out;
+}
+
+// The policy the config trains from, as the learner loads it (actors/learner/learner_service.cpp).
+ml::named_tensors source_weights(const experiment_config& cfg) {
+  const ml::model_dims dims = model_dims_from(cfg);
+  if (!cfg.model.checkpoint.empty()) {
+    const auto dir = ml::latest_checkpoint(cfg.model.checkpoint);
+    if (!dir) throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint);
+    ml::policy_model m(dims, cfg.run.seed);
+    ml::load_checkpoint(*dir, m.parameters());
+    std::fprintf(stderr, "weights: %s\n", dir->string().c_str());
+    return m.parameters();
+  }
+  if (!cfg.model.hf_dir.empty()) {
+    ml::hf_load_options lo;
+    lo.max_seq = dims.max_seq;
+    auto hf = ml::load_hf_model(cfg.model.hf_dir, lo);
+    std::fprintf(stderr, "weights: %s\n", cfg.model.hf_dir.c_str());
+    return hf.model.parameters();
+  }
+  std::fprintf(stderr, "weights: fresh init (seed %llu)\n", static_cast<unsigned long long>(cfg.run.seed));
+  return ml::policy_model(dims, cfg.run.seed).parameters();
+}
+
+std::unique_ptr<rollout::worker_core> make_worker(const experiment_config& cfg, const ml::named_tensors& weights,
+                                                  rollout::worker_options o) {
+  auto w = std::make_unique<rollout::worker_core>(model_dims_from(cfg), make_task_from(cfg), o,
+                                                  prompt_format_from(cfg));
+  std::map<std::string, at::Tensor> src(weights.begin(), weights.end());
+  at::NoGradGuard no_grad;
+  for (auto& [name, t] : w->model().parameters()) t.copy_(src.at(name));
+  w->weights_changed();
+  return w;
+}
+
+rollout::rollout_request request(const experiment_config& cfg, std::uint64_t id, std::uint64_t group,
+                                 std::uint32_t sample, std::uint64_t task_index) {
+  rollout::rollout_request r;
+  r.request_id = id;
+  r.group_id = group;
+  r.sample_index = sample;
+  r.task_index = task_index;
+  r.seed = cfg.run.seed * 1000003 + group;
+  r.max_new_tokens = static_cast<std::uint32_t>(cfg.task.max_new_tokens);
+  r.temperature = cfg.algorithm.temperature;
+  r.top_p = cfg.algorithm.top_p;
+  r.top_k = static_cast<std::uint32_t>(cfg.algorithm.top_k);
+  return r;
+}
+
+int record(const experiment_config& cfg, const std::string& out_path, const std::map<std::string, std::string>& f) {
+  const auto groups = std::stoull(flag(f, "groups", "32"));
+  const auto g = static_cast<std::uint32_t>(std::stoul(flag(f, "group-size", "4")));
+  const auto first = std::stoull(flag(f, "first", "0"));
+  rollout::worker_options o = rollout::worker_options_from(cfg);
+  o.speculative = rollout::speculation_mode::off;
+  auto w = make_worker(cfg, source_weights(cfg), o);
+  std::uint64_t id = 1;
+  for (std::uint64_t k = 0; k < groups; ++k)
+    for (std::uint32_t i = 0; i < g; ++i) w->enqueue(request(cfg, id++, k, i, first + k));
+  std::ofstream out(out_path);
+  if (!out) throw std::runtime_error("cannot write " + out_path);
+  std::uint64_t lines = 0, tokens = 0, later_turn = std::uint64_t{1} << 40;
+  while (!w->idle()) {
+    for (const auto& r : w->step()) {
+      if (r.status == rollout::rollout_status::failed) continue;
+      // Each run of policy tokens (mask 1) is a turn decoded from everything before it.
+      for (std::size_t s = 0; s < r.response.size();) {
+        if (r.loss_mask[s] == 0) {
+          ++s;
+          continue;
+        }
+        std::size_t e = s;
+        while (e < r.response.size() && r.loss_mask[e] == 1) ++e;
+        std::vector<std::int32_t> ctx = r.prompt;
+        ctx.insert(ctx.end(), r.response.begin(), r.response.begin() + static_cast<std::ptrdiff_t>(s));
+        const std::vector<std::int32_t> resp(r.response.begin() + static_cast<std::ptrdiff_t>(s),
+                                             r.response.begin() + static_cast<std::ptrdiff_t>(e));
+        out << json{{"group", s == 0 ? r.request.group_id : later_turn++}, {"prompt", ctx}, {"response", resp}}.dump()
+            << '\n';
+        ++lines;
+        tokens += resp.size();
+        s = e;
+      }
+    }
+  }
+  std::fprintf(stderr, "wrote %llu turns, %llu response tokens to %s\n", static_cast<unsigned long long>(lines),
+               static_cast<unsigned long long>(tokens), out_path.c_str());
+  return 0;
+}
+
+int draft(const std::string& path, const std::map<std::string, std::string>& f) {
+  suffix_index::drafter_options o;
+  o.max_depth = std::stoi(flag(f, "max-depth", "32"));
+  o.draft.max_tokens = std::stoi(flag(f, "max-spec-tokens", "16"));
+  o.draft.spec_factor = std::stod(flag(f, "spec-factor", "1.0"));
+  o.draft.min_token_prob = std::stod(flag(f, "min-token-prob", "0.1"));
+  o.global_bytes = std::stoull(flag(f, "global-bytes", std::to_string(std::size_t{1} << 30)));
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const json j = json::parse(line);
+    lines.emplace_back(j.at("prompt").get<std::vector<std::int32_t>>(), j.at("response").get<std::vector<std::int32_t>>());
+  }
+  suffix_index::suffix_drafter dr(o);
+  std::int64_t calls = 0, skipped = 0, proposed = 0, accepted = 0, steps = 0, tokens = 0;
+  std::vector<std::int64_t> ns;
+  const auto wall0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& [prompt, resp] = lines[i];
+    dr.start(i, 0, prompt.data(), prompt.size());
+    const auto n = static_cast<std::int64_t>(resp.size());
+    tokens += n;
+    for (std::int64_t t = 0; t < n;) {
+      const std::int64_t room = std::min<std::int64_t>(o.draft.max_tokens, n - t - 1);
+      std::int64_t a = 0;
+      if (room <= 0) {
+        ++skipped;
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        const suffix_index::draft& d = dr.propose(i, 0, static_cast<std::int32_t>(room));
+        ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+        ++calls;
+        proposed += static_cast<std::int64_t>(d.tokens.size());
+        while (a < static_cast<std::int64_t>(d.tokens.size()) && d.tokens[static_cast<std::size_t>(a)] == resp[static_cast<std::size_t>(t + a)])
+          ++a;
+        accepted += a;
+      }
+      ++steps;
+      dr.extend(i, 0, resp.data() + t, static_cast<std::size_t>(a + 1));
+      t += a + 1;
+    }
+    dr.finish(i, 0, true);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  std::int64_t total = 0;
+  for (const auto x : ns) total += x;
+  std::vector<std::int64_t> sorted = ns;
+  std::sort(sorted.begin(), sorted.end());
+  const auto stats = dr.take_stats();
+  json j{{"trajectories", lines.size()},
+         {"tokens", tokens},
+         {"calls", calls},
+         {"skipped_calls", skipped},
+         {"us_per_call", calls ? static_cast<double>(total) / static_cast<double>(calls) / 1000.0 : 0.0},
+         {"us_per_call_p50", sorted.empty() ? 0.0 : static_cast<double>(sorted[sorted.size() / 2]) / 1000.0},
+         {"proposed", proposed},
+         {"accepted", accepted},
+         {"acceptance_rate", proposed ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0},
+         {"steps", steps},
+         {"tokens_per_step", steps ? static_cast<double>(tokens) / static_cast<double>(steps) : 0.0},
+         {"mean_accepted_per_call", calls ? static_cast<double>(accepted) / static_cast<double>(calls) : 0.0},
+         {"global_tree_bytes", stats.global_bytes},
+         {"wall_s", wall}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f) {
+  const auto weights = source_weights(cfg);
+  const auto warm = std::stoull(flag(f, "warm", "32"));
+  const auto group = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(cfg.sagc.group_size));
+  std::printf("%6s %5s %10s %8s %9s %10s %9s %8s\n", "batch", "mode", "tokens/s", "speedup", "accepted",
+              "mean_acc", "spec_share", "wall_s");
+  json rows = json::array();
+  for (const auto& bs : split(flag(f, "batches", "1,4,16,64"))) {
+    const auto b = std::stoll(bs);
+    const auto n = std::stoull(flag(f, "rollouts", std::to_string(std::max<long long>(b, 16))));
+    double base = 0;
+    for (const auto& mode : split(flag(f, "modes", "off,on,auto"))) {
+      rollout::worker_options o = rollout::worker_options_from(cfg);
+      o.max_batch = std::max<std::int64_t>(b, static_cast<std::int64_t>(group));
+      o.speculative = mode == "on" ? rollout::speculation_mode::on
+                      : mode == "auto" ? rollout::speculation_mode::automatic
+                                       : rollout::speculation_mode::off;
+      auto w = make_worker(cfg, weights, o);
+      std::uint64_t id = 1;
+      // Earlier responses in the global tree: other prompts (task indices from 100000).
+      for (std::uint64_t k = 0; k < warm; ++k) w->enqueue(request(cfg, id++, 1'000'000 + k, 0, 100000 + k));
+      while (!w->idle()) w->step();
+      // The timed rollouts: groups of up to G siblings, at most B rollouts in flight.
+      std::uint64_t next = 0, tokens = 0;
+      rollout::speculation_counts sc;
+      const auto t0 = std::chrono::steady_clock::now();
+      while (next < n || !w->idle()) {
+        while (next < n && static_cast<std::int64_t>(w->in_flight()) < b) {
+          const std::uint64_t k = next / group;
+          const auto take = std::min<std::uint64_t>({group - next % group, n - next,
+                                                     static_cast<std::uint64_t>(b) - w->in_flight()});
+          for (std::uint64_t i = 0; i < take; ++i, ++next)
+            w->enqueue(request(cfg, id++, k, static_cast<std::uint32_t>(next % group), k));
+        }
+        for (const auto& r : w->step()) {
+          for (const auto m : r.loss_mask) tokens += m;
+          sc += r.speculation;
+        }
+      }
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double rate = static_cast<double>(tokens) / wall;
+      if (mode == "off") base = rate;
+      const double acc = sc.drafted_tokens ? double(sc.accepted_tokens) / sc.drafted_tokens : 0.0;
+      const double mean_acc = sc.verify_steps ? double(sc.accepted_tokens) / sc.verify_steps : 0.0;
+      const double share = sc.verify_steps + sc.plain_steps
+                               ? double(sc.verify_steps) / double(sc.verify_steps + sc.plain_steps)
+                               : 0.0;
+      std::printf("%6lld %5s %10.1f %7.2fx %9.3f %10.2f %9.2f %8.2f\n", static_cast<long long>(b), mode.c_str(), rate,
+                  base > 0 ? rate / base : 0.0, acc, mean_acc, share, wall);
+      std::fflush(stdout);
+      for (const auto& line : w->take_log()) std::fprintf(stderr, "  %s\n", line.c_str());
+      rows.push_back({{"batch", b}, {"mode", mode}, {"tokens", tokens}, {"wall_s", wall}, {"tokens_per_s", rate},
+                      {"speedup", base > 0 ? rate / base : 0.0}, {"acceptance", acc}, {"mean_accepted", mean_acc},
+                      {"spec_share", share}});
+    }
+  }
+  if (f.count("json")) std::ofstream(f.at("json")) << rows.dump(1) << '\n';
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 3) {
+      std::fprintf(stderr, "usage: war_bench record CONFIG OUT.jsonl [...] | draft TRAJ.jsonl [...] | "
+                           "throughput CONFIG [...]\n");
+      return 2;
+    }
+    at::set_num_threads(1);
+    const std::string cmd = argv[1];
+    if (cmd == "draft") return draft(argv[2], flags(argc, argv, 3));
+    const experiment_config cfg = load_config(argv[2], role_names(builtin_roles()));
+    if (cmd == "record") {
+      if (argc < 4) throw std::invalid_argument("record CONFIG OUT.jsonl");
+      return record(cfg, argv[3], flags(argc, argv, 4));
+    }
+    if (cmd == "throughput") return throughput(cfg, flags(argc, argv, 3));
+    std::fprintf(stderr, "unknown command %s\n", cmd.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "war_bench: %s\n", e.what());
+    return 1;
+  }
+}
