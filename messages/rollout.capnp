@@ -84,6 +84,10 @@ struct SpeculationCounts {
   acceptedTokens @3 :UInt32;  # of them, those the verification accepted (≤ draftedTokens)
   draftCalls @4 :UInt32;      # drafter calls made for this rollout
   draftNs @5 :UInt64;         # time in those calls, ns
+  verifyTokens @6 :UInt32;    # tokens emitted in the steps that verified a draft for it
+  verifyNs @7 :UInt64;        # those steps' wall time, summed, ns
+  plainTokens @8 :UInt32;     # tokens emitted in decode steps without a draft
+  plainNs @9 :UInt64;         # those steps' wall time, summed, ns
 }
 
 # A finished rollout: everything the learner needs, plus the facts that metrics report.

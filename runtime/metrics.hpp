@@ -82,6 +82,8 @@ namespace sorl {
   X(spec_mean_accepted, "spec_mean_accepted", speculation, number, "tokens", "accepted draft tokens per verifying step: spec_accepted_tokens / spec_verify_steps (absent without a verifying step)") \
   X(spec_draft_us, "spec_draft_us", speculation, number, "µs", "mean time of a drafter call: the rollouts' drafter time / spec_draft_calls (absent without a call)") \
   X(spec_share, "spec_share", speculation, number, "", "share of decode steps that verified a draft: spec_verify_steps / (spec_verify_steps + spec_plain_steps)") \
+  X(spec_rate_with, "spec_rate_with", speculation, number, "tokens/s", "a rollout's own decoding speed in steps that verified a draft for it: tokens it emitted in them / their wall time, summed over the step's rollouts (absent without such a step)") \
+  X(spec_rate_without, "spec_rate_without", speculation, number, "tokens/s", "the same in decode steps without a draft (absent without such a step)") \
   X(refill_rounds, "refill_rounds", groups, count, "", "DAPO dynamic-sampling rounds that drew more prompts to replace zero-signal groups") \
   X(zero_signal_groups_rollout, "zero_signal_groups_rollout", groups, count, "", "generated groups whose rewards are all equal (no advantage signal)") \
   X(trained_groups,   "trained_groups",   groups, count, "", "groups in the learner's batch") \

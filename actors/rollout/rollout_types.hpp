@@ -23,6 +23,13 @@ struct speculation_counts {
   uint32_t accepted_tokens = 0; ///< of them, emitted
   uint32_t draft_calls = 0;     ///< drafter calls made for it
   uint64_t draft_ns = 0;        ///< time in those calls, ns
+  /// Tokens it emitted in decode steps that verified a draft for it, and those steps' wall
+  /// time summed (the time the rollout waited on them), ns; likewise without a draft. Their
+  /// ratios are the rollout's own decoding speed with and without speculation.
+  uint32_t verify_tokens = 0;
+  uint64_t verify_ns = 0;
+  uint32_t plain_tokens = 0;
+  uint64_t plain_ns = 0;
 
   speculation_counts& operator+=(const speculation_counts& o) {
     verify_steps += o.verify_steps;
@@ -31,6 +38,10 @@ struct speculation_counts {
     accepted_tokens += o.accepted_tokens;
     draft_calls += o.draft_calls;
     draft_ns += o.draft_ns;
+    verify_tokens += o.verify_tokens;
+    verify_ns += o.verify_ns;
+    plain_tokens += o.plain_tokens;
+    plain_ns += o.plain_ns;
     return *this;
   }
 };

@@ -57,7 +57,8 @@ rollout_status from_msg(msg::RolloutStatus s) {
 
 bool any_count(const speculation_counts& s) {
   return s.verify_steps != 0 || s.plain_steps != 0 || s.drafted_tokens != 0
-         || s.accepted_tokens != 0 || s.draft_calls != 0 || s.draft_ns != 0;
+         || s.accepted_tokens != 0 || s.draft_calls != 0 || s.draft_ns != 0 || s.verify_tokens != 0
+         || s.verify_ns != 0 || s.plain_tokens != 0 || s.plain_ns != 0;
 }
 
 } // namespace
@@ -191,6 +192,10 @@ envelope to_msg(const rollout_result& r, const std::string& worker, uint64_t ver
       s.setAcceptedTokens(r.speculation.accepted_tokens);
       s.setDraftCalls(r.speculation.draft_calls);
       s.setDraftNs(r.speculation.draft_ns);
+      s.setVerifyTokens(r.speculation.verify_tokens);
+      s.setVerifyNs(r.speculation.verify_ns);
+      s.setPlainTokens(r.speculation.plain_tokens);
+      s.setPlainNs(r.speculation.plain_ns);
     }
   });
 }
@@ -226,6 +231,10 @@ trajectory_record from_msg(msg::Trajectory::Reader t) {
   r.speculation.accepted_tokens = s.getAcceptedTokens();
   r.speculation.draft_calls = s.getDraftCalls();
   r.speculation.draft_ns = s.getDraftNs();
+  r.speculation.verify_tokens = s.getVerifyTokens();
+  r.speculation.verify_ns = s.getVerifyNs();
+  r.speculation.plain_tokens = s.getPlainTokens();
+  r.speculation.plain_ns = s.getPlainNs();
   rec.worker = t.getWorker();
   rec.weight_version = t.getWeightVersion();
   return rec;

@@ -327,6 +327,10 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   sc.accepted_tokens += static_cast<uint32_t>(g.accepted_tokens);
   sc.draft_calls += static_cast<uint32_t>(g.draft_calls);
   sc.draft_ns += static_cast<uint64_t>(g.draft_ns);
+  sc.verify_tokens += static_cast<uint32_t>(g.verify_tokens);
+  sc.verify_ns += static_cast<uint64_t>(g.verify_ns);
+  sc.plain_tokens += static_cast<uint32_t>(g.plain_tokens);
+  sc.plain_ns += static_cast<uint64_t>(g.plain_ns);
   std::vector<int32_t> body = g.tokens;
   if (g.reason == ml::finish_reason::eos && !body.empty())
     body.pop_back();

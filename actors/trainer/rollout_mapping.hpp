@@ -63,7 +63,7 @@ inline ev::rollout_finished finished_of(const rollout::trajectory_record& t) {
   x.replaced = !r.request.replaced_from.empty();
   const auto& s = r.speculation;
   x.spec = {s.verify_steps, s.plain_steps, s.drafted_tokens, s.accepted_tokens, s.draft_calls,
-            s.draft_ns};
+            s.draft_ns,       s.verify_tokens, s.verify_ns,    s.plain_tokens,    s.plain_ns};
   return x;
 }
 

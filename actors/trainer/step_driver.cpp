@@ -370,6 +370,10 @@ void set_speculation(metrics_record& rec, const ev::speculation& s) {
     rec.set(metric::spec_mean_accepted, ratio(s.accepted_tokens, s.verify_steps));
   if (s.draft_calls > 0)
     rec.set(metric::spec_draft_us, ratio(s.draft_ns, s.draft_calls) / 1e3);
+  if (s.verify_ns > 0)
+    rec.set(metric::spec_rate_with, ratio(s.verify_tokens, s.verify_ns) * 1e9);
+  if (s.plain_ns > 0)
+    rec.set(metric::spec_rate_without, ratio(s.plain_tokens, s.plain_ns) * 1e9);
 }
 
 } // namespace
@@ -395,6 +399,10 @@ void step_driver::end_rollouts(out& o) {
     spec.accepted_tokens += t.spec.accepted_tokens;
     spec.draft_calls += t.spec.draft_calls;
     spec.draft_ns += t.spec.draft_ns;
+    spec.verify_tokens += t.spec.verify_tokens;
+    spec.verify_ns += t.spec.verify_ns;
+    spec.plain_tokens += t.spec.plain_tokens;
+    spec.plain_ns += t.spec.plain_ns;
     if (t.outcome == rollout_outcome::failed)
       continue; // nothing was generated that the statistics could describe
     lengths.push_back(t.policy_tokens);

@@ -157,6 +157,10 @@ struct speculation {
   uint64_t accepted_tokens = 0; ///< of them, accepted; ≤ drafted_tokens
   uint64_t draft_calls = 0;     ///< drafter calls
   uint64_t draft_ns = 0;        ///< time in those calls, ns
+  uint64_t verify_tokens = 0;   ///< tokens emitted in verifying steps
+  uint64_t verify_ns = 0;       ///< those steps' wall time, summed per rollout, ns
+  uint64_t plain_tokens = 0;    ///< tokens emitted in decode steps without a draft
+  uint64_t plain_ns = 0;        ///< those steps' wall time, summed per rollout, ns
 };
 
 /// [Trajectory] a finished rollout.

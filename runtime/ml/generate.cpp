@@ -38,6 +38,7 @@ struct generator::sample {
   std::int64_t drafted = 0;    // draft tokens verified
   std::int64_t accepted = 0;   // of them, emitted
   std::int64_t verify_steps = 0, plain_steps = 0, draft_calls = 0, draft_ns = 0;
+  std::int64_t verify_tokens = 0, verify_ns = 0, plain_tokens = 0, plain_ns = 0;
 
   sample(std::shared_ptr<request> r, std::int64_t i, seq_id s)
       : req(std::move(r)), index(i), seq(s), rng(req->params.seed, static_cast<std::uint64_t>(i)) {}
@@ -181,6 +182,10 @@ generation_result generator::finish(sample& s, finish_reason reason) {
   r.plain_steps = s.plain_steps;
   r.draft_calls = s.draft_calls;
   r.draft_ns = s.draft_ns;
+  r.verify_tokens = s.verify_tokens;
+  r.verify_ns = s.verify_ns;
+  r.plain_tokens = s.plain_tokens;
+  r.plain_ns = s.plain_ns;
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
@@ -314,6 +319,9 @@ std::vector<generation_result> generator::step() {
     throw;
   }
   for (const auto& r : admitted) r->base = -1;  // its first sample owns the sequence now
+  // What the live samples waited for this step: drafts, the forward pass(es), sampling.
+  const std::int64_t step_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
 
   std::vector<generation_result> done;
   std::vector<std::unique_ptr<sample>> next;
@@ -338,7 +346,11 @@ std::vector<generation_result> generator::step() {
     const std::size_t emitted = s->tokens.size() - before;
     if (draft != nullptr) {
       decode_emitted += static_cast<std::int64_t>(emitted);
-      if (opts_.drafts != nullptr) ++(draft->empty() ? s->plain_steps : s->verify_steps);
+      if (opts_.drafts != nullptr) {
+        ++(draft->empty() ? s->plain_steps : s->verify_steps);
+        (draft->empty() ? s->plain_tokens : s->verify_tokens) += static_cast<std::int64_t>(emitted);
+        (draft->empty() ? s->plain_ns : s->verify_ns) += step_ns;
+      }
       if (!draft->empty()) {
         std::size_t accepted = 0;
         while (accepted < emitted && accepted < draft->size() && s->tokens[before + accepted] == (*draft)[accepted])

@@ -104,6 +104,9 @@ struct generation_result {
   std::int64_t plain_steps = 0;      ///< decode steps without one
   std::int64_t draft_calls = 0;      ///< draft_source::draft calls for it
   std::int64_t draft_ns = 0;         ///< time in those calls, ns
+  /// Tokens emitted in its verifying steps and those steps' wall time, ns; likewise in its
+  /// decode steps without a draft: its own decoding speed with and without speculation.
+  std::int64_t verify_tokens = 0, verify_ns = 0, plain_tokens = 0, plain_ns = 0;
 };
 
 /// Continuous-batching sampler over a policy_model.

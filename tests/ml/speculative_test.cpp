@@ -287,6 +287,11 @@ TEST_CASE("speculative generation emits the plain tokens with right wrong and ra
         accepted += r.accepted_tokens;
         // What the draft source saw is exactly what was emitted.
         CHECK(d.seen.at(k) == r.tokens);
+        // Every token but the prefill's came from a verifying or a plain decode step, each
+        // step timed.
+        CHECK(r.verify_tokens + r.plain_tokens == static_cast<std::int64_t>(r.tokens.size()) - 1);
+        CHECK((r.verify_steps == 0) == (r.verify_ns == 0));
+        CHECK((r.plain_steps == 0) == (r.plain_ns == 0));
       }
       CHECK(drafted == st.drafted_tokens);
       CHECK(accepted == st.accepted_tokens);

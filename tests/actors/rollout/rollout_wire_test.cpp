@@ -263,7 +263,8 @@ TEST_CASE("an empty trajectory (a failed request) keeps the worker shell's bytes
 
 TEST_CASE("a trajectory's speculation counts decode back and cost no bytes when all 0") {
   auto r = a_result(rollout_status::ok);
-  r.speculation = {3, 1, 12, 9, 4, (1ull << 40) + 8000}; // draft_ns needs all 64 bits
+  // The ns fields need all 64 bits.
+  r.speculation = {3, 1, 12, 9, 4, (1ull << 40) + 8000, 14, (1ull << 41) + 7, 2, (1ull << 42) + 5};
   auto e = to_msg(r, "rollout_worker#0@n0", 6);
   auto with_counts = [&](msg::Trajectory::Builder b) {
     auto s = b.initSpeculation();
@@ -273,6 +274,10 @@ TEST_CASE("a trajectory's speculation counts decode back and cost no bytes when 
     s.setAcceptedTokens(9);
     s.setDraftCalls(4);
     s.setDraftNs((1ull << 40) + 8000);
+    s.setVerifyTokens(14);
+    s.setVerifyNs((1ull << 41) + 7);
+    s.setPlainTokens(2);
+    s.setPlainNs((1ull << 42) + 5);
   };
   // The reference encoder's bytes with the counts added by hand: nothing else moved.
   auto reference_bytes = reference::encode_trajectory(r, "rollout_worker#0@n0", 6);
@@ -291,6 +296,10 @@ TEST_CASE("a trajectory's speculation counts decode back and cost no bytes when 
   CHECK(s.accepted_tokens == 9);
   CHECK(s.draft_calls == 4);
   CHECK(s.draft_ns == (1ull << 40) + 8000);
+  CHECK(s.verify_tokens == 14);
+  CHECK(s.verify_ns == (1ull << 41) + 7);
+  CHECK(s.plain_tokens == 2);
+  CHECK(s.plain_ns == (1ull << 42) + 5);
 
   // Any single non-zero count is sent; all 0 leaves the field unset.
   r.speculation = {};

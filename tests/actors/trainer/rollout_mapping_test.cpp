@@ -102,7 +102,7 @@ TEST_CASE("a trajectory's status, finish reason and re-placement map one to one"
 TEST_CASE("a trajectory's speculation counts reach the driver's event field by field") {
   auto t = a_trajectory();
   CHECK(finished_of(t).spec.verify_steps == 0); // decoded without drafts
-  t.result.speculation = {3, 1, 12, 9, 4, 8000};
+  t.result.speculation = {3, 1, 12, 9, 4, 8000, 14, 900, 2, 700};
   const auto x = finished_of(t).spec;
   CHECK(x.verify_steps == 3);
   CHECK(x.plain_steps == 1);
@@ -110,6 +110,10 @@ TEST_CASE("a trajectory's speculation counts reach the driver's event field by f
   CHECK(x.accepted_tokens == 9);
   CHECK(x.draft_calls == 4);
   CHECK(x.draft_ns == 8000);
+  CHECK(x.verify_tokens == 14);
+  CHECK(x.verify_ns == 900);
+  CHECK(x.plain_tokens == 2);
+  CHECK(x.plain_ns == 700);
 }
 
 TEST_CASE("only a start event tells the driver where a rollout runs") {

@@ -960,9 +960,9 @@ TEST_CASE("the spec_ keys sum the speculation counts of the step's rollouts") {
   start(h);
   h.at(2 * sec, static_g(0, 2));
   auto r0 = rollout(0, 0, 0, 1.0);
-  r0.spec = {3, 1, 12, 9, 4, 8000};
+  r0.spec = {3, 1, 12, 9, 4, 8000, 12, 3'000'000, 1, 1'000'000};
   auto r2 = rollout(2, 1, 0, 1.0);
-  r2.spec = {1, 3, 4, 1, 4, 4000};
+  r2.spec = {1, 3, 4, 1, 4, 4000, 2, 1'000'000, 3, 2'000'000};
   h.at(3 * sec, r0);
   h.at(3 * sec, rollout(1, 0, 1, 0.0)); // decoded without drafts: adds nothing
   h.at(3 * sec, r2);
@@ -979,6 +979,8 @@ TEST_CASE("the spec_ keys sum the speculation counts of the step's rollouts") {
   CHECK(x.at("spec_mean_accepted") == 2.5);  // 10 accepted over 4 verifying steps
   CHECK(x.at("spec_draft_us") == 1.5);       // 12000 ns over 8 calls
   CHECK(x.at("spec_share") == 0.5);          // 4 of 8 decode steps
+  CHECK(x.at("spec_rate_with") == Approx(3500.0));    // 14 tokens in 4 ms of verifying steps
+  CHECK(x.at("spec_rate_without") == Approx(1333.333333).epsilon(1e-9)); // 4 tokens in 3 ms
   CHECK_NOTHROW(sorl::to_json_line(h.record()));
 }
 
@@ -1002,6 +1004,8 @@ TEST_CASE("a step without speculation writes no spec_ key and undefined ratios a
     CHECK(x.count("spec_acceptance") == 0);
     CHECK(x.count("spec_mean_accepted") == 0);
     CHECK(x.count("spec_draft_us") == 0);
+    CHECK(x.count("spec_rate_with") == 0);
+    CHECK(x.count("spec_rate_without") == 0);  // no time recorded
   }
   SECTION("drafter calls that found no draft") {
     first_step_with_spec(h, {0, 5, 0, 0, 2, 3000});
