@@ -525,7 +525,7 @@ int main(int argc, char** argv) {
 
   if (roles->parsed()) {
     for (const auto& r : sorl::builtin_roles())
-      fmt::print("{:<16} {}\n", r.name, r.summary);
+      fmt::print("{:<20} {}\n", r.name, r.summary);
     return 0;
   }
   if (convert_gguf->parsed()) {

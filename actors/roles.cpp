@@ -5,6 +5,7 @@
 #include "actors/sagc/controller_actor.hpp"
 #include "actors/scheduler/scheduler_actor.hpp"
 #include "actors/smoke/smoke_actors.hpp"
+#include "actors/suffix_index/keeper_actor.hpp"
 #include "actors/sync/publisher_actor.hpp"
 #include "actors/trainer/trainer_actor.hpp"
 #include "runtime/role_names.hpp"
@@ -25,6 +26,9 @@ const role_table& builtin_roles() {
      spawn_scheduler},
     {role::rollout_worker, "generates rollouts with continuous batching and scores rewards",
      spawn_rollout_worker},
+    {role::suffix_index_keeper,
+     "optional: shares finished responses between the rollout workers' suffix trees",
+     spawn_suffix_index_keeper},
     {role::ping, "smoke test: sends rounds of Ping envelopes to every pong and ends the job",
      smoke::spawn_ping},
     {role::pong, "smoke test: answers each Ping with a Pong", smoke::spawn_pong},

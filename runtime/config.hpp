@@ -294,8 +294,9 @@ struct rollout_config {
   /// A suffix match of m tokens allows drafts of floor(m * factor) tokens, [0, 64].
   double draft_spec_factor = 1.0;
   int64_t suffix_max_depth = 32;      ///< longest indexed substring of the suffix trees, tokens, 2..256
-  /// Bound on the global suffix tree of finished responses, bytes; the oldest responses are
-  /// evicted past it; 0 = group trees only. 0..2^40.
+  /// Bound on the global suffix tree of finished responses, bytes (per worker: its own and,
+  /// with a suffix_index_keeper in the topology, the other workers'); the oldest responses
+  /// are evicted past it; 0 = group trees only. 0..2^40.
   int64_t suffix_global_bytes = 64ll << 20;
   /// s: the longest the trainer waits, in a step's rollout phase, for the next finished
   /// rollout (or the group-size decision) before it fails the job, naming the request ids,

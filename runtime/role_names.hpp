@@ -17,6 +17,8 @@ inline constexpr const char sync_publisher[] = "sync_publisher";
 inline constexpr const char sagc_controller[] = "sagc_controller";
 inline constexpr const char scheduler[] = "scheduler";
 inline constexpr const char rollout_worker[] = "rollout_worker";
+/// Optional: shares finished responses between the workers' suffix trees (actors/suffix_index).
+inline constexpr const char suffix_index_keeper[] = "suffix_index_keeper";
 inline constexpr const char ping[] = "ping"; ///< smoke test (actors/smoke)
 inline constexpr const char pong[] = "pong"; ///< smoke test (actors/smoke)
 

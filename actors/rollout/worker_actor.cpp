@@ -7,6 +7,8 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/rollout_wire.hpp"
 #include "actors/rollout/worker_serving.hpp"
+#include "actors/suffix_index/keeper_core.hpp"
+#include "actors/suffix_index/suffix_wire.hpp"
 #include "actors/sync/sync_wire.hpp"
 #include "actors/sync/weight_receiver.hpp"
 
@@ -17,10 +19,12 @@ namespace {
 /// The worker's peers, by role.
 struct worker_peers {
   caf::actor trainer, scheduler, sagc, publisher;
+  caf::actor keeper; ///< the suffix-index keeper; optional, invalid when absent or gone
 
   static worker_peers from(const std::vector<peer_info>& roster) {
     return {single_peer(roster, role::trainer), single_peer(roster, role::scheduler),
-            single_peer(roster, role::sagc_controller), single_peer(roster, role::sync_publisher)};
+            single_peer(roster, role::sagc_controller), single_peer(roster, role::sync_publisher),
+            single_peer(roster, role::suffix_index_keeper)};
   }
   const caf::actor& of(rollout::event_peer p) const {
     return p == rollout::event_peer::trainer ? trainer
@@ -74,6 +78,21 @@ void send_out(worker_actor_t* self, const std::vector<rollout::rollout_result>& 
     self->send(st.peers.trainer, rollout::to_msg(r, st.me, st.weights->version()));
 }
 
+/// Sends the turns the core finished since the last call to the suffix-index keeper, in
+/// messages within its bounds. Taken even without a keeper, so that they do not pile up.
+void share_finished_turns(worker_actor_t* self) {
+  auto& st = self->state;
+  auto turns = st.core->take_finished_turns();
+  if (turns.empty() || !st.peers.keeper)
+    return;
+  size_t left_out = 0;
+  for (auto& batch : suffix_index::split_for_keeper(std::move(turns), &left_out))
+    self->send(st.peers.keeper, suffix_index::to_msg({st.me, std::move(batch)}));
+  if (left_out > 0)
+    spdlog::debug("{}: {} finished turns not shared (longer than {} tokens)", st.me, left_out,
+                  suffix_index::max_response_tokens);
+}
+
 caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
@@ -118,6 +137,20 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
             carry_out(self, st.weights->on_bucket(sync::decode_bucket(b), st.core->idle()));
           }))
         return;
+      if (handle_as<msg::SuffixResponses>(e, st.me, [&](msg::SuffixResponses::Reader r) {
+            const auto m = suffix_index::from_msg(r);
+            if (!st.core->drafting())
+              return spdlog::debug("{}: {} responses from {} ignored: speculation is off", st.me,
+                                   m.responses.size(), m.origin);
+            const auto taken = st.core->add_peer_responses(m.responses);
+            if (taken < m.responses.size())
+              spdlog::warn("{}: skipped {} of {} responses from {} (empty or a token id outside "
+                           "the vocabulary)",
+                           st.me, m.responses.size() - taken, m.responses.size(), m.origin);
+            spdlog::debug("{}: {} responses from {} into the global suffix tree", st.me, taken,
+                          m.origin);
+          }))
+        return;
       log_unhandled(e, st.me);
     },
     [self](tick_atom) {
@@ -128,6 +161,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
       if (t.failure)
         spdlog::critical("{}: decoding failed: {}", st.me, *t.failure);
       send_out(self, t.results);
+      share_finished_turns(self);
       if (t.failure) // the scheduler places new requests elsewhere
         return self->quit(caf::make_error(caf::sec::runtime_error, *t.failure));
       if (!st.core->idle())
@@ -137,6 +171,8 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
     },
     [self](peer_down_atom, const peer_info& who, const std::string& why) {
       spdlog::warn("{}: peer down: {} ({})", self->state.me, who.name(), why);
+      if (who.role == role::suffix_index_keeper) // drafting goes on from the worker's own text
+        self->state.peers.keeper = caf::actor{};
     },
     [self](shutdown_atom, bool, const std::string&) {
       self->state.core->abort_all();

@@ -127,6 +127,27 @@ std::optional<suffix_index::drafter_stats> worker_core::take_drafter_stats() {
   return drafts_->drafter.take_stats();
 }
 
+std::vector<std::vector<int32_t>> worker_core::take_finished_turns() {
+  return std::exchange(finished_turns_, {});
+}
+
+size_t worker_core::add_peer_responses(const std::vector<std::vector<int32_t>>& responses) {
+  if (!drafts_)
+    return 0;
+  const int64_t vocab = model_->dims().vocab;
+  size_t taken = 0;
+  for (const auto& r : responses) {
+    const bool valid = !r.empty() && std::all_of(r.begin(), r.end(), [&](int32_t t) {
+      return t >= 0 && t < vocab;
+    });
+    if (!valid)
+      continue;
+    drafts_->drafter.add_response(r.data(), r.size());
+    ++taken;
+  }
+  return taken;
+}
+
 ml::policy_model& worker_core::model() {
   return *model_;
 }
@@ -305,6 +326,10 @@ std::vector<rollout_result> worker_core::step() {
       throw std::logic_error("worker_core: generator returned an unknown sample");
     auto id = it->second;
     by_gen_.erase(it);
+    // What the drafter keeps of its own samples (finish(keep = completed)) is what the other
+    // workers get.
+    if (drafts_ && g.reason != ml::finish_reason::abort && !g.tokens.empty())
+      finished_turns_.push_back(g.tokens);
     auto& st = *rollouts_.at(id);
     st.live = false;
     st.kv = g.parked;

@@ -135,6 +135,21 @@ public:
   /// with speculation off.
   std::optional<suffix_index::drafter_stats> take_drafter_stats();
 
+  /// The sampled tokens of every generator sample (one per rollout turn) that finished
+  /// completed, not aborted, in step() since the last call, in order: the responses the
+  /// suffix-index keeper shares with the other workers. They accumulate until taken; the
+  /// shell takes them after every step(). Always empty with speculation off.
+  std::vector<std::vector<int32_t>> take_finished_turns();
+  /// Finished responses other workers generated, into the drafter's global tree
+  /// (suffix_drafter::add_response). A response with a token id outside [0, vocab) of the
+  /// model is skipped, never thrown on; so are empty ones. Returns how many were taken; 0
+  /// with speculation off, which keeps no tree.
+  size_t add_peer_responses(const std::vector<std::vector<int32_t>>& responses);
+  /// Whether the worker keeps suffix trees and drafts (speculation on or auto).
+  bool drafting() const noexcept {
+    return drafts_ != nullptr;
+  }
+
 private:
   struct rollout_state;
   void submit_turn(rollout_state& st);
@@ -160,6 +175,7 @@ private:
   std::map<uint64_t, int64_t> chunked_;                         ///< request → tokens last reported
   std::vector<rollout_event> events_;
   std::vector<rollout_result> ready_; ///< finished or failed, returned by the next step()
+  std::vector<std::vector<int32_t>> finished_turns_; ///< for take_finished_turns()
 };
 
 } // namespace sorl::rollout

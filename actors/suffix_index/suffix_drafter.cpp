@@ -41,11 +41,12 @@ void suffix_drafter::advance_global(sample_state& s, std::int32_t token) {
   if (s.recent.size() == depth) s.recent.erase(s.recent.begin());
   s.recent.push_back(token);
   if (!global_) return;
-  if (s.epoch != global_->removal_epoch()) {
-    // An eviction may have freed the cursor's node: match the recent tokens afresh.
+  if (s.epoch != global_epoch()) {
+    // An eviction may have freed the cursor's node, or an added response allows a
+    // deeper match: match the recent tokens afresh.
     s.cursor = suffix_tree::root;
     for (const std::int32_t t : s.recent) s.cursor = global_->advance(s.cursor, t);
-    s.epoch = global_->removal_epoch();
+    s.epoch = global_epoch();
   } else {
     s.cursor = global_->advance(s.cursor, token);
   }
@@ -76,7 +77,7 @@ void suffix_drafter::start(std::uint64_t group, std::int64_t sample, const std::
     st.global_seq = next_global_++;
     global_->begin_sequence(st.global_seq);
   }
-  st.epoch = global_ ? global_->removal_epoch() : 0;
+  st.epoch = global_ ? global_epoch() : 0;
   const std::size_t from = n > static_cast<std::size_t>(opts_.max_depth) ? n - static_cast<std::size_t>(opts_.max_depth) : 0;
   for (std::size_t i = from; i < n; ++i) advance_global(st, prompt[i]);
   samples_.emplace(std::make_pair(group, sample), std::move(st));
@@ -106,10 +107,10 @@ const draft& suffix_drafter::propose(std::uint64_t group, std::int64_t sample, s
   if (opts_.group_trees) g->tree.best_draft(g->tree.tail(sample + 1), p, group_draft_);
   const draft* best = &group_draft_;
   if (global_) {
-    if (s.epoch != global_->removal_epoch()) {
+    if (s.epoch != global_epoch()) {
       s.cursor = suffix_tree::root;
       for (const std::int32_t t : s.recent) s.cursor = global_->advance(s.cursor, t);
-      s.epoch = global_->removal_epoch();
+      s.epoch = global_epoch();
     }
     global_->best_draft(s.cursor, p, global_draft_);
     if (global_draft_.score > group_draft_.score) {
@@ -136,6 +137,22 @@ void suffix_drafter::finish(std::uint64_t group, std::int64_t sample, bool keep)
   auto& g = groups_.at(group);
   if (opts_.group_trees) g->tree.close_sequence(sample + 1);
   if (--g->open == 0) groups_.erase(group);
+}
+
+void suffix_drafter::add_response(const std::int32_t* tokens, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (tokens[i] < 0) throw std::invalid_argument(fmt::format("suffix_drafter: negative response token {}", tokens[i]));
+  if (!global_ || n == 0) return;
+  // A fresh sequence begun at the root, like a sample's response: removable on eviction.
+  const suffix_tree::seq_id id = next_global_++;
+  global_->add_sequence(id, tokens, n);
+  fifo_.push_back(id);
+  // Running samples' cursors still point at live nodes, but may now match shallower than the
+  // tree allows (the new text was not there when they advanced): have them re-match, so a
+  // response drafts from its next call on, not max_depth tokens later.
+  ++added_;
+  ++stats_.added_responses;
+  evict();
 }
 
 void suffix_drafter::evict() {

@@ -4,18 +4,19 @@
 // WAR): one per group, holding the group's prompt and the running responses of its samples
 // (siblings, and a sample's own earlier text, draft for each other), and one global tree of
 // responses: every running response as it is generated (so concurrent rollouts of other
-// groups draft from it too, and its statistics merge with earlier text) and the finished ones
-// until they are evicted, first in first out, past a byte bound. Prompts stay out of the
-// global tree: they differ from rollout to rollout, and the group tree has them.
+// groups draft from it too, and its statistics merge with earlier text) and the finished ones,
+// its own and those other workers generated (add_response), until they are evicted, first in
+// first out, past a byte bound. Prompts stay out of the global tree: they differ from rollout
+// to rollout, and the group tree has them.
 // Each call proposes the better-scoring of the group tree's and the global tree's drafts
 // (suffix_tree.hpp; ties to the group tree), as the reference implementation does with its
 // per-request and global trees.
 //
 // Every sample keeps its match state: in its group tree the tree's own tail of the sample's
 // sequence, in the global tree a cursor advanced by each new token (re-derived from the last
-// max_depth tokens when an eviction may have freed the node it points at). A draft call is
-// therefore O(draft tokens) plus the candidate match lengths it expands, whatever the
-// context length. No CAF, no libtorch: the rollout worker drives it through the generator's
+// max_depth tokens when an eviction may have freed the node it points at, or a response
+// added from another worker may allow a deeper match). A draft call is therefore O(draft
+// tokens) plus the candidate match lengths it expands, whatever the context length. No CAF, no libtorch: the rollout worker drives it through the generator's
 // draft hook (actors/rollout/worker_core.cpp).
 //
 // Exactness does not rest on this file: the generator's verification emits exactly the tokens
@@ -50,6 +51,7 @@ struct drafter_stats {
   std::int64_t drafted_tokens = 0;     ///< tokens proposed
   std::int64_t from_global = 0;        ///< calls whose draft came from the global tree
   std::int64_t evicted_responses = 0;  ///< responses evicted from the global tree
+  std::int64_t added_responses = 0;    ///< add_response() calls that inserted a response
   std::int64_t global_responses = 0;   ///< finished responses in the global tree now (not reset)
   std::size_t global_bytes = 0;        ///< the global tree's live_bytes() now (not reset)
 };
@@ -81,6 +83,12 @@ class suffix_drafter {
   /// it is removed (an aborted rollout's text). The group tree goes when its last started
   /// sample finishes. Unknown samples are ignored.
   void finish(std::uint64_t group, std::int64_t sample, bool keep);
+  /// A finished response generated elsewhere (another worker's, through the suffix-index
+  /// keeper): n tokens into the global tree as a finished response, evicted oldest first
+  /// with the sample's own past the byte bound, which this call enforces. Running samples'
+  /// matches stay valid. No-op without a global tree (global_bytes 0) or with n = 0.
+  /// Throws std::invalid_argument for a negative token, before inserting anything.
+  void add_response(const std::int32_t* tokens, std::size_t n);
   /// Drops every group tree and the global tree (the policy changed, say, and old text is
   /// no longer wanted). Samples in flight must be started again.
   void clear();
@@ -97,7 +105,7 @@ class suffix_drafter {
     std::vector<std::int32_t> response;   // extend()'s tokens
     std::vector<std::int32_t> recent;     // the last max_depth context tokens, for re-matching
     node_id cursor = suffix_tree::root;   // global tree match state
-    std::uint64_t epoch = 0;              // global removal epoch the cursor is valid for
+    std::uint64_t epoch = 0;              // global_epoch() the cursor is valid for
     suffix_tree::seq_id global_seq = -1;  // its response in the global tree, appended live
   };
   struct group_state {
@@ -109,6 +117,8 @@ class suffix_drafter {
   sample_state& find(std::uint64_t group, std::int64_t sample, group_state** g);
   void advance_global(sample_state& s, std::int32_t token);
   void evict();
+  // Changes whenever a cursor may be stale or too shallow: a node freed, or add_response.
+  std::uint64_t global_epoch() const noexcept { return global_->removal_epoch() + added_; }
 
   drafter_options opts_;
   std::unordered_map<std::uint64_t, std::unique_ptr<group_state>> groups_;
@@ -116,6 +126,7 @@ class suffix_drafter {
   std::unique_ptr<suffix_tree> global_;
   std::deque<suffix_tree::seq_id> fifo_;
   suffix_tree::seq_id next_global_ = 0;
+  std::uint64_t added_ = 0;  // add_response() insertions
   draft group_draft_, global_draft_;
   drafter_stats stats_;
 };

@@ -697,6 +697,11 @@ void step_driver::on(out& o, const ev::peer_down& p) {
     o.push_back(cmd::log{cmd::log_level::warn,
                          fmt::format("{} is gone ({}); the scheduler re-places its requests",
                                      p.name, p.why)});
+  else if (p.role == role::suffix_index_keeper) // optional: the workers draft without it
+    o.push_back(cmd::log{cmd::log_level::warn,
+                         fmt::format("{} is gone ({}); each rollout worker drafts from its own "
+                                     "responses from now on",
+                                     p.name, p.why)});
   else if (phase_ != phase::done)
     fail(o, fmt::format("{} is gone ({})", p.name, p.why));
 }

@@ -18,13 +18,14 @@
 //       accepted, and those plus one more token are emitted; the finished response enters the
 //       global tree. Prints one JSON object (µs per call, acceptance, tokens per step).
 //   war_bench throughput CONFIG [--batches 1,4,16,64] [--modes off,on,auto] [--rollouts N]
-//       [--warm N]
+//       [--warm N] [--repeats R] [--json FILE]
 //       For each batch size B and mode: a fresh worker with the config's weights first runs
 //       --warm rollouts (default 32, other prompts) so that the global tree holds earlier
-//       responses, as it would after earlier steps; then N rollouts (default max(B, 16)) with
+//       responses, as it would after earlier steps; then N rollouts (default max(4B, 64)) with
 //       at most B in flight are timed. Rollouts are the same tokens in every mode (exact
-//       verification), so the modes decode the same work. Prints tokens/s, the speed-up over
-//       "off" at the same B, acceptance and mean accepted draft tokens per verifying step.
+//       verification), so the modes decode the same work. The modes run in turn, R rounds
+//       (default 3); prints the median tokens/s, the median over rounds of the speed-up over
+//       that round's "off", acceptance and mean accepted draft tokens per verifying step.
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
@@ -238,61 +239,94 @@ int draft(const std::string& path, const std::map<std::string, std::string>& f) 
   return 0;
 }
 
+struct measured {
+  double tokens_per_s = 0, wall_s = 0;
+  rollout::speculation_counts counts;
+};
+
+// One timed run of `n` rollouts at most `b` in flight, after `warm` untimed rollouts of other
+// prompts on the same worker.
+measured measure(const experiment_config& cfg, const ml::named_tensors& weights, std::int64_t b, std::uint64_t n,
+                 std::uint64_t warm, const std::string& mode) {
+  const auto group = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(cfg.sagc.group_size));
+  rollout::worker_options o = rollout::worker_options_from(cfg);
+  o.max_batch = std::max<std::int64_t>(b, static_cast<std::int64_t>(group));
+  o.speculative = mode == "on"     ? rollout::speculation_mode::on
+                  : mode == "auto" ? rollout::speculation_mode::automatic
+                                   : rollout::speculation_mode::off;
+  auto w = make_worker(cfg, weights, o);
+  std::uint64_t id = 1;
+  // Earlier responses in the global tree: other prompts (task indices from 100000).
+  for (std::uint64_t k = 0; k < warm; ++k) w->enqueue(request(cfg, id++, 1'000'000 + k, 0, 100000 + k));
+  while (!w->idle()) w->step();
+  // The timed rollouts: groups of up to G siblings, at most B rollouts in flight.
+  std::uint64_t next = 0, tokens = 0;
+  measured m;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (next < n || !w->idle()) {
+    while (next < n && static_cast<std::int64_t>(w->in_flight()) < b) {
+      const std::uint64_t k = next / group;
+      const auto take =
+          std::min<std::uint64_t>({group - next % group, n - next, static_cast<std::uint64_t>(b) - w->in_flight()});
+      for (std::uint64_t i = 0; i < take; ++i, ++next)
+        w->enqueue(request(cfg, id++, k, static_cast<std::uint32_t>(next % group), k));
+    }
+    for (const auto& r : w->step()) {
+      for (const auto x : r.loss_mask) tokens += x;
+      m.counts += r.speculation;
+    }
+  }
+  m.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_s = static_cast<double>(tokens) / m.wall_s;
+  for (const auto& line : w->take_log()) std::fprintf(stderr, "  %s\n", line.c_str());
+  return m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f) {
   const auto weights = source_weights(cfg);
   const auto warm = std::stoull(flag(f, "warm", "32"));
-  const auto group = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(cfg.sagc.group_size));
+  const int repeats = std::stoi(flag(f, "repeats", "3"));
+  const auto modes = split(flag(f, "modes", "off,on,auto"));
+  if (modes.empty() || modes[0] != "off") throw std::invalid_argument("--modes must start with off (the baseline)");
   std::printf("%6s %5s %10s %8s %9s %10s %9s %8s\n", "batch", "mode", "tokens/s", "speedup", "accepted",
               "mean_acc", "spec_share", "wall_s");
   json rows = json::array();
   for (const auto& bs : split(flag(f, "batches", "1,4,16,64"))) {
     const auto b = std::stoll(bs);
-    const auto n = std::stoull(flag(f, "rollouts", std::to_string(std::max<long long>(b, 16))));
-    double base = 0;
-    for (const auto& mode : split(flag(f, "modes", "off,on,auto"))) {
-      rollout::worker_options o = rollout::worker_options_from(cfg);
-      o.max_batch = std::max<std::int64_t>(b, static_cast<std::int64_t>(group));
-      o.speculative = mode == "on" ? rollout::speculation_mode::on
-                      : mode == "auto" ? rollout::speculation_mode::automatic
-                                       : rollout::speculation_mode::off;
-      auto w = make_worker(cfg, weights, o);
-      std::uint64_t id = 1;
-      // Earlier responses in the global tree: other prompts (task indices from 100000).
-      for (std::uint64_t k = 0; k < warm; ++k) w->enqueue(request(cfg, id++, 1'000'000 + k, 0, 100000 + k));
-      while (!w->idle()) w->step();
-      // The timed rollouts: groups of up to G siblings, at most B rollouts in flight.
-      std::uint64_t next = 0, tokens = 0;
-      rollout::speculation_counts sc;
-      const auto t0 = std::chrono::steady_clock::now();
-      while (next < n || !w->idle()) {
-        while (next < n && static_cast<std::int64_t>(w->in_flight()) < b) {
-          const std::uint64_t k = next / group;
-          const auto take = std::min<std::uint64_t>({group - next % group, n - next,
-                                                     static_cast<std::uint64_t>(b) - w->in_flight()});
-          for (std::uint64_t i = 0; i < take; ++i, ++next)
-            w->enqueue(request(cfg, id++, k, static_cast<std::uint32_t>(next % group), k));
-        }
-        for (const auto& r : w->step()) {
-          for (const auto m : r.loss_mask) tokens += m;
-          sc += r.speculation;
-        }
+    const auto n = std::stoull(flag(f, "rollouts", std::to_string(std::max<long long>(4 * b, 64))));
+    // Rounds of every mode in turn, so that a slow spell of the machine hits all modes alike;
+    // the speed-up is the median of the rounds' ratios to that round's "off".
+    std::map<std::string, std::vector<double>> rate, ratio, wall;
+    std::map<std::string, rollout::speculation_counts> counts;
+    for (int r = 0; r < repeats; ++r) {
+      double base = 0;
+      for (const auto& mode : modes) {
+        const measured m = measure(cfg, weights, b, n, warm, mode);
+        if (mode == "off") base = m.tokens_per_s;
+        rate[mode].push_back(m.tokens_per_s);
+        ratio[mode].push_back(m.tokens_per_s / base);
+        wall[mode].push_back(m.wall_s);
+        counts[mode] += m.counts;
       }
-      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double rate = static_cast<double>(tokens) / wall;
-      if (mode == "off") base = rate;
+    }
+    for (const auto& mode : modes) {
+      const auto& sc = counts[mode];
       const double acc = sc.drafted_tokens ? double(sc.accepted_tokens) / sc.drafted_tokens : 0.0;
       const double mean_acc = sc.verify_steps ? double(sc.accepted_tokens) / sc.verify_steps : 0.0;
-      const double share = sc.verify_steps + sc.plain_steps
-                               ? double(sc.verify_steps) / double(sc.verify_steps + sc.plain_steps)
-                               : 0.0;
-      std::printf("%6lld %5s %10.1f %7.2fx %9.3f %10.2f %9.2f %8.2f\n", static_cast<long long>(b), mode.c_str(), rate,
-                  base > 0 ? rate / base : 0.0, acc, mean_acc, share, wall);
-      std::fflush(stdout);
-      for (const auto& line : w->take_log()) std::fprintf(stderr, "  %s\n", line.c_str());
-      rows.push_back({{"batch", b}, {"mode", mode}, {"tokens", tokens}, {"wall_s", wall}, {"tokens_per_s", rate},
-                      {"speedup", base > 0 ? rate / base : 0.0}, {"acceptance", acc}, {"mean_accepted", mean_acc},
-                      {"spec_share", share}});
+      const double share =
+          sc.verify_steps + sc.plain_steps ? double(sc.verify_steps) / double(sc.verify_steps + sc.plain_steps) : 0.0;
+      std::printf("%6lld %5s %10.1f %7.2fx %9.3f %10.2f %9.2f %8.2f\n", static_cast<long long>(b), mode.c_str(),
+                  median(rate[mode]), median(ratio[mode]), acc, mean_acc, share, median(wall[mode]));
+      rows.push_back({{"batch", b}, {"mode", mode}, {"rollouts", n}, {"repeats", repeats},
+                      {"tokens_per_s", rate[mode]}, {"speedup", ratio[mode]}, {"wall_s", wall[mode]},
+                      {"acceptance", acc}, {"mean_accepted", mean_acc}, {"spec_share", share}});
     }
+    std::fflush(stdout);
   }
   if (f.count("json")) std::ofstream(f.at("json")) << rows.dump(1) << '\n';
   return 0;

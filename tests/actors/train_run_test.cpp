@@ -645,6 +645,49 @@ TEST_CASE("sparse sync reaches the same rollout weights as full sync at every st
   }
 }
 
+TEST_CASE("two speculating workers sharing responses through the suffix-index keeper train as "
+          "the plain run does") {
+  std::string with_keeper = one_node;
+  with_keeper.replace(with_keeper.find("\"scheduler\",\n"), 13,
+                      "\"scheduler\", \"suffix_index_keeper\",\n");
+  std::map<std::string, std::vector<sorl::metrics_record>> runs;
+  std::string keeper_output;
+  for (const std::string name : {"spec_plain", "spec_keeper"}) {
+    fs::remove_all(data_dir() / "runs" / name);
+    const bool keeper = name == "spec_keeper";
+    auto text = warm_config(name, 2, keeper ? with_keeper : one_node);
+    if (keeper)
+      text.replace(text.find("[rollout]\n"), 10, "[rollout]\nspeculative = \"on\"\n");
+    child_process p{{SORL_BIN, "train", write(name + ".toml", text)}};
+    auto rc = p.wait_exit(300s);
+    INFO(p.output());
+    REQUIRE(rc == 0);
+    if (keeper)
+      keeper_output = p.output();
+    runs[name] = sorl::test::read_metrics(data_dir() / "runs" / name);
+    REQUIRE(runs[name].size() == 2);
+  }
+  // Every rollout of the 2 steps (B = 4, G = 4, one turn each) reached the keeper, and each
+  // went on to the one other worker.
+  std::smatch m;
+  REQUIRE(std::regex_search(keeper_output, m,
+                            std::regex{"suffix_index_keeper#0@main: (\\d+) responses \\((\\d+) "
+                                       "tokens\\) received in \\d+ messages, forwarded as \\d+ "
+                                       "messages \\((\\d+) responses, (\\d+) tokens\\); 0 "
+                                       "messages refused"}));
+  CHECK(m[1] == "32");
+  CHECK(m[3] == "32");
+  CHECK(m[4] == m[2]);
+  // Drafts change forward passes, never rollouts: the same rewards and the same weights.
+  for (size_t i = 0; i < 2; ++i) {
+    INFO("step " << i + 1);
+    const auto& plain = runs["spec_plain"][i];
+    const auto& shared = runs["spec_keeper"][i];
+    CHECK(shared.reward_per_group == plain.reward_per_group);
+    CHECK(shared.extra_text.at("model_hash") == plain.extra_text.at("model_hash"));
+  }
+}
+
 TEST_CASE("from the warm start the sampled reward climbs with lr > 0 and lr = 0 changes no weight") {
   // Two runs of 8 steps with the same seed, prompts and sampling streams (a rollout's seed
   // depends on the run seed, its group and its sample index only), B = 4, G = 8: one trains

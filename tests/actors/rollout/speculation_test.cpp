@@ -135,6 +135,84 @@ TEST_CASE("greedy rollouts of a prompt seen before are drafted from earlier resp
   CHECK(second.verify_steps + second.plain_steps < tokens);
 }
 
+TEST_CASE("finished turns one worker hands to another draft the other's greedy rollouts") {
+  at::set_num_threads(1);
+  worker_options o;
+  o.max_batch = 16;
+  o.speculative = speculation_mode::on;
+  o.drafter.max_depth = 16;
+  o.drafter.draft.max_tokens = 6;
+  auto serve = [&](worker_core& w) {
+    uint64_t id = 1;
+    for (uint64_t g = 0; g < 2; ++g)
+      for (uint32_t i = 0; i < 4; ++i)
+        w.enqueue(request(id++, g, i, 0.0, 24));
+    return run(w);
+  };
+  worker_core a{fixtures::small_dims(128), task("arithmetic"), o};
+  const auto from_a = serve(a);
+  auto turns = a.take_finished_turns();
+  // Single-turn: one finished turn per rollout, its whole response.
+  REQUIRE(turns.size() == from_a.size());
+  std::vector<std::vector<int32_t>> responses;
+  for (const auto& [k, r] : from_a)
+    responses.push_back(r.response);
+  std::sort(responses.begin(), responses.end());
+  std::sort(turns.begin(), turns.end());
+  CHECK(turns == responses);
+  CHECK(a.take_finished_turns().empty());
+
+  worker_core with{fixtures::small_dims(128), task("arithmetic"), o};
+  CHECK(with.add_peer_responses(turns) == turns.size());
+  worker_core without{fixtures::small_dims(128), task("arithmetic"), o};
+  const auto got_with = serve(with);
+  const auto got_without = serve(without);
+  // Speculation never changes a rollout; the peer's text changes how many passes it takes.
+  check_same(got_with, from_a);
+  check_same(got_without, from_a);
+  const speculation_counts w = total(got_with);
+  const speculation_counts wo = total(got_without);
+  CHECK(w.accepted_tokens > 0);
+  CHECK(w.accepted_tokens > wo.accepted_tokens);
+  CHECK(w.verify_steps + w.plain_steps < wo.verify_steps + wo.plain_steps);
+}
+
+TEST_CASE("a worker skips peer responses with token ids outside its vocabulary") {
+  worker_options o;
+  o.speculative = speculation_mode::on;
+  const ml::model_dims dims = fixtures::small_dims(128);
+  const auto vocab = static_cast<int32_t>(dims.vocab);
+  worker_core w{dims, task("arithmetic"), o};
+  const std::vector<std::vector<int32_t>> peer{
+    {1, 2, 3}, {-1, 4}, {5, vocab}, {}, {vocab - 1, 0}, {7, 2147483647}};
+  CHECK(w.add_peer_responses(peer) == 2);
+  CHECK(w.take_drafter_stats()->added_responses == 2);
+  // Speculation off keeps no suffix trees: nothing is taken and no turn is collected.
+  o.speculative = speculation_mode::off;
+  worker_core off{dims, task("arithmetic"), o};
+  CHECK_FALSE(off.drafting());
+  CHECK(off.add_peer_responses(peer) == 0);
+  off.enqueue(request(1, 0, 0, 0.0, 8));
+  CHECK(run(off).size() == 1);
+  CHECK(off.take_finished_turns().empty());
+}
+
+TEST_CASE("a multi-turn rollout hands over one finished turn per policy turn") {
+  at::set_num_threads(1);
+  worker_options o;
+  o.speculative = speculation_mode::automatic;
+  worker_core w{fixtures::small_dims(128), task("number_guess"), o};
+  for (uint32_t i = 0; i < 4; ++i)
+    w.enqueue(request(i + 1, 0, i, 1.0, 12));
+  const auto results = run(w);
+  size_t turns = 0;
+  for (const auto& [k, r] : results)
+    turns += r.turns;
+  const auto finished = w.take_finished_turns();
+  CHECK(finished.size() == turns);
+  CHECK(turns > results.size());
+}
+
 TEST_CASE("worker options carry rollout.speculative and the drafter settings") {
   experiment_config cfg;
   CHECK(worker_options_from(cfg).speculative == speculation_mode::off);

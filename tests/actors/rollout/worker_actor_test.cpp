@@ -13,9 +13,11 @@
 
 #include "actors/common/train_setup.hpp"
 #include "actors/rollout/worker_actor.hpp"
+#include "actors/suffix_index/suffix_wire.hpp"
 #include "actors/sync/publisher_core.hpp"
 #include "actors/sync/sync_wire.hpp"
 #include "messages/rollout.capnp.h"
+#include "messages/suffix.capnp.h"
 #include "messages/sync.capnp.h"
 #include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
@@ -48,7 +50,8 @@ envelope request(uint64_t id, uint64_t weight_version) {
 }
 
 /// A rollout worker on the tiny preset whose trainer, scheduler, controller and publisher are
-/// all played by `self`.
+/// all played by `self`; `with_keeper`: speculation on, and `self` is also the suffix-index
+/// keeper.
 struct worker_harness {
   test_system_config cfg;
   caf::actor_system sys{cfg};
@@ -56,12 +59,16 @@ struct worker_harness {
   experiment_config exp; // arithmetic on the tiny preset
   caf::actor worker;
 
-  worker_harness() {
+  explicit worker_harness(bool with_keeper = false) {
+    if (with_keeper)
+      exp.rollout.speculative = "on";
     worker = spawn_rollout_worker(sys, test_context(exp, "rollout_worker"));
     auto me = caf::actor_cast<caf::actor>(self);
     std::vector<peer_info> roster;
     for (auto role : {"trainer", "scheduler", "sagc_controller", "sync_publisher"})
       roster.push_back({role, 0, "test", me});
+    if (with_keeper)
+      roster.push_back({"suffix_index_keeper", 0, "test", me});
     roster.push_back({"rollout_worker", 0, "test", worker});
     self->send(worker, roster_atom::value, roster);
   }
@@ -307,4 +314,35 @@ TEST_CASE("a version completed while a rollout is in flight is applied after the
   check_applied(pub, h.next_ack(), 1, false);
   h.self->send(h.worker, request(12, 1));
   h.expect_served(12, 1);
+}
+
+TEST_CASE("a speculating worker sends its finished turns to the suffix-index keeper and takes "
+          "the other workers' from it") {
+  worker_harness h(true);
+  publisher pub;
+  h.send(pub.publish(version0(h.exp), 0, sync::payload_kind::full));
+  check_applied(pub, h.next_ack(), 0, true);
+  // Responses of another worker as the keeper forwards them; one holds a token id outside the
+  // vocabulary and is skipped, and the worker goes on serving.
+  h.self->send(h.worker,
+               suffix_index::to_msg({"rollout_worker#1@test", {{5, 6, 7}, {1, 1 << 30}}}));
+  h.self->send(h.worker, request(31, 0));
+  std::vector<int32_t> response;
+  auto e = h.next();
+  REQUIRE(e.schema_id() == capnp::typeId<msg::Trajectory>());
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(e, [&](msg::Trajectory::Reader t) {
+    CHECK(t.getRequestId() == 31);
+    CHECK(t.getStatus() == msg::RolloutStatus::OK);
+    for (auto tok : t.getResponseTokens())
+      response.push_back(tok);
+  }));
+  REQUIRE_FALSE(response.empty());
+  // Right behind its trajectory: the rollout's one turn, for the keeper.
+  e = h.next();
+  REQUIRE(e.schema_id() == capnp::typeId<msg::SuffixResponses>());
+  REQUIRE_FALSE(with_envelope<msg::SuffixResponses>(e, [&](msg::SuffixResponses::Reader r) {
+    const auto m = suffix_index::from_msg(r);
+    CHECK(m.origin == worker_name);
+    CHECK(m.responses == std::vector<std::vector<int32_t>>{response});
+  }));
 }

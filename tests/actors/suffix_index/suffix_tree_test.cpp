@@ -278,3 +278,73 @@ TEST_CASE("suffix_drafter global tree stays within its byte bound and evicts old
   const std::vector<tokens> newest(responses.end() - static_cast<std::ptrdiff_t>(left), responses.end());
   check_index(*dr.global_tree(), newest);
 }
+
+TEST_CASE("suffix_drafter responses of other workers draft for running and later samples", "[suffix_index]") {
+  drafter_options o;
+  o.max_depth = 16;
+  suffix_drafter dr(o);
+  const tokens context{7, 10, 11};
+  // A sample running before the response arrives drafts from it at its next call.
+  dr.start(1, 0, context.data(), context.size());
+  CHECK(dr.propose(1, 0, 16).tokens.empty());
+  const tokens peer{10, 11, 12, 13, 14, 15};
+  dr.add_response(peer.data(), peer.size());
+  CHECK(dr.propose(1, 0, 16).tokens == tokens{12, 13});
+  // A sample started later drafts from it too, as from a finished response of its own.
+  dr.start(2, 0, context.data(), context.size());
+  const tokens more{10, 11, 12};
+  dr.extend(2, 0, more.data() + 2, 1);
+  CHECK(dr.propose(2, 0, 16).tokens == tokens{13, 14, 15});
+  drafter_stats st = dr.take_stats();
+  CHECK(st.added_responses == 1);
+  CHECK(st.global_responses == 1);
+  CHECK(st.from_global == 2);
+  // A negative token is refused before anything is inserted.
+  const std::size_t nodes = dr.global_tree()->nodes();
+  const tokens bad{20, 21, -1};
+  CHECK_THROWS_AS(dr.add_response(bad.data(), bad.size()), std::invalid_argument);
+  CHECK(dr.global_tree()->nodes() == nodes);
+  dr.add_response(nullptr, 0);  // empty: nothing to index
+  st = dr.take_stats();
+  CHECK(st.added_responses == 0);
+  CHECK(st.global_responses == 1);
+  // Without a global tree there is nowhere to put them.
+  o.global_bytes = 0;
+  suffix_drafter local(o);
+  local.add_response(peer.data(), peer.size());
+  CHECK(local.global_tree() == nullptr);
+  CHECK(local.take_stats().added_responses == 0);
+  CHECK_THROWS_AS(local.add_response(bad.data(), bad.size()), std::invalid_argument);
+}
+
+TEST_CASE("suffix_drafter responses of other workers count toward the byte bound with its own",
+          "[suffix_index]") {
+  drafter_options o;
+  o.max_depth = 8;
+  o.global_bytes = 32 << 10;
+  suffix_drafter dr(o);
+  std::mt19937 rng(5);
+  std::vector<tokens> responses;  // in the order they entered the global tree
+  const tokens prompt{0};
+  std::int64_t evicted = 0;
+  for (std::uint64_t g = 0; g < 600; ++g) {
+    responses.push_back(random_tokens(rng, 5 + rng() % 40, 50));
+    if (g % 3 == 0) {
+      dr.start(g, 0, prompt.data(), prompt.size());
+      dr.extend(g, 0, responses.back().data(), responses.back().size());
+      dr.finish(g, 0, true);
+    } else {
+      dr.add_response(responses.back().data(), responses.back().size());
+    }
+    const drafter_stats st = dr.take_stats();
+    evicted += st.evicted_responses;
+    REQUIRE(st.global_bytes <= o.global_bytes);
+  }
+  const drafter_stats st = dr.take_stats();
+  REQUIRE(evicted > 300);
+  // First in, first out whichever worker generated them.
+  const std::size_t left = static_cast<std::size_t>(st.global_responses);
+  REQUIRE(left + static_cast<std::size_t>(evicted) == responses.size());
+  const std::vector<tokens> newest(responses.end() - static_cast<std::ptrdiff_t>(left), responses.end());
+  check_index(*dr.global_tree(), newest);
+}

@@ -1187,12 +1187,17 @@ TEST_CASE("a stale version in the sync phase is logged and the right one ends th
   CHECK(h.at(4 * sec, ready(1)) == lines{"write_metrics step 1"});
 }
 
-TEST_CASE("a rollout worker going down is logged and any other peer going down fails the job") {
+TEST_CASE("a rollout worker or the suffix-index keeper going down is logged and any other peer "
+          "going down fails the job") {
   harness h{two_steps()};
   start(h);
   CHECK(h.at(sec, ev::peer_down{"rollout_worker", "rollout_worker#1@b", "connection closed"}) ==
         lines{"log warn: rollout_worker#1@b is gone (connection closed); the scheduler "
               "re-places its requests"});
+  CHECK(h.d.now() == phase::rollout);
+  CHECK(h.at(sec, ev::peer_down{"suffix_index_keeper", "suffix_index_keeper#0@b", "timeout"}) ==
+        lines{"log warn: suffix_index_keeper#0@b is gone (timeout); each rollout worker drafts "
+              "from its own responses from now on"});
   CHECK(h.d.now() == phase::rollout);
   CHECK(h.at(sec, ev::peer_down{"learner", "learner#0@main", "connection closed"}) ==
         lines{"fail: learner#0@main is gone (connection closed)"});
