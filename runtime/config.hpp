@@ -283,8 +283,10 @@ struct sync_config {
 struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
-  /// Suffix speculative decoding (ARCHITECTURE.md §6 WAR): "off"; "on"; "auto" = per batch
-  /// size, whichever of the two measured faster (actors/rollout/speculation_switch.hpp).
+  /// Suffix speculative decoding (ARCHITECTURE.md §6 WAR): "off"; "on" (drafts of up to
+  /// draft_max_tokens); "auto" = per batch size, whichever of off and drafts of up to
+  /// draft_max_tokens, half and a quarter of it measured fastest
+  /// (actors/rollout/speculation_switch.hpp).
   /// Rollouts are the same tokens either way (runtime/ml/generate.hpp).
   std::string speculative = "off";
   int64_t draft_max_tokens = 16;      ///< longest draft per sample and step, tokens, 1..256

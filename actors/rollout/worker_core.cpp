@@ -111,6 +111,7 @@ worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_o
     drafts_ = std::make_unique<draft_adapter>(opts_.drafter);
     g.drafts = drafts_.get();
     g.max_draft_tokens = std::max(1, opts_.drafter.draft.max_tokens);
+    switch_ = std::make_unique<speculation_switch>(g.max_draft_tokens);
   }
   gen_ = std::make_unique<ml::generator>(*model_, g);
 }
@@ -118,7 +119,7 @@ worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_o
 worker_core::~worker_core() = default;
 
 std::vector<std::string> worker_core::take_log() {
-  return switch_.take_log();
+  return switch_ ? switch_->take_log() : std::vector<std::string>{};
 }
 
 std::optional<suffix_index::drafter_stats> worker_core::take_drafter_stats() {
@@ -294,16 +295,18 @@ std::vector<rollout_result> worker_core::step() {
     return std::exchange(ready_, {});
   const int64_t batch = gen_->live_samples();
   const bool automatic = opts_.speculative == speculation_mode::automatic;
-  bool speculate = opts_.speculative != speculation_mode::off;
+  int32_t cap = opts_.speculative == speculation_mode::off ? 0 : opts_.drafter.draft.max_tokens;
   if (automatic && batch > 0)
-    speculate = switch_.decide(batch);
-  gen_->set_speculating(speculate);
+    cap = switch_->decide(batch);
+  gen_->set_speculating(cap > 0);
+  if (cap > 0)
+    gen_->set_max_draft_tokens(cap);
   auto finished = gen_->step();
   if (automatic) {
     // Only steps that admitted nothing time their decode work (generate.hpp).
     const ml::speculation_stats st = gen_->take_speculation_stats();
     if (batch > 0)
-      switch_.observe(batch, speculate, st.decode_tokens, st.decode_ns);
+      switch_->observe(batch, cap, st.decode_tokens, st.decode_ns);
   }
   if (opts_.chunk_tokens > 0) {
     for (const auto& p : gen_->progress()) {

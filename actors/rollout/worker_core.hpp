@@ -167,7 +167,7 @@ private:
   std::unique_ptr<ml::policy_model> model_;
   class draft_adapter;
   std::unique_ptr<draft_adapter> drafts_;   ///< null with speculation off
-  speculation_switch switch_;
+  std::unique_ptr<speculation_switch> switch_; ///< null with speculation off
   std::unique_ptr<ml::generator> gen_;
   std::map<uint64_t, std::unique_ptr<rollout_state>> rollouts_; ///< by request id
   std::vector<uint64_t> pending_;                               ///< request ids to submit

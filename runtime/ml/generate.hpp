@@ -199,6 +199,8 @@ class generator {
   /// without). On by default when drafts are given. The load-aware switch of the rollout
   /// worker calls it.
   void set_speculating(bool on) noexcept { speculating_ = on; }
+  /// The longest draft of later steps, tokens; values below 1 read as 1.
+  void set_max_draft_tokens(std::int32_t k) noexcept { opts_.max_draft_tokens = k < 1 ? 1 : k; }
   bool speculating() const noexcept { return speculating_ && opts_.drafts != nullptr; }
   /// Reads and resets the speculation counters.
   speculation_stats take_speculation_stats() noexcept;

@@ -233,44 +233,53 @@ TEST_CASE("worker options carry rollout.speculative and the drafter settings") {
   CHECK(worker_options_from(cfg).speculative == speculation_mode::on);
 }
 
-TEST_CASE("the load-aware switch measures both modes per batch bucket and keeps the faster") {
+TEST_CASE("the load-aware switch measures every arm per batch bucket and keeps the fastest") {
   CHECK(speculation_switch::bucket(1) == 0);
   CHECK(speculation_switch::bucket(3) == 1);
   CHECK(speculation_switch::bucket(4) == 2);
   CHECK(speculation_switch::bucket(64) == 6);
-  speculation_switch sw(2, 4, 0.5);
-  // Warm-up: two steps with speculation, two without, in that order.
-  for (const bool expect : {true, true, false, false}) {
-    const bool on = sw.decide(1);
-    CHECK(on == expect);
-    // At batch 1 speculation emits 3 tokens per ms, plain decoding 1.
-    sw.observe(1, on, on ? 3 : 1, 1'000'000);
+  CHECK(speculation_switch(16).arms() == std::vector<int32_t>{0, 4, 8, 16});
+  CHECK(speculation_switch(2).arms() == std::vector<int32_t>{0, 1, 2});
+  CHECK(speculation_switch(1).arms() == std::vector<int32_t>{0, 1});
+  speculation_switch sw(8, 2, 4, 0.5);
+  // Warm-up: two steps per arm, the longest draft first, off last. At batch 1 drafts of up to
+  // 2 tokens emit 3 tokens per ms, up to 4: 2.5, up to 8: 2, off: 1.
+  const std::map<int32_t, int64_t> per_ms{{0, 1}, {2, 3}, {4, 25}, {8, 2}};
+  for (const int32_t expect : {8, 8, 4, 4, 2, 2, 0, 0}) {
+    const int32_t cap = sw.decide(1);
+    CHECK(cap == expect);
+    const int64_t tokens = cap == 4 ? 25 : per_ms.at(cap) * 10;
+    sw.observe(1, cap, tokens, 10'000'000);
   }
-  CHECK(sw.rate(0, true) == Approx(3000.0));
-  CHECK(sw.rate(0, false) == Approx(1000.0));
-  // Chosen: on, with every 4th decision re-trying off.
-  std::vector<bool> picks;
-  for (int i = 0; i < 8; ++i)
+  CHECK(sw.rate(0, 2) == Approx(3000.0));
+  CHECK(sw.rate(0, 4) == Approx(2500.0));
+  CHECK(sw.rate(0, 0) == Approx(1000.0));
+  // Chosen: up to 2, with every 4th decision re-trying another arm in turn (0, 4, 8, ...).
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 12; ++i)
     picks.push_back(sw.decide(1));
-  CHECK(picks == std::vector<bool>{true, true, true, false, true, true, true, false});
+  CHECK(picks == std::vector<int32_t>{2, 2, 2, 0, 2, 2, 2, 4, 2, 2, 2, 8});
   const auto log = sw.take_log();
   REQUIRE(log.size() == 1);
-  CHECK(log[0] == "speculation on at batch 1-1: 3000.0 tokens/s with drafts, 1000.0 without (2 and 2 steps measured)");
+  CHECK(log[0] == "speculation at batch 1-1: drafts of up to 2 tokens; tokens/s up to 8: 2000.0 (2 steps), "
+                  "up to 4: 2500.0 (2 steps), up to 2: 3000.0 (2 steps), off: 1000.0 (2 steps)");
   CHECK(sw.take_log().empty());
   // Batch 40 is its own bucket (32-63), where plain decoding wins; measurements move the
   // running mean by the smoothing weight.
-  for (int i = 0; i < 4; ++i) {
-    const bool on = sw.decide(40);
-    sw.observe(40, on, on ? 50 : 80, 1'000'000);
+  for (int i = 0; i < 8; ++i) {
+    const int32_t cap = sw.decide(40);
+    sw.observe(40, cap, cap == 0 ? 80 : 50, 1'000'000);
   }
-  CHECK_FALSE(sw.decide(40));
-  CHECK(sw.take_log().at(0).rfind("speculation off at batch 32-63", 0) == 0);
-  sw.observe(40, false, 40, 1'000'000);  // 0.5 * 80000 + 0.5 * 40000
-  CHECK(sw.rate(5, false) == Approx(60000.0));
-  sw.observe(40, false, 0, 1'000'000);   // ignored: no tokens
-  sw.observe(40, false, 10, 0);          // ignored: no time
-  CHECK(sw.rate(5, false) == Approx(60000.0));
-  CHECK_THROWS_AS(speculation_switch(0, 4, 0.5), std::invalid_argument);
-  CHECK_THROWS_AS(speculation_switch(1, 1, 0.5), std::invalid_argument);
-  CHECK_THROWS_AS(speculation_switch(1, 4, 0.0), std::invalid_argument);
+  CHECK(sw.decide(40) == 0);
+  CHECK(sw.take_log().at(0).rfind("speculation at batch 32-63: off;", 0) == 0);
+  sw.observe(40, 0, 40, 1'000'000); // 0.5 * 80000 + 0.5 * 40000
+  CHECK(sw.rate(5, 0) == Approx(60000.0));
+  sw.observe(40, 0, 0, 1'000'000); // ignored: no tokens
+  sw.observe(40, 0, 10, 0);        // ignored: no time
+  sw.observe(40, 3, 10, 1000);     // ignored: not an arm
+  CHECK(sw.rate(5, 0) == Approx(60000.0));
+  CHECK_THROWS_AS(speculation_switch(0), std::invalid_argument);
+  CHECK_THROWS_AS(speculation_switch(8, 0, 4, 0.5), std::invalid_argument);
+  CHECK_THROWS_AS(speculation_switch(8, 1, 1, 0.5), std::invalid_argument);
+  CHECK_THROWS_AS(speculation_switch(8, 1, 4, 0.0), std::invalid_argument);
 }
