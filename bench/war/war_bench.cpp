@@ -86,7 +86,9 @@ ml::named_tensors source_weights(const experiment_config& cfg) {
   const ml::model_dims dims = model_dims_from(cfg);
   if (!cfg.model.checkpoint.empty()) {
     const auto dir = ml::latest_checkpoint(cfg.model.checkpoint);
-    if (!dir) throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint);
+    if (!dir)
+      throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint +
+                               " (make it with `build/sorl sft CONFIG`, or run `build/sorl train CONFIG` once)");
     ml::policy_model m(dims, cfg.run.seed);
     ml::load_checkpoint(*dir, m.parameters());
     std::fprintf(stderr, "weights: %s\n", dir->string().c_str());
