@@ -73,7 +73,7 @@ namespace sorl {
   X(failed_rollouts, "failed_rollouts", rollout, count, "", "rollouts a worker could not serve (prompt does not fit, weights of another version, decoding error); never trained on") \
   X(reward_failures, "reward_failures", rollout, count, "", "rollouts whose scorer or environment threw or gave NaN / inf: out of their group's statistics and masked out of the loss") \
   X(replaced_requests, "replaced_requests", rollout, count, "", "rollouts the scheduler placed again on another worker because theirs was lost (peer_down, ARCHITECTURE.md §5)") \
-  X(spec_verify_steps, "spec_verify_steps", speculation, count, "", "decode steps that verified a draft, summed over the step's rollouts (every spec_ key: steps decoded with rollout.speculative on only)") \
+  X(spec_verify_steps, "spec_verify_steps", speculation, count, "", "decode steps that verified a draft, summed over the step's rollouts (every spec_ key: steps decoded with rollout.speculative on or auto only)") \
   X(spec_plain_steps, "spec_plain_steps", speculation, count, "", "decode steps without a draft, summed over the step's rollouts") \
   X(spec_drafted_tokens, "spec_drafted_tokens", speculation, count, "tokens", "draft tokens verified") \
   X(spec_accepted_tokens, "spec_accepted_tokens", speculation, count, "tokens", "of them, those the verification accepted") \
@@ -82,7 +82,7 @@ namespace sorl {
   X(spec_mean_accepted, "spec_mean_accepted", speculation, number, "tokens", "accepted draft tokens per verifying step: spec_accepted_tokens / spec_verify_steps (absent without a verifying step)") \
   X(spec_draft_us, "spec_draft_us", speculation, number, "µs", "mean time of a drafter call: the rollouts' drafter time / spec_draft_calls (absent without a call)") \
   X(spec_share, "spec_share", speculation, number, "", "share of decode steps that verified a draft: spec_verify_steps / (spec_verify_steps + spec_plain_steps)") \
-  X(spec_rate_with, "spec_rate_with", speculation, number, "tokens/s", "a rollout's own decoding speed in steps that verified a draft for it: tokens it emitted in them / their wall time, summed over the step's rollouts (absent without such a step)") \
+  X(spec_rate_with, "spec_rate_with", speculation, number, "tokens/s", "a rollout's own decoding speed in steps that verified a draft for it: the tokens the step's rollouts emitted in such steps / the wall time of those steps summed over the rollouts (absent without such a step)") \
   X(spec_rate_without, "spec_rate_without", speculation, number, "tokens/s", "the same in decode steps without a draft (absent without such a step)") \
   X(refill_rounds, "refill_rounds", groups, count, "", "DAPO dynamic-sampling rounds that drew more prompts to replace zero-signal groups") \
   X(zero_signal_groups_rollout, "zero_signal_groups_rollout", groups, count, "", "generated groups whose rewards are all equal (no advantage signal)") \

@@ -7,6 +7,11 @@
 
 namespace sorl::rollout {
 
+namespace {
+// Relative margin by which another arm must beat the current choice to replace it.
+constexpr double hysteresis = 0.05;
+} // namespace
+
 speculation_switch::speculation_switch(std::int32_t max_draft, int warmup, int explore_every, double smoothing)
     : warmup_(warmup), explore_every_(explore_every), smoothing_(smoothing) {
   if (max_draft < 1 || warmup < 1 || explore_every < 2 || !(smoothing > 0 && smoothing <= 1))
@@ -60,6 +65,11 @@ std::int32_t speculation_switch::decide(std::int64_t batch) {
   int best = 0;
   for (std::size_t a = 1; a < arms_.size(); ++a)
     if (s.rate[a] > s.rate[static_cast<std::size_t>(best)]) best = static_cast<int>(a);
+  // Keep the current choice unless another arm is clearly faster: per-step rates are noisy,
+  // and flapping between near-equal arms only fills the log.
+  if (s.chosen >= 0 && best != s.chosen &&
+      s.rate[static_cast<std::size_t>(best)] < (1 + hysteresis) * s.rate[static_cast<std::size_t>(s.chosen)])
+    best = s.chosen;
   if (best != s.chosen) {
     std::string rates;
     for (std::size_t a = arms_.size(); a-- > 0;)

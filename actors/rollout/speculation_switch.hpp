@@ -9,9 +9,10 @@
 // model, the machine and the text, so the switch measures instead of assuming: its arms are
 // "off" and a few draft caps (the configured longest draft, a half and a quarter of it), and
 // per batch-size bucket (1, 2-3, 4-7, ...: powers of two) it keeps a running mean of decoded
-// tokens per second for each arm, tries each a few times, then uses the fastest, and re-tries
-// the others in turn every `explore_every` decisions in the bucket so that a changing workload
-// (acceptance falls as text changes) moves the choice. Pure logic: the clock and the counts
+// tokens per second for each arm, tries each a few times, then uses the fastest (a new choice
+// must beat the current one by 5 %, so noise does not flip it), and re-tries the others in
+// turn every `explore_every` decisions in the bucket so that a changing workload (acceptance
+// falls as text changes) moves the choice. Pure logic: the clock and the counts
 // come from the caller.
 
 #include <cstdint>

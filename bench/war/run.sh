@@ -15,8 +15,11 @@
 #    decode step.
 # 3. Times rollouts of the same workload with speculation off / on / auto at each batch size
 #    (default 1,4,16,64), with the global tree warmed by earlier responses.
-# Needs build/bench/war/war_bench (scripts/build) and the config's model (its warm start, or
-# scripts/fetch-model for a Hugging Face one).
+# Needs build/bench/war/war_bench (scripts/build) and the config's model: for the default
+# configs/agent.toml its warm start (about 18 minutes: build/sorl sft configs/agent.toml);
+# --config configs/default.toml makes its own in about a minute on first use (run
+# build/sorl train configs/default.toml once) and gives a quick look; a Hugging Face model
+# comes from scripts/fetch-model.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 config=configs/agent.toml groups=100 group_size=4 batches=1,4,16,64 rollouts="" arctic=1
@@ -59,7 +62,9 @@ for name, f in (("sorl", "draft_sorl.json"), ("arctic-inference", "draft_arctic.
     p = os.path.join(out, f)
     if os.path.exists(p):
         j = json.load(open(p))
-        print(f"{name:<16}{j['us_per_call']:>9.2f}{j['us_per_call_p50']:>9.2f}{j['acceptance_rate']:>12.4f}"
+        acc = j['acceptance_rate']
+        acc = f"{acc:>12.4f}" if acc is not None else f"{'-':>12}"  # nothing proposed
+        print(f"{name:<16}{j['us_per_call']:>9.2f}{j['us_per_call_p50']:>9.2f}{acc}"
               f"{j['tokens_per_step']:>13.4f}{j['accepted']:>10}{j['proposed']:>10}")
 PY
 

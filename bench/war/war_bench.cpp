@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
@@ -54,11 +55,15 @@ using json = nlohmann::json;
 
 namespace {
 
-std::map<std::string, std::string> flags(int argc, char** argv, int from) {
+// Flags of one subcommand: --key value pairs, every key among `known` (a typo is an error, not
+// a silently ignored option).
+std::map<std::string, std::string> flags(int argc, char** argv, int from, const std::vector<std::string>& known) {
   std::map<std::string, std::string> out;
   for (int i = from; i < argc; ++i) {
-    std::string k = argv[i];
+    const std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --key value, got " + k);
+    if (std::find(known.begin(), known.end(), k.substr(2)) == known.end())
+      throw std::invalid_argument("unknown option " + k);
     out[k.substr(2)] = argv[++i];
   }
   return out;
@@ -67,6 +72,33 @@ std::map<std::string, std::string> flags(int argc, char** argv, int from) {
 std::string flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& dflt) {
   const auto it = f.find(k);
   return it == f.end() ? dflt : it->second;
+}
+
+// A whole decimal integer in [lo, hi]; anything else names the option and the value.
+long long integer(const std::string& name, const std::string& text, long long lo, long long hi) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < lo || v > hi)
+    throw std::invalid_argument(fmt::format("--{} {}: expected an integer in [{}, {}]", name, text, lo, hi));
+  return v;
+}
+
+double number(const std::string& name, const std::string& text, double lo, double hi) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(v >= lo && v <= hi))
+    throw std::invalid_argument(fmt::format("--{} {}: expected a number in [{}, {}]", name, text, lo, hi));
+  return v;
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -88,7 +120,8 @@ ml::named_tensors source_weights(const experiment_config& cfg) {
     const auto dir = ml::latest_checkpoint(cfg.model.checkpoint);
     if (!dir)
       throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint +
-                               " (make it with `build/sorl sft CONFIG`, or run `build/sorl train CONFIG` once)");
+                               " (make it with `build/sorl sft` on this config; bench/war/run.sh says how long "
+                               "that takes for configs/agent.toml, and --config configs/default.toml is quicker)");
     ml::policy_model m(dims, cfg.run.seed);
     ml::load_checkpoint(*dir, m.parameters());
     std::fprintf(stderr, "weights: %s\n", dir->string().c_str());
@@ -132,9 +165,9 @@ rollout::rollout_request request(const experiment_config& cfg, std::uint64_t id,
 }
 
 int record(const experiment_config& cfg, const std::string& out_path, const std::map<std::string, std::string>& f) {
-  const auto groups = std::stoull(flag(f, "groups", "32"));
-  const auto g = static_cast<std::uint32_t>(std::stoul(flag(f, "group-size", "4")));
-  const auto first = std::stoull(flag(f, "first", "0"));
+  const auto groups = static_cast<std::uint64_t>(integer("groups", flag(f, "groups", "32"), 1, 1'000'000));
+  const auto g = static_cast<std::uint32_t>(integer("group-size", flag(f, "group-size", "4"), 1, 4096));
+  const auto first = static_cast<std::uint64_t>(integer("first", flag(f, "first", "0"), 0, 1ll << 40));
   rollout::worker_options o = rollout::worker_options_from(cfg);
   o.speculative = rollout::speculation_mode::off;
   auto w = make_worker(cfg, source_weights(cfg), o);
@@ -174,19 +207,33 @@ int record(const experiment_config& cfg, const std::string& out_path, const std:
 
 int draft(const std::string& path, const std::map<std::string, std::string>& f) {
   suffix_index::drafter_options o;
-  o.max_depth = std::stoi(flag(f, "max-depth", "32"));
-  o.draft.max_tokens = std::stoi(flag(f, "max-spec-tokens", "16"));
-  o.draft.spec_factor = std::stod(flag(f, "spec-factor", "1.0"));
-  o.draft.min_token_prob = std::stod(flag(f, "min-token-prob", "0.1"));
-  o.global_bytes = std::stoull(flag(f, "global-bytes", std::to_string(std::size_t{1} << 30)));
+  o.max_depth = static_cast<std::int32_t>(integer("max-depth", flag(f, "max-depth", "32"), 2, 256));
+  o.draft.max_tokens = static_cast<std::int32_t>(integer("max-spec-tokens", flag(f, "max-spec-tokens", "16"), 1, 256));
+  o.draft.spec_factor = number("spec-factor", flag(f, "spec-factor", "1.0"), 0.0, 64.0);
+  o.draft.min_token_prob = number("min-token-prob", flag(f, "min-token-prob", "0.1"), 0.0, 1.0);
+  o.global_bytes = static_cast<std::size_t>(
+      integer("global-bytes", flag(f, "global-bytes", std::to_string(std::size_t{1} << 30)), 0, 1ll << 40));
+  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error(path + ": not a readable file");
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);
   std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>> lines;
+  std::size_t lineno = 0;
   for (std::string line; std::getline(in, line);) {
+    ++lineno;
     if (line.empty()) continue;
-    const json j = json::parse(line);
-    lines.emplace_back(j.at("prompt").get<std::vector<std::int32_t>>(), j.at("response").get<std::vector<std::int32_t>>());
+    try {
+      const json j = json::parse(line);
+      auto prompt = j.at("prompt").get<std::vector<std::int32_t>>();
+      auto resp = j.at("response").get<std::vector<std::int32_t>>();
+      for (const auto* v : {&prompt, &resp})
+        for (const std::int32_t t : *v)
+          if (t < 0) throw std::invalid_argument(fmt::format("negative token id {}", t));
+      lines.emplace_back(std::move(prompt), std::move(resp));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}:{}: {}", path, lineno, e.what()));
+    }
   }
+  if (lines.empty()) throw std::runtime_error(path + ": no trajectories");
   suffix_index::suffix_drafter dr(o);
   std::int64_t calls = 0, skipped = 0, proposed = 0, accepted = 0, steps = 0, tokens = 0;
   std::vector<std::int64_t> ns;
@@ -231,7 +278,7 @@ int draft(const std::string& path, const std::map<std::string, std::string>& f) 
          {"us_per_call_p50", sorted.empty() ? 0.0 : static_cast<double>(sorted[sorted.size() / 2]) / 1000.0},
          {"proposed", proposed},
          {"accepted", accepted},
-         {"acceptance_rate", proposed ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0},
+         {"acceptance_rate", proposed ? json(static_cast<double>(accepted) / static_cast<double>(proposed)) : json()},
          {"steps", steps},
          {"tokens_per_step", steps ? static_cast<double>(tokens) / static_cast<double>(steps) : 0.0},
          {"mean_accepted_per_call", calls ? static_cast<double>(accepted) / static_cast<double>(calls) : 0.0},
@@ -290,17 +337,32 @@ double median(std::vector<double> v) {
 }
 
 int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f) {
-  const auto weights = source_weights(cfg);
-  const auto warm = std::stoull(flag(f, "warm", "32"));
-  const int repeats = std::stoi(flag(f, "repeats", "3"));
+  const auto warm = static_cast<std::uint64_t>(integer("warm", flag(f, "warm", "32"), 0, 1'000'000));
+  const int repeats = static_cast<int>(integer("repeats", flag(f, "repeats", "3"), 1, 100));
   const auto modes = split(flag(f, "modes", "off,on,auto"));
   if (modes.empty() || modes[0] != "off") throw std::invalid_argument("--modes must start with off (the baseline)");
+  for (std::size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i] != "off" && modes[i] != "on" && modes[i] != "auto")
+      throw std::invalid_argument("--modes: unknown mode \"" + modes[i] + "\" (off, on, auto)");
+    if (std::find(modes.begin(), modes.begin() + static_cast<std::ptrdiff_t>(i), modes[i]) !=
+        modes.begin() + static_cast<std::ptrdiff_t>(i))
+      throw std::invalid_argument("--modes: " + modes[i] + " given twice");
+  }
+  std::vector<long long> batches;
+  for (const auto& bs : split(flag(f, "batches", "1,4,16,64"))) batches.push_back(integer("batches", bs, 1, 4096));
+  if (f.count("rollouts")) integer("rollouts", f.at("rollouts"), 1, 1'000'000);
+  std::ofstream json_out;
+  if (f.count("json")) {
+    json_out.open(f.at("json"));
+    if (!json_out) throw std::runtime_error("--json " + f.at("json") + ": cannot write");
+  }
+  const auto weights = source_weights(cfg);
   std::printf("%6s %5s %10s %8s %9s %10s %9s %8s\n", "batch", "mode", "tokens/s", "speedup", "accepted",
               "mean_acc", "spec_share", "wall_s");
   json rows = json::array();
-  for (const auto& bs : split(flag(f, "batches", "1,4,16,64"))) {
-    const auto b = std::stoll(bs);
-    const auto n = std::stoull(flag(f, "rollouts", std::to_string(std::max<long long>(4 * b, 64))));
+  for (const long long b : batches) {
+    const auto n = static_cast<std::uint64_t>(
+        integer("rollouts", flag(f, "rollouts", std::to_string(std::max<long long>(4 * b, 64))), 1, 1'000'000));
     // Rounds of every mode in turn, so that a slow spell of the machine hits all modes alike;
     // the speed-up is the median of the rounds' ratios to that round's "off".
     std::map<std::string, std::vector<double>> rate, ratio, wall;
@@ -330,29 +392,45 @@ int throughput(const experiment_config& cfg, const std::map<std::string, std::st
     }
     std::fflush(stdout);
   }
-  if (f.count("json")) std::ofstream(f.at("json")) << rows.dump(1) << '\n';
+  if (json_out.is_open()) json_out << rows.dump(1) << '\n';
   return 0;
 }
 
 }  // namespace
 
+const char* usage =
+    "usage: war_bench record CONFIG OUT.jsonl [--groups N] [--group-size G] [--first N]\n"
+    "       war_bench draft TRAJ.jsonl [--max-depth 32] [--max-spec-tokens 16] [--spec-factor 1]\n"
+    "                 [--min-token-prob 0.1] [--global-bytes 1073741824]\n"
+    "       war_bench throughput CONFIG [--batches 1,4,16,64] [--modes off,on,auto] [--rollouts N]\n"
+    "                 [--warm 32] [--repeats 3] [--json FILE]\n"
+    "(bench/war/war_bench.cpp explains each figure)\n";
+
 int main(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  const bool known = cmd == "record" || cmd == "draft" || cmd == "throughput";
+  if (!known || argc < (cmd == "record" ? 4 : 3)) {
+    if (!cmd.empty() && !known) std::fprintf(stderr, "war_bench: unknown command '%s'\n", cmd.c_str());
+    else if (!cmd.empty()) std::fprintf(stderr, "war_bench %s: missing arguments\n", cmd.c_str());
+    std::fputs(usage, stderr);
+    return 2;
+  }
   try {
-    if (argc < 3) {
-      std::fprintf(stderr, "usage: war_bench record CONFIG OUT.jsonl [...] | draft TRAJ.jsonl [...] | "
-                           "throughput CONFIG [...]\n");
-      return 2;
-    }
     at::set_num_threads(1);
-    const std::string cmd = argv[1];
-    if (cmd == "draft") return draft(argv[2], flags(argc, argv, 3));
+    if (cmd == "draft")
+      return draft(argv[2], flags(argc, argv, 3, {"max-depth", "max-spec-tokens", "spec-factor", "min-token-prob",
+                                                  "global-bytes"}));
+    const auto f = cmd == "record" ? flags(argc, argv, 4, {"groups", "group-size", "first"})
+                                   : flags(argc, argv, 3, {"batches", "modes", "rollouts", "warm", "repeats", "json"});
     const experiment_config cfg = load_config(argv[2], role_names(builtin_roles()));
-    if (cmd == "record") {
-      if (argc < 4) throw std::invalid_argument("record CONFIG OUT.jsonl");
-      return record(cfg, argv[3], flags(argc, argv, 4));
-    }
-    if (cmd == "throughput") return throughput(cfg, flags(argc, argv, 3));
-    std::fprintf(stderr, "unknown command %s\n", cmd.c_str());
+    if (cmd == "record") return record(cfg, argv[3], f);
+    return throughput(cfg, f);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "war_bench: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "war_bench: %s\n", e.what());
