@@ -349,16 +349,16 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   st.logprobs.insert(st.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
   ++st.turns;
   auto& sc = st.speculation;
-  sc.verify_steps += static_cast<uint32_t>(g.verify_steps);
-  sc.plain_steps += static_cast<uint32_t>(g.plain_steps);
-  sc.drafted_tokens += static_cast<uint32_t>(g.drafted_tokens);
-  sc.accepted_tokens += static_cast<uint32_t>(g.accepted_tokens);
-  sc.draft_calls += static_cast<uint32_t>(g.draft_calls);
-  sc.draft_ns += static_cast<uint64_t>(g.draft_ns);
-  sc.verify_tokens += static_cast<uint32_t>(g.verify_tokens);
-  sc.verify_ns += static_cast<uint64_t>(g.verify_ns);
-  sc.plain_tokens += static_cast<uint32_t>(g.plain_tokens);
-  sc.plain_ns += static_cast<uint64_t>(g.plain_ns);
+  sc.verify_steps += static_cast<uint32_t>(g.speculation.verify_steps);
+  sc.plain_steps += static_cast<uint32_t>(g.speculation.plain_steps);
+  sc.drafted_tokens += static_cast<uint32_t>(g.speculation.drafted_tokens);
+  sc.accepted_tokens += static_cast<uint32_t>(g.speculation.accepted_tokens);
+  sc.draft_calls += static_cast<uint32_t>(g.speculation.draft_calls);
+  sc.draft_ns += static_cast<uint64_t>(g.speculation.draft_ns);
+  sc.verify_tokens += static_cast<uint32_t>(g.speculation.verify_tokens);
+  sc.verify_ns += static_cast<uint64_t>(g.speculation.verify_ns);
+  sc.plain_tokens += static_cast<uint32_t>(g.speculation.plain_tokens);
+  sc.plain_ns += static_cast<uint64_t>(g.speculation.plain_ns);
   std::vector<int32_t> body = g.tokens;
   if (g.reason == ml::finish_reason::eos && !body.empty())
     body.pop_back();

@@ -41,15 +41,17 @@ void suffix_drafter::advance_global(sample_state& s, std::int32_t token) {
   if (s.recent.size() == depth) s.recent.erase(s.recent.begin());
   s.recent.push_back(token);
   if (!global_) return;
-  if (s.epoch != global_epoch()) {
-    // An eviction may have freed the cursor's node, or an added response allows a
-    // deeper match: match the recent tokens afresh.
-    s.cursor = suffix_tree::root;
-    for (const std::int32_t t : s.recent) s.cursor = global_->advance(s.cursor, t);
-    s.epoch = global_epoch();
-  } else {
-    s.cursor = global_->advance(s.cursor, token);
-  }
+  if (!rematch_if_stale(s)) s.cursor = global_->advance(s.cursor, token);
+}
+
+bool suffix_drafter::rematch_if_stale(sample_state& s) {
+  if (s.epoch == global_epoch()) return false;
+  // An eviction may have freed the cursor's node, or an added response allows a deeper
+  // match: match the recent tokens afresh.
+  s.cursor = suffix_tree::root;
+  for (const std::int32_t t : s.recent) s.cursor = global_->advance(s.cursor, t);
+  s.epoch = global_epoch();
+  return true;
 }
 
 void suffix_drafter::start(std::uint64_t group, std::int64_t sample, const std::int32_t* prompt, std::size_t n) {
@@ -90,7 +92,6 @@ void suffix_drafter::extend(std::uint64_t group, std::int64_t sample, const std:
     if (tokens[i] < 0) throw std::invalid_argument(fmt::format("suffix_drafter: negative token {}", tokens[i]));
     if (opts_.group_trees) g->tree.append(sample + 1, tokens[i]);
     if (global_) global_->append(s.global_seq, tokens[i]);
-    s.response.push_back(tokens[i]);
     advance_global(s, tokens[i]);
   }
 }
@@ -107,11 +108,7 @@ const draft& suffix_drafter::propose(std::uint64_t group, std::int64_t sample, s
   if (opts_.group_trees) g->tree.best_draft(g->tree.tail(sample + 1), p, group_draft_);
   const draft* best = &group_draft_;
   if (global_) {
-    if (s.epoch != global_epoch()) {
-      s.cursor = suffix_tree::root;
-      for (const std::int32_t t : s.recent) s.cursor = global_->advance(s.cursor, t);
-      s.epoch = global_epoch();
-    }
+    rematch_if_stale(s);
     global_->best_draft(s.cursor, p, global_draft_);
     if (global_draft_.score > group_draft_.score) {
       best = &global_draft_;
@@ -126,7 +123,7 @@ void suffix_drafter::finish(std::uint64_t group, std::int64_t sample, bool keep)
   const auto it = samples_.find({group, sample});
   if (it == samples_.end()) return;
   if (global_) {
-    if (keep && !it->second.response.empty()) {
+    if (keep && global_->sequence_length(it->second.global_seq) > 0) {
       fifo_.push_back(it->second.global_seq);
       evict();
     } else {

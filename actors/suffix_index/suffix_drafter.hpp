@@ -102,7 +102,6 @@ class suffix_drafter {
 
  private:
   struct sample_state {
-    std::vector<std::int32_t> response;   // extend()'s tokens
     std::vector<std::int32_t> recent;     // the last max_depth context tokens, for re-matching
     node_id cursor = suffix_tree::root;   // global tree match state
     std::uint64_t epoch = 0;              // global_epoch() the cursor is valid for
@@ -116,6 +115,8 @@ class suffix_drafter {
   };
   sample_state& find(std::uint64_t group, std::int64_t sample, group_state** g);
   void advance_global(sample_state& s, std::int32_t token);
+  /// Re-derives a stale global cursor from the recent tokens; true when it did.
+  bool rematch_if_stale(sample_state& s);
   void evict();
   // Changes whenever a cursor may be stale or too shallow: a node freed, or add_response.
   std::uint64_t global_epoch() const noexcept { return global_->removal_epoch() + added_; }

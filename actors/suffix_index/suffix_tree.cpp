@@ -230,6 +230,7 @@ void suffix_tree::append(seq_id id, std::int32_t token) {
                ? nodes_[static_cast<std::size_t>(shorter)].link
                : shorter;
   s.tokens.push_back(token);
+  ++seq_tokens_;
 }
 
 void suffix_tree::add_sequence(seq_id id, const std::int32_t* tokens, std::size_t n) {
@@ -238,7 +239,7 @@ void suffix_tree::add_sequence(seq_id id, const std::int32_t* tokens, std::size_
 }
 
 void suffix_tree::close_sequence(seq_id id) {
-  seq(id);
+  seq_tokens_ -= seq(id).tokens.size();
   seqs_.erase(id);
 }
 
@@ -274,6 +275,7 @@ void suffix_tree::remove_sequence(seq_id id) {
       if (was_head) recompute_head(parent);
     }
   }
+  seq_tokens_ -= n;
   seqs_.erase(id);
   if (freed) ++removal_epoch_;
 }
@@ -334,9 +336,9 @@ void suffix_tree::best_draft(node_id cursor, const draft_params& p, draft& out) 
 }
 
 std::size_t suffix_tree::live_bytes() const noexcept {
-  std::size_t b = (live_nodes_ - 1) * (sizeof(node) + 2 * edge_table::slot_bytes);
-  for (const auto& [id, s] : seqs_) b += s.tokens.size() * sizeof(std::int32_t) + sizeof(sequence);
-  return b;
+  // O(1): the drafter checks it after every finished response.
+  return (live_nodes_ - 1) * (sizeof(node) + 2 * edge_table::slot_bytes) + seq_tokens_ * sizeof(std::int32_t) +
+         seqs_.size() * sizeof(sequence);
 }
 
 }  // namespace sorl::suffix_index

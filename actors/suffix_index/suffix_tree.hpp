@@ -171,6 +171,7 @@ class suffix_tree {
   std::unique_ptr<edge_table> edges_;
   std::unordered_map<seq_id, sequence> seqs_;
   std::vector<node_id> chain_;  // scratch of append
+  std::size_t seq_tokens_ = 0;  // tokens held by seqs_, for live_bytes
   std::uint64_t removal_epoch_ = 0;
 };
 

@@ -30,6 +30,7 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "actors/rollout/worker_core.hpp"
+#include "actors/sagc/timing.hpp"
 #include "actors/suffix_index/suffix_drafter.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/checkpoint.hpp"
@@ -267,15 +268,13 @@ int draft(const std::string& path, const std::map<std::string, std::string>& f) 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   std::int64_t total = 0;
   for (const auto x : ns) total += x;
-  std::vector<std::int64_t> sorted = ns;
-  std::sort(sorted.begin(), sorted.end());
   const auto stats = dr.take_stats();
   json j{{"trajectories", lines.size()},
          {"tokens", tokens},
          {"calls", calls},
          {"skipped_calls", skipped},
          {"us_per_call", calls ? static_cast<double>(total) / static_cast<double>(calls) / 1000.0 : 0.0},
-         {"us_per_call_p50", sorted.empty() ? 0.0 : static_cast<double>(sorted[sorted.size() / 2]) / 1000.0},
+         {"us_per_call_p50", ns.empty() ? 0.0 : static_cast<double>(sagc::nearest_rank_percentile(ns, 50)) / 1000.0},
          {"proposed", proposed},
          {"accepted", accepted},
          {"acceptance_rate", proposed ? json(static_cast<double>(accepted) / static_cast<double>(proposed)) : json()},
@@ -331,10 +330,8 @@ measured measure(const experiment_config& cfg, const ml::named_tensors& weights,
   return m;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+// The middle of a mode's rounds (nearest rank, as the step metrics' percentiles).
+double median(std::vector<double> v) { return sagc::nearest_rank_percentile(std::move(v), 50); }
 
 int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f) {
   const auto warm = static_cast<std::uint64_t>(integer("warm", flag(f, "warm", "32"), 0, 1'000'000));

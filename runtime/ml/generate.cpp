@@ -35,10 +35,7 @@ struct generator::sample {
   std::vector<std::int32_t> tokens;
   std::vector<float> logprobs;
   bool drafting = false;       // started in the draft source
-  std::int64_t drafted = 0;    // draft tokens verified
-  std::int64_t accepted = 0;   // of them, emitted
-  std::int64_t verify_steps = 0, plain_steps = 0, draft_calls = 0, draft_ns = 0;
-  std::int64_t verify_tokens = 0, verify_ns = 0, plain_tokens = 0, plain_ns = 0;
+  sample_speculation spec;     // what speculation did for it, returned with the result
 
   sample(std::shared_ptr<request> r, std::int64_t i, seq_id s)
       : req(std::move(r)), index(i), seq(s), rng(req->params.seed, static_cast<std::uint64_t>(i)) {}
@@ -176,16 +173,7 @@ generation_result generator::finish(sample& s, finish_reason reason) {
     opts_.drafts->finish(s.req->id, s.index, reason != finish_reason::abort);
     s.drafting = false;
   }
-  r.drafted_tokens = s.drafted;
-  r.accepted_tokens = s.accepted;
-  r.verify_steps = s.verify_steps;
-  r.plain_steps = s.plain_steps;
-  r.draft_calls = s.draft_calls;
-  r.draft_ns = s.draft_ns;
-  r.verify_tokens = s.verify_tokens;
-  r.verify_ns = s.verify_ns;
-  r.plain_tokens = s.plain_tokens;
-  r.plain_ns = s.plain_ns;
+  r.speculation = s.spec;
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
@@ -225,8 +213,8 @@ std::vector<generation_result> generator::step() {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       spec_.draft_ns += ns;
       ++spec_.draft_calls;
-      live_[i]->draft_ns += ns;
-      ++live_[i]->draft_calls;
+      live_[i]->spec.draft_ns += ns;
+      ++live_[i]->spec.draft_calls;
       std::vector<std::int32_t>& d = drafts[i];
       if (static_cast<std::int64_t>(d.size()) > allowed) d.resize(static_cast<std::size_t>(allowed));
       const auto bad = std::find_if(d.begin(), d.end(), [&](std::int32_t t) { return t < 0 || t >= vocab_size; });
@@ -347,16 +335,17 @@ std::vector<generation_result> generator::step() {
     if (draft != nullptr) {
       decode_emitted += static_cast<std::int64_t>(emitted);
       if (opts_.drafts != nullptr) {
-        ++(draft->empty() ? s->plain_steps : s->verify_steps);
-        (draft->empty() ? s->plain_tokens : s->verify_tokens) += static_cast<std::int64_t>(emitted);
-        (draft->empty() ? s->plain_ns : s->verify_ns) += step_ns;
+        sample_speculation& sp = s->spec;
+        ++(draft->empty() ? sp.plain_steps : sp.verify_steps);
+        (draft->empty() ? sp.plain_tokens : sp.verify_tokens) += static_cast<std::int64_t>(emitted);
+        (draft->empty() ? sp.plain_ns : sp.verify_ns) += step_ns;
       }
       if (!draft->empty()) {
         std::size_t accepted = 0;
         while (accepted < emitted && accepted < draft->size() && s->tokens[before + accepted] == (*draft)[accepted])
           ++accepted;
-        s->drafted += static_cast<std::int64_t>(draft->size());
-        s->accepted += static_cast<std::int64_t>(accepted);
+        s->spec.drafted_tokens += static_cast<std::int64_t>(draft->size());
+        s->spec.accepted_tokens += static_cast<std::int64_t>(accepted);
         spec_.drafted_tokens += static_cast<std::int64_t>(draft->size());
         spec_.accepted_tokens += static_cast<std::int64_t>(accepted);
         // Keep the KV of the accepted positions only: the cache holds every token but the

@@ -85,6 +85,19 @@ struct kv_reuse {
   parked_kv from = 0;
 };
 
+/// Speculative decoding of one sample.
+struct sample_speculation {
+  std::int64_t drafted_tokens = 0;   ///< draft tokens verified for this sample
+  std::int64_t accepted_tokens = 0;  ///< of them, emitted
+  std::int64_t verify_steps = 0;     ///< decode steps that verified a draft for it
+  std::int64_t plain_steps = 0;      ///< decode steps without one
+  std::int64_t draft_calls = 0;      ///< draft_source::draft calls for it
+  std::int64_t draft_ns = 0;         ///< time in those calls, ns
+  /// Tokens emitted in its verifying steps and those steps' wall time, ns; likewise in its
+  /// decode steps without a draft: its own decoding speed with and without speculation.
+  std::int64_t verify_tokens = 0, verify_ns = 0, plain_tokens = 0, plain_ns = 0;
+};
+
 /// One finished sample of a request.
 struct generation_result {
   std::uint64_t request_id = 0;
@@ -97,16 +110,7 @@ struct generation_result {
   /// prompt + tokens minus the last token (sampled, never fed): prompt_tokens + tokens.size()
   /// - 1 positions. The caller submits a continuation from it or release()s it.
   parked_kv parked = 0;
-  // Speculative decoding of this sample (all 0 without generator_options::drafts).
-  std::int64_t drafted_tokens = 0;   ///< draft tokens verified for this sample
-  std::int64_t accepted_tokens = 0;  ///< of them, emitted
-  std::int64_t verify_steps = 0;     ///< decode steps that verified a draft for it
-  std::int64_t plain_steps = 0;      ///< decode steps without one
-  std::int64_t draft_calls = 0;      ///< draft_source::draft calls for it
-  std::int64_t draft_ns = 0;         ///< time in those calls, ns
-  /// Tokens emitted in its verifying steps and those steps' wall time, ns; likewise in its
-  /// decode steps without a draft: its own decoding speed with and without speculation.
-  std::int64_t verify_tokens = 0, verify_ns = 0, plain_tokens = 0, plain_ns = 0;
+  sample_speculation speculation;  ///< all 0 without generator_options::drafts
 };
 
 /// Continuous-batching sampler over a policy_model.

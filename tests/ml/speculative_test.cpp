@@ -283,15 +283,15 @@ TEST_CASE("speculative generation emits the plain tokens with right wrong and ra
       CHECK(d.completed == 4);
       std::int64_t drafted = 0, accepted = 0;
       for (const auto& [k, r] : got) {
-        drafted += r.drafted_tokens;
-        accepted += r.accepted_tokens;
+        drafted += r.speculation.drafted_tokens;
+        accepted += r.speculation.accepted_tokens;
         // What the draft source saw is exactly what was emitted.
         CHECK(d.seen.at(k) == r.tokens);
         // Every token but the prefill's came from a verifying or a plain decode step, each
         // step timed.
-        CHECK(r.verify_tokens + r.plain_tokens == static_cast<std::int64_t>(r.tokens.size()) - 1);
-        CHECK((r.verify_steps == 0) == (r.verify_ns == 0));
-        CHECK((r.plain_steps == 0) == (r.plain_ns == 0));
+        CHECK(r.speculation.verify_tokens + r.speculation.plain_tokens == static_cast<std::int64_t>(r.tokens.size()) - 1);
+        CHECK((r.speculation.verify_steps == 0) == (r.speculation.verify_ns == 0));
+        CHECK((r.speculation.plain_steps == 0) == (r.speculation.plain_ns == 0));
       }
       CHECK(drafted == st.drafted_tokens);
       CHECK(accepted == st.accepted_tokens);
