@@ -90,6 +90,16 @@ struct SpeculationCounts {
   plainNs @9 :UInt64;         # those steps' wall time, summed, ns
 }
 
+# Where one rollout's prompt tokens came from, over all its turns (a turn's prompt is the
+# chat so far): the trainer sums these over a step for its prefix-cache metrics.
+struct PrefillCounts {
+  promptTokens @0 :UInt32;   # prompt tokens of its turns
+  cachedTokens @1 :UInt32;   # of them, not prefilled for it: parked KV of its previous turn,
+                             # prefix-cache hits, a group prompt a sibling prefilled
+  evictedBlocks @2 :UInt32;  # prefix-cache blocks the worker evicted since the previous
+                             # rollout it finished
+}
+
 # A finished rollout: everything the learner needs, plus the facts that metrics report.
 struct Trajectory {
   requestId @0 :UInt64;
@@ -114,6 +124,7 @@ struct Trajectory {
   replacedFrom @18 :Text;           # the request's replacedFrom: the lost worker it was
                                     # placed on before this one; empty if it was not re-placed
   speculation @19 :SpeculationCounts; # unset (all 0) with speculative decoding off
+  prefill @20 :PrefillCounts;       # unset (all 0) from a sender that predates it
 }
 
 # Trainer → scheduler → rollout workers: stop these rollouts now and free their KV cache

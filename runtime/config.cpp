@@ -796,6 +796,7 @@ void parse_sync(table_reader& r, sync_config& c) {
 void parse_rollout(table_reader& r, rollout_config& c) {
   r.integer("max_batch", c.max_batch, 1, 1 << 20);
   r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20);
+  r.integer("prefix_cache_bytes", c.prefix_cache_bytes, 0, 1ll << 40);
   r.choice("speculative", c.speculative, {"off", "on", "auto"});
   r.integer("draft_max_tokens", c.draft_max_tokens, 1, 256);
   r.number("draft_min_token_prob", c.draft_min_token_prob, 0.0, 1.0);

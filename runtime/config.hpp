@@ -283,6 +283,11 @@ struct sync_config {
 struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
+  /// Prefix KV cache per worker, bytes of fp32 KV (runtime/ml/prefix_cache.hpp): whole
+  /// 16-token blocks of earlier prompts and finished turns of the current weights, reused
+  /// by later prompts that start the same way, least recently used evicted first; a weight
+  /// update drops it. 0 = off. 0..2^40.
+  int64_t prefix_cache_bytes = 256ll << 20;
   /// Suffix speculative decoding (ARCHITECTURE.md §6 WAR): "off"; "on" (drafts of up to
   /// draft_max_tokens); "auto" = per batch size, whichever of off and drafts of up to
   /// draft_max_tokens, half and a quarter of it measured fastest

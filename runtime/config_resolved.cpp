@@ -189,6 +189,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.table = "rollout";
   e.integer("max_batch", c.rollout.max_batch);
   e.integer("chunk_tokens", c.rollout.chunk_tokens);
+  e.integer("prefix_cache_bytes", c.rollout.prefix_cache_bytes);
   e.str("speculative", c.rollout.speculative);
   e.integer("draft_max_tokens", c.rollout.draft_max_tokens);
   e.number("draft_min_token_prob", c.rollout.draft_min_token_prob);

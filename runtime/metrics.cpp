@@ -39,6 +39,7 @@ const char* group_title(metric::group g) {
     case metric::group::group_control: return "group-size control";
     case metric::group::rollout: return "rollout";
     case metric::group::speculation: return "speculative decoding";
+    case metric::group::kv_cache: return "prefix cache and load";
     case metric::group::groups: return "groups (DAPO)";
     case metric::group::timing: return "timing";
     case metric::group::learner: return "learner loss";

@@ -84,6 +84,13 @@ namespace sorl {
   X(spec_share, "spec_share", speculation, number, "", "share of decode steps that verified a draft: spec_verify_steps / (spec_verify_steps + spec_plain_steps)") \
   X(spec_rate_with, "spec_rate_with", speculation, number, "tokens/s", "a rollout's own decoding speed in steps that verified a draft for it: the tokens the step's rollouts emitted in such steps / the wall time of those steps summed over the rollouts (absent without such a step)") \
   X(spec_rate_without, "spec_rate_without", speculation, number, "tokens/s", "the same in decode steps without a draft (absent without such a step)") \
+  X(prefix_hit_rate, "prefix_hit_rate", kv_cache, number, "", "prompt tokens served from cached KV (parked KV of a previous turn, prefix-cache hits, a group prompt a sibling prefilled) / prompt tokens, over the step's rollouts and their turns") \
+  X(prefill_tokens, "prefill_tokens", kv_cache, count, "tokens", "prompt tokens the workers computed: prompt tokens - cached ones") \
+  X(prefix_evictions, "prefix_evictions", kv_cache, count, "blocks", "prefix-cache blocks the workers evicted to stay within rollout.prefix_cache_bytes, as reported with the step's rollouts") \
+  X(episode_p50_s, "episode_p50_s", kv_cache, number, "s", "nearest-rank p50 of episode latency: a rollout's arrival at its worker to its last turn's end (queueing included), on the worker's clock") \
+  X(episode_p99_s, "episode_p99_s", kv_cache, number, "s", "nearest-rank p99 of the same") \
+  X(worker_load_max, "worker_load_max", kv_cache, number, "tokens", "the busiest worker's computed tokens in the step (prefill computed + sampled)") \
+  X(load_imbalance, "load_imbalance", kv_cache, number, "", "worker_load_max / the mean over the workers that ran rollouts of the step (1 = balanced)") \
   X(refill_rounds, "refill_rounds", groups, count, "", "DAPO dynamic-sampling rounds that drew more prompts to replace zero-signal groups") \
   X(zero_signal_groups_rollout, "zero_signal_groups_rollout", groups, count, "", "generated groups whose rewards are all equal (no advantage signal)") \
   X(trained_groups,   "trained_groups",   groups, count, "", "groups in the learner's batch") \
@@ -145,6 +152,7 @@ enum class group {
   group_control,
   rollout,
   speculation,
+  kv_cache,
   groups,
   timing,
   learner,

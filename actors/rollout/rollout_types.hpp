@@ -46,6 +46,25 @@ struct speculation_counts {
   }
 };
 
+/// Where one rollout's prompt tokens came from, over all its turns (mirrors
+/// msg::PrefillCounts; runtime/ml/generate.hpp generation_result::cached_tokens).
+struct prefill_counts {
+  uint32_t prompt_tokens = 0;  ///< prompt tokens of its turns (a turn's prompt is the chat so far)
+  /// Of them, not prefilled by it: parked KV of its previous turn, prefix-cache hits, and a
+  /// group prompt a sibling prefilled. prompt_tokens - cached_tokens were computed for it.
+  uint32_t cached_tokens = 0;
+  /// Prefix-cache blocks the worker evicted to stay within its budget since the previous
+  /// rollout it finished: summed over a step's rollouts, the step's evictions.
+  uint32_t evicted_blocks = 0;
+
+  prefill_counts& operator+=(const prefill_counts& o) {
+    prompt_tokens += o.prompt_tokens;
+    cached_tokens += o.cached_tokens;
+    evicted_blocks += o.evicted_blocks;
+    return *this;
+  }
+};
+
 /// One rollout to generate (mirrors msg::GenerateRequest).
 struct rollout_request {
   uint64_t request_id = 0;
@@ -103,6 +122,8 @@ struct rollout_result {
   /// Speculative decoding of this rollout, over all its turns (runtime/ml/generate.hpp);
   /// all 0 with rollout.speculative = "off".
   speculation_counts speculation;
+  /// Its prompt tokens and how many were served from cached KV.
+  prefill_counts prefill;
 };
 
 /// A RolloutEvent as read: the core's event plus what only the message carries.

@@ -1,5 +1,7 @@
 #include "actors/rollout/rollout_wire.hpp"
 
+#include <algorithm>
+
 #include "actors/rollout/request_sampling.hpp"
 
 namespace sorl::rollout {
@@ -197,6 +199,13 @@ envelope to_msg(const rollout_result& r, const std::string& worker, uint64_t ver
       s.setPlainTokens(r.speculation.plain_tokens);
       s.setPlainNs(r.speculation.plain_ns);
     }
+    // Likewise left unset when all 0 (a request that could not be served).
+    if (r.prefill.prompt_tokens != 0 || r.prefill.cached_tokens != 0 || r.prefill.evicted_blocks != 0) {
+      auto p = b.initPrefill();
+      p.setPromptTokens(r.prefill.prompt_tokens);
+      p.setCachedTokens(r.prefill.cached_tokens);
+      p.setEvictedBlocks(r.prefill.evicted_blocks);
+    }
   });
 }
 
@@ -235,6 +244,11 @@ trajectory_record from_msg(msg::Trajectory::Reader t) {
   r.speculation.verify_ns = s.getVerifyNs();
   r.speculation.plain_tokens = s.getPlainTokens();
   r.speculation.plain_ns = s.getPlainNs();
+  const auto p = t.getPrefill();
+  r.prefill.prompt_tokens = p.getPromptTokens();
+  // More cached tokens than prompt tokens is a malformed message; a rate above 1 would follow.
+  r.prefill.cached_tokens = std::min(p.getCachedTokens(), p.getPromptTokens());
+  r.prefill.evicted_blocks = p.getEvictedBlocks();
   rec.worker = t.getWorker();
   rec.weight_version = t.getWeightVersion();
   return rec;

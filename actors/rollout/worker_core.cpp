@@ -19,6 +19,7 @@ worker_options worker_options_from(const experiment_config& cfg) {
   o.max_batch = cfg.rollout.max_batch;
   o.chunk_tokens = cfg.rollout.chunk_tokens;
   const auto& r = cfg.rollout;
+  o.prefix_cache_bytes = r.prefix_cache_bytes;
   o.speculative = r.speculative == "on"     ? speculation_mode::on
                   : r.speculative == "auto" ? speculation_mode::automatic
                                             : speculation_mode::off;
@@ -88,6 +89,7 @@ struct worker_core::rollout_state {
   bool truncated = false;                  ///< the context filled up between turns
   bool live = false;                       ///< submitted to the generator
   speculation_counts speculation;          ///< summed over its turns
+  prefill_counts prefill;                  ///< summed over its turns
   /// Multi-turn, between turns: the generator's parked KV of `context` minus its last token,
   /// which the next turn continues from; released by finalize(). 0 = none.
   ml::parked_kv kv = 0;
@@ -107,6 +109,7 @@ worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_o
   model_ = std::make_unique<ml::policy_model>(ml::policy_model{dims, 0}.clone(c10::kBFloat16));
   ml::generator_options g;
   g.max_batch = opts_.max_batch;
+  g.prefix_cache_tokens = prefix_cache_tokens(dims, opts_.prefix_cache_bytes);
   if (opts_.speculative != speculation_mode::off) {
     drafts_ = std::make_unique<draft_adapter>(opts_.drafter);
     g.drafts = drafts_.get();
@@ -157,8 +160,24 @@ void worker_core::weights_changed() {
   if (!rollouts_.empty())
     throw std::logic_error("worker_core: weights changed with rollouts in flight");
   // KV computed under the old weights must never be continued under the new ones.
-  gen_->release_all_parked();
+  gen_->set_weights_version(++weights_version_);
   model_->refresh_compute_weights();
+}
+
+int64_t worker_core::prefix_cache_tokens(const ml::model_dims& dims, int64_t bytes) {
+  const int64_t per_token = dims.n_layers * 2 * dims.n_kv_heads * dims.head_dim() * 4;
+  return per_token > 0 ? bytes / per_token : 0;
+}
+
+ml::prefill_stats worker_core::take_prefill_stats() {
+  absorb_prefill_stats();
+  return std::exchange(prefill_, {});
+}
+
+int64_t worker_core::absorb_prefill_stats() {
+  const ml::prefill_stats now = gen_->take_prefill_stats();
+  prefill_ += now;
+  return now.evicted_blocks;
 }
 
 void worker_core::enqueue(const rollout_request& r) {
@@ -359,6 +378,8 @@ bool worker_core::finish_turn(rollout_state& st, const ml::generation_result& g)
   sc.verify_ns += static_cast<uint64_t>(g.speculation.verify_ns);
   sc.plain_tokens += static_cast<uint32_t>(g.speculation.plain_tokens);
   sc.plain_ns += static_cast<uint64_t>(g.speculation.plain_ns);
+  st.prefill.prompt_tokens += static_cast<uint32_t>(g.prompt_tokens);
+  st.prefill.cached_tokens += static_cast<uint32_t>(g.cached_tokens);
   std::vector<int32_t> body = g.tokens;
   if (g.reason == ml::finish_reason::eos && !body.empty())
     body.pop_back();
@@ -434,6 +455,9 @@ rollout_result worker_core::finalize(rollout_state& st, ml::finish_reason reason
   r.finish = reason;
   r.turns = st.turns;
   r.speculation = st.speculation;
+  r.prefill = st.prefill;
+  // Evictions since the previous finished rollout ride on this one.
+  r.prefill.evicted_blocks = static_cast<uint32_t>(absorb_prefill_stats());
   r.start_ns = st.start_ns;
   r.end_ns = opts_.clock();
   events_.push_back({st.req.request_id, st.req.step, st.req.group_id, event_kind::finish,
@@ -501,6 +525,10 @@ std::vector<rollout_result> worker_core::abort(const std::vector<uint64_t>& requ
 
 int64_t worker_core::kv_blocks_in_use() const {
   return gen_->cache().blocks_in_use();
+}
+
+int64_t worker_core::prefix_cached_blocks() const {
+  return gen_->prefixes() ? gen_->prefixes()->cached_blocks() : 0;
 }
 
 std::vector<rollout_event> worker_core::take_events() {

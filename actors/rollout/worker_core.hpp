@@ -56,11 +56,16 @@ struct worker_options {
   /// A chunk event every this many generated tokens of a rollout (and at every turn end),
   /// so the SAGC controller sees long rollouts while they run; 0 = only at turn ends.
   int64_t chunk_tokens = 16;
+  /// Prefix KV cache of the worker's generator (runtime/ml/prefix_cache.hpp), bytes of KV:
+  /// prompts that start like an earlier prompt or finished turn of the same weights prefill
+  /// only the rest. 0 = off.
+  int64_t prefix_cache_bytes = 256ll << 20;
   clock_fn clock;           ///< default: std::chrono::steady_clock
 };
 
 /// The worker's options from a loaded (validated) experiment: `[rollout] max_batch`,
-/// `chunk_tokens`, `speculative` and the draft_* / suffix_* keys; the clock stays the default.
+/// `chunk_tokens`, `prefix_cache_bytes`, `speculative` and the draft_* / suffix_* keys; the
+/// clock stays the default.
 worker_options worker_options_from(const experiment_config& cfg);
 
 /// Owns the rollout copy of the policy (bf16 weights), a generator and the task. Called on
@@ -77,9 +82,16 @@ public:
   /// The rollout weights; the sync path writes into parameters() in place, then calls
   /// weights_changed(). Never change weights while rollouts are in flight.
   ml::policy_model& model();
-  /// Frees any parked KV (computed under the old weights) and rebuilds the model's compute
-  /// image. Raises std::logic_error while rollouts are in flight.
+  /// Frees any parked KV and drops the prefix cache (both computed under the old weights: the
+  /// generator's weight version advances) and rebuilds the model's compute image. Raises
+  /// std::logic_error while rollouts are in flight.
   void weights_changed();
+
+  /// Prefix KV cache budget in tokens: prefix_cache_bytes over the fp32 KV bytes of one
+  /// token of `dims` (n_layers × 2 × n_kv_heads × head_dim × 4).
+  static int64_t prefix_cache_tokens(const ml::model_dims& dims, int64_t bytes);
+  /// The generator's prefill counters since the last call (runtime/ml/generate.hpp).
+  ml::prefill_stats take_prefill_stats();
 
   /// Queues a rollout and emits its start event. Siblings queued before the next step() are
   /// prefilled once. A request that cannot be served (its prompt does not fit max_seq, an
@@ -111,8 +123,11 @@ public:
   /// so that never takes a rollout it still waits for. Unknown ids are ignored.
   std::vector<rollout_result> abort(const std::vector<uint64_t>& request_ids);
 
-  /// KV cache blocks referenced by live sequences (0 when nothing is decoding).
+  /// KV cache blocks referenced by live or parked sequences or by the prefix cache (the
+  /// prefix cache's alone when nothing is decoding or between turns).
   int64_t kv_blocks_in_use() const;
+  /// KV cache blocks the prefix cache holds (0 with it off).
+  int64_t prefix_cached_blocks() const;
 
   /// Events since the last call, in order.
   std::vector<rollout_event> take_events();
@@ -159,6 +174,8 @@ private:
   /// Takes a new rollout into rollouts_ and emits its start event.
   rollout_state& hold(std::unique_ptr<rollout_state> st);
   rollout_result finalize(rollout_state& st, ml::finish_reason reason);
+  /// Moves the generator's prefill counters into prefill_; returns the evictions moved.
+  int64_t absorb_prefill_stats();
 
   ml::any_task task_;
   ml::byte_tokenizer tok_; ///< multi-turn: encode_chat's layout
@@ -176,6 +193,8 @@ private:
   std::vector<rollout_event> events_;
   std::vector<rollout_result> ready_; ///< finished or failed, returned by the next step()
   std::vector<std::vector<int32_t>> finished_turns_; ///< for take_finished_turns()
+  uint64_t weights_version_ = 0;                     ///< the generator's, one per change
+  ml::prefill_stats prefill_;                        ///< accumulated for take_prefill_stats()
 };
 
 } // namespace sorl::rollout

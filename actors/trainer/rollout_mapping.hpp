@@ -40,8 +40,8 @@ inline std::vector<rollout::rollout_request> requests_of(const cmd::generate& c)
 
 /// The driver's event of a finished rollout: ids, reward (the worker's Float32, widened),
 /// outcome, failure, worker, policy tokens (the sum of the loss mask), finish reason (stop and
-/// abort are `other`), whether the scheduler re-placed it (replaced_from non-empty) and its
-/// speculation counts.
+/// abort are `other`), whether the scheduler re-placed it (replaced_from non-empty), its
+/// speculation and prefill counts and its duration on the worker's clock.
 inline ev::rollout_finished finished_of(const rollout::trajectory_record& t) {
   const auto& r = t.result;
   ev::rollout_finished x;
@@ -64,6 +64,8 @@ inline ev::rollout_finished finished_of(const rollout::trajectory_record& t) {
   const auto& s = r.speculation;
   x.spec = {s.verify_steps, s.plain_steps, s.drafted_tokens, s.accepted_tokens, s.draft_calls,
             s.draft_ns,       s.verify_tokens, s.verify_ns,    s.plain_tokens,    s.plain_ns};
+  x.kv = {r.prefill.prompt_tokens, r.prefill.cached_tokens, r.prefill.evicted_blocks};
+  x.duration_ns = r.end_ns > r.start_ns ? r.end_ns - r.start_ns : 0;
   return x;
 }
 

@@ -264,7 +264,7 @@ void step_driver::on(out& o, const ev::rollout_finished& t) {
   }
   rollouts_.emplace(t.request_id,
                     kept_rollout{t.group_id, t.reward, t.outcome, t.policy_tokens, t.finish,
-                                 t.replaced, spec});
+                                 t.replaced, spec, t.kv, t.duration_ns, t.worker});
   o.push_back(cmd::keep_trajectory{t.request_id});
   if (t.outcome != rollout_outcome::ok || !std::isfinite(t.reward)) {
     auto why = t.outcome == rollout_outcome::ok ? fmt::format("reward {} is not finite", t.reward)
@@ -376,6 +376,43 @@ void set_speculation(metrics_record& rec, const ev::speculation& s) {
     rec.set(metric::spec_rate_without, ratio(s.plain_tokens, s.plain_ns) * 1e9);
 }
 
+/// The prefix-cache and load keys of `rec` from the step's rollouts: where prompt tokens came
+/// from, the evictions the workers reported, episode latencies, and each worker's share of the
+/// computed tokens (prefill computed + sampled). Rollouts that failed add only their prompt.
+template <typename Rollouts>
+void set_prefill_and_load(metrics_record& rec, const Rollouts& rollouts) {
+  uint64_t prompt = 0, cached = 0, evicted = 0;
+  std::map<std::string, double> load;
+  std::vector<double> latency;
+  for (const auto& [id, t] : rollouts) {
+    prompt += t.kv.prompt_tokens;
+    cached += t.kv.cached_tokens;
+    evicted += t.kv.evicted_blocks;
+    load[t.worker] += static_cast<double>(t.kv.prompt_tokens - t.kv.cached_tokens) + t.policy_tokens;
+    if (t.outcome != rollout_outcome::failed && t.duration_ns > 0)
+      latency.push_back(t.duration_ns / 1e9);
+  }
+  if (prompt > 0) {
+    rec.set(metric::prefix_hit_rate, static_cast<double>(cached) / static_cast<double>(prompt));
+    rec.set(metric::prefill_tokens, prompt - cached);
+    rec.set(metric::prefix_evictions, evicted);
+  }
+  if (!latency.empty()) {
+    rec.set(metric::episode_p50_s, sagc::nearest_rank_percentile(latency, 50));
+    rec.set(metric::episode_p99_s, sagc::nearest_rank_percentile(latency, 99));
+  }
+  if (!load.empty()) {
+    double most = 0, sum = 0;
+    for (const auto& [w, l] : load) {
+      most = std::max(most, l);
+      sum += l;
+    }
+    rec.set(metric::worker_load_max, most);
+    if (sum > 0)
+      rec.set(metric::load_imbalance, most / (sum / static_cast<double>(load.size())));
+  }
+}
+
 } // namespace
 
 /// Every group is in: fill the record's rollout fields and hand the batch to the learner.
@@ -451,6 +488,7 @@ void step_driver::end_rollouts(out& o) {
   rec.set(metric::reward_failures, plan_->reward_failures());
   rec.set(metric::replaced_requests, replaced);
   set_speculation(rec, spec);
+  set_prefill_and_load(rec, rollouts_);
   if (chosen.empty()) {
     fail(o, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} without a "
                         "reward)",

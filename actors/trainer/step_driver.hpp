@@ -163,6 +163,13 @@ struct speculation {
   uint64_t plain_ns = 0;        ///< those steps' wall time, summed per rollout, ns
 };
 
+/// [PrefillCounts] where a rollout's prompt tokens came from, over its turns.
+struct prefill {
+  uint64_t prompt_tokens = 0;   ///< prompt tokens of its turns
+  uint64_t cached_tokens = 0;   ///< of them, served from cached KV; ≤ prompt_tokens
+  uint64_t evicted_blocks = 0;  ///< prefix-cache evictions its worker reported with it
+};
+
 /// [Trajectory] a finished rollout.
 struct rollout_finished {
   uint64_t request_id = 0;
@@ -180,6 +187,10 @@ struct rollout_finished {
   bool replaced = false;
   /// Summed over the step into the record's spec_* keys.
   speculation spec{};
+  /// Summed over the step into prefix_hit_rate, prefill_tokens and prefix_evictions.
+  prefill kv{};
+  /// end - start on the worker's clock [startNs, endNs]; 0 when the stamps are unusable.
+  int64_t duration_ns = 0;
 };
 
 /// [StepTiming] the controller's timing summary of the step.
@@ -448,6 +459,9 @@ private:
     ev::finish_reason finish = ev::finish_reason::eos;
     bool replaced = false;
     ev::speculation spec{};
+    ev::prefill kv{};
+    int64_t duration_ns = 0;
+    std::string worker;
   };
   enum class awaiting { nothing, open, write };
 

@@ -19,6 +19,7 @@ struct generator::request {
   bool park = false;         // park each sample's KV at a normal finish
   seq_id base = -1;          // taken-over parked sequence until admission, else -1
   std::int64_t base_len = 0; // its cached tokens: the prompt's prefix not to prefill
+  std::int64_t hit_len = 0;  // prefix-cache tokens at admission (no base)
 
   request(std::uint64_t id_, std::vector<std::int32_t> prompt_, const sampling_params& p,
           std::vector<std::int64_t> streams_, detokenize_fn detok)
@@ -35,6 +36,7 @@ struct generator::sample {
   std::vector<std::int32_t> tokens;
   std::vector<float> logprobs;
   bool drafting = false;       // started in the draft source
+  std::int64_t cached = 0;     // prompt tokens it did not prefill (generation_result::cached_tokens)
   sample_speculation spec;     // what speculation did for it, returned with the result
 
   sample(std::shared_ptr<request> r, std::int64_t i, seq_id s)
@@ -51,7 +53,11 @@ generator::generator(const policy_model& model, generator_options opts)
   if (opts.separate_prefill_tokens < 2)
     throw std::invalid_argument(fmt::format("generator_options.separate_prefill_tokens must be >= 2, got {}",
                                             opts.separate_prefill_tokens));
+  if (opts.prefix_cache_tokens < 0)
+    throw std::invalid_argument(fmt::format("generator_options.prefix_cache_tokens must be >= 0, got {}",
+                                            opts.prefix_cache_tokens));
   cache_ = std::make_unique<kv_cache>(model.dims(), opts.cache, model.device(), c10::kFloat);
+  if (opts.prefix_cache_tokens > 0) prefix_ = std::make_unique<prefix_cache>(*cache_, opts.prefix_cache_tokens);
 }
 
 generator::~generator() = default;
@@ -150,6 +156,23 @@ void generator::release_all_parked() {
 
 std::int64_t generator::parked_count() const noexcept { return static_cast<std::int64_t>(parked_.size()); }
 
+void generator::set_weights_version(std::uint64_t version) {
+  release_all_parked();
+  if (prefix_) prefix_->set_version(version);
+}
+
+prefill_stats generator::take_prefill_stats() noexcept {
+  prefill_stats out = prefill_;
+  if (prefix_) {
+    const prefix_cache_stats p = prefix_->take_stats();
+    out.evicted_blocks = p.evicted_blocks;
+    out.invalidated_blocks = p.invalidated_blocks;
+    out.cached_blocks = prefix_->cached_blocks();
+  }
+  prefill_ = prefill_stats{};
+  return out;
+}
+
 void generator::drop_request_kv(request& r) {
   if (r.base >= 0 && cache_->contains(r.base)) cache_->release(r.base);
   r.base = -1;
@@ -158,6 +181,14 @@ void generator::drop_request_kv(request& r) {
 generation_result generator::finish(sample& s, finish_reason reason) {
   generation_result r;
   if (s.seq >= 0 && cache_->contains(s.seq)) {
+    if (prefix_ && reason != finish_reason::abort && !s.tokens.empty()) {
+      // What the sequence caches (every token but the last) is a prefix the next turn of a
+      // chat, or another prompt, may start with.
+      std::vector<std::int32_t> text = s.req->prompt;
+      text.insert(text.end(), s.tokens.begin(), s.tokens.end() - 1);
+      prefix_->insert(text, std::min<std::int64_t>(cache_->length(s.seq), static_cast<std::int64_t>(text.size())),
+                      s.seq);
+    }
     if (s.req->park && reason != finish_reason::abort && !s.tokens.empty()) {
       // The last sampled token was never fed: the sequence caches everything before it.
       parked_seq p{s.seq, s.req->prompt};
@@ -177,6 +208,7 @@ generation_result generator::finish(sample& s, finish_reason reason) {
   r.request_id = s.req->id;
   r.sample_index = s.index;
   r.prompt_tokens = static_cast<std::int64_t>(s.req->prompt.size());
+  r.cached_tokens = s.cached;
   r.tokens = std::move(s.tokens);
   r.logprobs = std::move(s.logprobs);
   r.reason = reason;
@@ -235,10 +267,20 @@ std::vector<generation_result> generator::step() {
   }
   std::vector<seq_id> prefill;
   std::size_t longest = 0;
+  std::vector<std::int32_t> hit_blocks;
   for (const auto& r : admitted) {
-    prefill.push_back(r->base >= 0 ? r->base : cache_->create());
+    r->hit_len = 0;
+    if (r->base >= 0) {
+      prefill.push_back(r->base);
+    } else {
+      // The last prompt token is always fed: its logits draw the first token.
+      const std::int64_t hit =
+          prefix_ ? prefix_->match(r->prompt, static_cast<std::int64_t>(r->prompt.size()) - 1, hit_blocks) : 0;
+      prefill.push_back(hit > 0 ? cache_->adopt(hit_blocks, hit) : cache_->create());
+      r->hit_len = hit;
+    }
     seqs.push_back(prefill.back());
-    toks.emplace_back(r->prompt.begin() + r->base_len, r->prompt.end());
+    toks.emplace_back(r->prompt.begin() + r->base_len + r->hit_len, r->prompt.end());
     longest = std::max(longest, toks.back().size());
   }
   if (seqs.empty()) return {};
@@ -306,7 +348,20 @@ std::vector<generation_result> generator::step() {
     for (auto it = admitted.rbegin(); it != admitted.rend(); ++it) queue_.push_front(*it);
     throw;
   }
-  for (const auto& r : admitted) r->base = -1;  // its first sample owns the sequence now
+  for (std::size_t r = 0; r < admitted.size(); ++r) {
+    request& q = *admitted[r];
+    const auto n = static_cast<std::int64_t>(q.prompt.size());
+    ++prefill_.requests;
+    prefill_.prompt_tokens += n;
+    prefill_.parked_tokens += q.base_len;
+    prefill_.hit_tokens += q.hit_len;
+    prefill_.computed_tokens += n - q.base_len - q.hit_len;
+    // Siblings forked the whole prompt; the first sample computed what was not cached.
+    for (auto& f : fresh)
+      if (f->req.get() == &q) f->cached = f->index == q.streams.front() ? q.base_len + q.hit_len : n;
+    if (prefix_) prefix_->insert(q.prompt, n, prefill[r]);
+    q.base = -1;  // its first sample owns the sequence now
+  }
   // What the live samples waited for this step: drafts, the forward pass(es), sampling.
   const std::int64_t step_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();

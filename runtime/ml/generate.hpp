@@ -9,6 +9,7 @@
 
 #include "runtime/ml/kv_cache.hpp"
 #include "runtime/ml/model.hpp"
+#include "runtime/ml/prefix_cache.hpp"
 #include "runtime/ml/sampler.hpp"
 
 #include <cstdint>
@@ -69,6 +70,36 @@ struct generator_options {
   draft_source* drafts = nullptr;
   /// Longest draft per sample and step, tokens, >= 1 (with drafts).
   std::int32_t max_draft_tokens = 16;
+  /// Prefix KV cache (runtime/ml/prefix_cache.hpp): tokens of KV kept, in whole cache blocks,
+  /// from admitted prompts and finished samples, so that a later prompt with the same start
+  /// prefills only what follows it. 0 = off. >= 0.
+  std::int64_t prefix_cache_tokens = 0;
+};
+
+/// Where the prompt tokens of admitted requests came from, since construction (or
+/// take_prefill_stats). A group's prompt counts once: its siblings fork one sequence.
+struct prefill_stats {
+  std::int64_t requests = 0;         ///< admitted requests (groups)
+  std::int64_t prompt_tokens = 0;    ///< their prompts' tokens
+  std::int64_t parked_tokens = 0;    ///< of them, continued from parked KV (kv_reuse::from)
+  std::int64_t hit_tokens = 0;       ///< of them, served by the prefix cache
+  std::int64_t computed_tokens = 0;  ///< of them, prefilled: the rest
+  std::int64_t evicted_blocks = 0;   ///< prefix-cache blocks dropped to stay within its budget
+  std::int64_t invalidated_blocks = 0;  ///< prefix-cache blocks dropped by a weight change
+  std::int64_t cached_blocks = 0;    ///< prefix-cache blocks held now (not reset)
+
+  /// Adds the counters of a later reading; cached_blocks becomes the later one's.
+  prefill_stats& operator+=(const prefill_stats& o) noexcept {
+    requests += o.requests;
+    prompt_tokens += o.prompt_tokens;
+    parked_tokens += o.parked_tokens;
+    hit_tokens += o.hit_tokens;
+    computed_tokens += o.computed_tokens;
+    evicted_blocks += o.evicted_blocks;
+    invalidated_blocks += o.invalidated_blocks;
+    cached_blocks = o.cached_blocks;
+    return *this;
+  }
 };
 
 /// Handle of a parked KV sequence (see generator); 0 = none. Never reused by a generator.
@@ -103,6 +134,10 @@ struct generation_result {
   std::uint64_t request_id = 0;
   std::int64_t sample_index = 0;        ///< its random stream: 0..group_size-1, or the given stream
   std::int64_t prompt_tokens = 0;
+  /// Of prompt_tokens, those this sample did not prefill: parked KV, prefix-cache hits, and
+  /// for every sibling but the group's first (sample of streams[0]) the whole prompt, whose
+  /// KV it forks. Summed over results, prompt_tokens - cached_tokens is the prefill computed.
+  std::int64_t cached_tokens = 0;
   std::vector<std::int32_t> tokens;     ///< completion, EOS / stop-completing token included
   std::vector<float> logprobs;          ///< training log-prob of each token (sampler.hpp)
   finish_reason reason = finish_reason::length;
@@ -133,9 +168,10 @@ struct generation_result {
 /// up to max_seq); an eos or stop string inside an accepted draft ends the sample there; the
 /// KV of rejected positions is truncated. The model must outlive the generator and
 /// must not change weights while samples are in flight (their KV would mix two versions).
-/// Parked KV was computed under the weights of its time: whoever changes the model's weights
-/// calls release_all_parked() with the change (worker_core::weights_changed does), or a later
-/// continuation would attend to keys and values of the old policy. Parked sequences hold
+/// Parked KV and prefix-cache entries were computed under the weights of their time: whoever
+/// changes the model's weights calls set_weights_version() with the change
+/// (worker_core::weights_changed does), or a later continuation or cache hit would attend to
+/// keys and values of the old policy. Parked sequences hold
 /// cache blocks until they are continued, released, or the generator is destroyed.
 class generator {
  public:
@@ -173,6 +209,14 @@ class generator {
   void release_all_parked();
   /// Parked sequences held now.
   std::int64_t parked_count() const noexcept;
+  /// The model's weights are now `version`: frees every parked sequence and drops every
+  /// prefix-cache entry of another version (their KV was computed under other weights).
+  /// Call it with every weight change, between steps.
+  void set_weights_version(std::uint64_t version);
+  /// The prefix cache; null when generator_options::prefix_cache_tokens is 0.
+  const prefix_cache* prefixes() const noexcept { return prefix_.get(); }
+  /// Reads and resets the prefill counters.
+  prefill_stats take_prefill_stats() noexcept;
 
   /// Admits queued groups that fit, runs the forward pass (prefill of admitted prompts, or of
   /// a continuation's new tokens, and one decode token for every live sample; one pass, or
@@ -222,6 +266,7 @@ class generator {
   const policy_model& model_;
   generator_options opts_;
   std::unique_ptr<kv_cache> cache_;
+  std::unique_ptr<prefix_cache> prefix_;  // after cache_: destroyed first, it drops references
   std::deque<std::shared_ptr<request>> queue_;
   std::vector<std::unique_ptr<sample>> live_;
   std::uint64_t next_request_ = 1;
@@ -229,6 +274,7 @@ class generator {
   parked_kv next_parked_ = 1;
   bool speculating_ = true;
   speculation_stats spec_;
+  prefill_stats prefill_;
 };
 
 }  // namespace sorl::ml

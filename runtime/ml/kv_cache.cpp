@@ -104,6 +104,41 @@ void kv_cache::release(seq_id s) {
   seqs_.erase(s);
 }
 
+seq_id kv_cache::adopt(const std::vector<std::int32_t>& blocks, std::int64_t length) {
+  const auto n = static_cast<std::int64_t>(blocks.size());
+  if (length <= (n - 1) * opts_.block_size || length > n * opts_.block_size)
+    throw std::invalid_argument(fmt::format("kv_cache::adopt: {} positions do not fill {} blocks of {}",
+                                            length, n, opts_.block_size));
+  for (const std::int32_t b : blocks) check_allocated(b, "kv_cache::adopt");
+  for (const std::int32_t b : blocks) ++refcount_[static_cast<std::size_t>(b)];
+  const seq_id id = next_id_++;
+  seqs_.emplace(id, sequence{blocks, length});
+  return id;
+}
+
+const std::vector<std::int32_t>& kv_cache::blocks(seq_id s) const { return find(s).blocks; }
+
+void kv_cache::check_allocated(std::int32_t block, const char* what) const {
+  if (block == null_block || block < 0 || block >= capacity_ || refcount_[static_cast<std::size_t>(block)] == 0)
+    throw std::out_of_range(fmt::format("{}: block {} is not allocated", what, block));
+}
+
+void kv_cache::retain(std::int32_t block) {
+  check_allocated(block, "kv_cache::retain");
+  ++refcount_[static_cast<std::size_t>(block)];
+}
+
+void kv_cache::drop(std::int32_t block) {
+  check_allocated(block, "kv_cache::drop");
+  drop_block(block);
+}
+
+std::int32_t kv_cache::refcount(std::int32_t block) const {
+  if (block < 0 || block >= capacity_)
+    throw std::out_of_range(fmt::format("kv_cache::refcount: block {} outside [0, {})", block, capacity_));
+  return block == null_block ? 0 : refcount_[static_cast<std::size_t>(block)];
+}
+
 void kv_cache::grow(std::int64_t min_capacity) {
   std::int64_t cap = std::max(min_capacity, 2 * capacity_);
   if (opts_.max_blocks > 0) cap = std::min(cap, opts_.max_blocks + 1);

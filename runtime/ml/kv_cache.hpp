@@ -65,6 +65,24 @@ class kv_cache {
   /// Drops `s`; blocks shared with other sequences stay. Throws std::out_of_range if unknown.
   void release(seq_id s);
 
+  /// A new sequence of `length` cached positions over `blocks` (each gains a reference; no
+  /// copy), for KV kept outside any sequence (runtime/ml/prefix_cache.hpp). Throws
+  /// std::out_of_range for a block id that is not allocated, std::invalid_argument unless
+  /// (blocks.size() - 1) * block_size < length <= blocks.size() * block_size.
+  seq_id adopt(const std::vector<std::int32_t>& blocks, std::int64_t length);
+  /// The block ids of `s`, position order (position p lives in block p / block_size). Throws
+  /// std::out_of_range if unknown.
+  const std::vector<std::int32_t>& blocks(seq_id s) const;
+  /// Takes one reference on an allocated block for a holder other than a sequence, so the
+  /// block outlives the sequences that wrote it. Throws std::out_of_range otherwise.
+  void retain(std::int32_t block);
+  /// Drops a reference taken with retain(); the block is freed with its last reference.
+  /// Throws std::out_of_range for a block that is not allocated.
+  void drop(std::int32_t block);
+  /// References on `block` (sequences and retain() holders); 0 for a free block. Throws
+  /// std::out_of_range for an id outside the pool.
+  std::int32_t refcount(std::int32_t block) const;
+
   bool contains(seq_id s) const noexcept;
   /// Cached positions of `s`. Throws std::out_of_range if unknown.
   std::int64_t length(seq_id s) const;
@@ -102,6 +120,7 @@ class kv_cache {
   sequence& find(seq_id s);
   const sequence& find(seq_id s) const;
   std::int32_t allocate_block();
+  void check_allocated(std::int32_t block, const char* what) const;
   void drop_block(std::int32_t block);
   void grow(std::int64_t min_capacity);
 

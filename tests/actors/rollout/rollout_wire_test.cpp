@@ -387,3 +387,30 @@ TEST_CASE("an abort is byte for byte what the trainer's shell sent and decodes b
   CHECK(back.request_ids == std::vector<uint64_t>{4, 9, 1ull << 40});
   CHECK(back.reason == "deadline");
 }
+
+TEST_CASE("a trajectory's prefill counts decode back, cost no bytes when all 0 and never exceed the prompt") {
+  auto r = a_result(rollout_status::ok);
+  r.prefill = {4000000000u, 3999999999u, 17};
+  const auto got = decoded<msg::Trajectory>(to_msg(r, "w", 0)).result.prefill;
+  CHECK(got.prompt_tokens == 4000000000u);
+  CHECK(got.cached_tokens == 3999999999u);
+  CHECK(got.evicted_blocks == 17);
+  r.prefill = {};
+  const auto plain = to_msg(r, "w", 0);
+  CHECK(same_bytes(plain, reference::encode_trajectory(r, "w", 0)));
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(plain, [](msg::Trajectory::Reader t) { CHECK_FALSE(t.hasPrefill()); }));
+  // A sender that claims more cached than prompt tokens: the reader caps them at the prompt,
+  // so a step's hit rate stays within [0, 1].
+  std::optional<envelope> hostile;
+  REQUIRE_FALSE(with_envelope<msg::Trajectory>(plain, [&](msg::Trajectory::Reader t) {
+    capnp::MallocMessageBuilder builder;
+    builder.setRoot(t);
+    auto p = builder.getRoot<msg::Trajectory>().initPrefill();
+    p.setPromptTokens(10);
+    p.setCachedTokens(50);
+    hostile = make_envelope<msg::Trajectory>(builder);
+  }));
+  const auto capped = decoded<msg::Trajectory>(*hostile).result.prefill;
+  CHECK(capped.prompt_tokens == 10);
+  CHECK(capped.cached_tokens == 10);
+}

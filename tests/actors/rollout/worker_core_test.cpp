@@ -256,7 +256,8 @@ TEST_CASE("multi-turn rollouts continue from parked KV with the full forward's l
     w.enqueue(request(1 + i, i, 0, 21 + i, 4));
   auto all = run(w);
   REQUIRE(all.size() == 3);
-  CHECK(w.kv_blocks_in_use() == 0); // each episode's last parked KV is freed at its end
+  // Each episode's last parked KV is freed at its end; what stays is the prefix cache's.
+  CHECK(w.kv_blocks_in_use() == w.prefix_cached_blocks());
   size_t continued = 0;
   for (auto& r : all) {
     INFO(r.reward_reason);
@@ -284,9 +285,9 @@ TEST_CASE("multi-turn rollouts continue from parked KV with the full forward's l
       between_turns = between_turns || e.kind == event_kind::chunk;
   }
   REQUIRE(between_turns);
-  CHECK(w.kv_blocks_in_use() > 0);
+  CHECK(w.kv_blocks_in_use() > w.prefix_cached_blocks());
   CHECK(w.abort_all().size() == 1);
-  CHECK(w.kv_blocks_in_use() == 0);
+  CHECK(w.kv_blocks_in_use() == w.prefix_cached_blocks());
 }
 
 TEST_CASE("an episode whose next environment turn does not fit ends as truncated at length") {
@@ -367,7 +368,7 @@ TEST_CASE("abort stops chosen rollouts at once and frees their KV while the othe
     CHECK(r.request.group_id == 2);
     CHECK(r.finish != ml::finish_reason::abort);
   }
-  CHECK(w.kv_blocks_in_use() == 0);
+  CHECK(w.kv_blocks_in_use() == w.prefix_cached_blocks());
   // A rollout still queued (never stepped) is aborted too.
   w.enqueue(request(20, 3, 0, 1, 40));
   auto queued = w.abort({20});
@@ -604,11 +605,79 @@ TEST_CASE("worker options come from [rollout], with the config's defaults") {
   const auto d = worker_options_from(cfg);
   CHECK(d.max_batch == plain.max_batch);
   CHECK(d.chunk_tokens == plain.chunk_tokens);
+  CHECK(d.prefix_cache_bytes == plain.prefix_cache_bytes);
   cfg.rollout.max_batch = 5;
   cfg.rollout.chunk_tokens = 0;
+  cfg.rollout.prefix_cache_bytes = 12345;
   const auto o = worker_options_from(cfg);
   CHECK(o.max_batch == 5);
   CHECK(o.chunk_tokens == 0);
+  CHECK(o.prefix_cache_bytes == 12345);
+  // small_dims: 1 layer x (K, V) x 1 kv head x head_dim 16 x 4 bytes = 128 bytes a token.
+  CHECK(worker_core::prefix_cache_tokens(small_dims(), 12345) == 96);
+}
+
+TEST_CASE("prompts that share a start reuse its cached KV, a weight change drops it, and rollouts stay "
+          "those of a worker without the cache") {
+  at::set_num_threads(1);
+  auto path = std::filesystem::temp_directory_path() / "sorl_worker_shared_prefix.jsonl";
+  const std::string shared(63, 'x');  // <|bos|> + 63 bytes: four whole 16-token blocks
+  std::ofstream{path} << "{\"prompt\": \"" << shared << "1+1=\", \"answer\": \"2\"}\n"
+                      << "{\"prompt\": \"" << shared << "2+2=\", \"answer\": \"4\"}\n";
+  ml::task_options o;
+  o.eval_fraction = 0.0;
+  o.jsonl.path = path.string();
+  auto dims = small_dims();
+  dims.max_seq = 512;
+  auto with_cache = counting_clock();
+  auto without = counting_clock();
+  without.prefix_cache_bytes = 0;
+  worker_core on{dims, ml::make_task("jsonl", o), with_cache};
+  worker_core off{dims, ml::make_task("jsonl", o), without};
+  auto serve = [](worker_core& w, std::vector<rollout_request> rs) {
+    for (auto& r : rs)
+      w.enqueue(r);
+    return run(w);
+  };
+  auto task = [](rollout_request r, uint64_t index) {
+    r.task_index = index;
+    return r;
+  };
+  // Sibling 0 alone, then sibling 1 and another prompt with the same start.
+  const std::vector<rollout_request> first{task(request(1, 0, 0, 5, 4), 0)};
+  const std::vector<rollout_request> later{task(request(2, 0, 1, 5, 4), 0), task(request(3, 1, 0, 6, 4), 1)};
+  auto a = serve(on, first), b = serve(off, first);
+  auto a2 = serve(on, later), b2 = serve(off, later);
+  a.insert(a.end(), a2.begin(), a2.end());
+  b.insert(b.end(), b2.begin(), b2.end());
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  std::map<uint64_t, const rollout_result*> ref;
+  for (const auto& r : b)
+    ref[r.request.request_id] = &r;
+  for (const auto& r : a) {
+    const auto& p = *ref.at(r.request.request_id);
+    CHECK(r.response == p.response);
+    REQUIRE(r.logprobs.size() == p.logprobs.size());
+    for (size_t i = 0; i < r.logprobs.size(); ++i)
+      CHECK(r.logprobs[i] == Approx(p.logprobs[i]).margin(1e-5));
+    CHECK(r.prefill.prompt_tokens == 68);
+    CHECK(p.prefill.prompt_tokens == 68);
+    CHECK(p.prefill.cached_tokens == 0);
+    // The first prefilled everything; the others found the four shared blocks.
+    CHECK(r.prefill.cached_tokens == (r.request.request_id == 1 ? 0u : 64u));
+  }
+  const ml::prefill_stats st = on.take_prefill_stats();
+  CHECK(st.prompt_tokens == 3 * 68);
+  CHECK(st.hit_tokens == 128);
+  CHECK(st.computed_tokens == 3 * 68 - 128);
+  CHECK(on.prefix_cached_blocks() >= 4);
+  on.weights_changed();
+  CHECK(on.prefix_cached_blocks() == 0);
+  auto again = serve(on, {task(request(4, 2, 0, 7, 4), 1)});
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].prefill.cached_tokens == 0);
+  std::filesystem::remove(path);
 }
 
 // The serving rules the worker's shell follows (worker_serving.hpp).

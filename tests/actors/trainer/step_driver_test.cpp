@@ -301,11 +301,22 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     CHECK(r.seed == wants[i].seed);
   }
 
-  CHECK(h.at(3 * sec, rollout(0, 0, 0, 1.0, 3)) == lines{"keep 0"});
-  CHECK(h.at(3 * sec, rollout(1, 0, 1, 0.0, 5, ev::finish_reason::length)) == lines{"keep 1"});
-  CHECK(h.at(3 * sec, rollout(2, 1, 0, 1.0, 4)) == lines{"keep 2"});
+  // Prefill counts (prompt, cached, evicted), durations and workers: sample 0 of each group
+  // prefilled its prompt of 10 tokens (3 of group 1 from the prefix cache), sample 1 forked
+  // it. Worker #0 ran group 0: (10 + 0) + (3 + 5) = 18 tokens; #1 ran group 1: (7 + 0) +
+  // (4 + 6) = 17 tokens; mean 17.5, so imbalance 18 / 17.5.
+  auto with = [](ev::rollout_finished r, ev::prefill kv, int64_t ns, const char* worker) {
+    r.kv = kv;
+    r.duration_ns = ns;
+    r.worker = worker;
+    return r;
+  };
+  CHECK(h.at(3 * sec, with(rollout(0, 0, 0, 1.0, 3), {10, 0, 2}, 4 * sec, "w0")) == lines{"keep 0"});
+  CHECK(h.at(3 * sec, with(rollout(1, 0, 1, 0.0, 5, ev::finish_reason::length), {10, 10, 0}, 1 * sec,
+                           "w0")) == lines{"keep 1"});
+  CHECK(h.at(3 * sec, with(rollout(2, 1, 0, 1.0, 4), {10, 3, 1}, 3 * sec, "w1")) == lines{"keep 2"});
   // The last rollout 2 s after the step began ends the rollout phase.
-  CHECK(h.at(4 * sec, rollout(3, 1, 1, 1.0, 6)) ==
+  CHECK(h.at(4 * sec, with(rollout(3, 1, 1, 1.0, 6), {10, 10, 0}, 2 * sec, "w1")) ==
         lines{"keep 3", "query_step_timing step 0", "train step 0 [0 1 2 3]"});
   CHECK(h.d.now() == phase::learn);
   CHECK(h.at(4 * sec, ev::step_timing{1500000000, 1800000000, 2000000000, 1, true, 1700000000,
@@ -353,6 +364,14 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     {"failed_rollouts", 0},
     {"reward_failures", 0},
     {"replaced_requests", 0},
+    {"prefix_hit_rate", 23.0 / 40.0},
+    {"prefill_tokens", 17},
+    {"prefix_evictions", 3},
+    // Latencies 4, 1, 3, 2 s: nearest rank p50 = 2nd of 4 = 2 s, p99 = 4th = 4 s.
+    {"episode_p50_s", 2.0},
+    {"episode_p99_s", 4.0},
+    {"worker_load_max", 18},
+    {"load_imbalance", 18.0 / 17.5},
     {"virtual_queue", 0},
     {"utility", 0.5},
     {"duration_p50_s", 1.5},
