@@ -494,11 +494,9 @@ public:
     not_one_of(key, *n, value, {allowed.begin(), allowed.end()});
   }
 
-  /// An enumerated setting (config_names<E>). `designed` maps values the design names but
-  /// this build does not implement to what the refusal calls them ("policy \"cache_aware\"").
+  /// An enumerated setting (config_names<E>).
   template <class E>
-  void choice(std::string_view key, E& out,
-              std::initializer_list<std::pair<std::string_view, std::string_view>> designed = {}) {
+  void choice(std::string_view key, E& out) {
     std::string value;
     auto* n = string(key, value);
     if (!n)
@@ -507,13 +505,6 @@ public:
     for (const auto& [v, name] : config_names<E>::values) {
       if (name == value) {
         out = v;
-        return;
-      }
-      names.emplace_back(name);
-    }
-    for (const auto& [name, what] : designed) {
-      if (name == value) {
-        error(key, *n, std::string{what} + " is not implemented yet");
         return;
       }
       names.emplace_back(name);
@@ -807,8 +798,10 @@ void parse_rollout(table_reader& r, rollout_config& c) {
 }
 
 void parse_scheduler(table_reader& r, scheduler_config& c) {
-  r.choice("policy", c.policy, {{"cache_aware", "policy \"cache_aware\""}});
+  r.choice("policy", c.policy);
   r.number("imbalance_threshold", c.imbalance_threshold, 1.0, 1e6);
+  r.number("cache_threshold", c.cache_threshold, 0.0, 1.0);
+  r.number("cache_imbalance_threshold", c.cache_imbalance_threshold, 0.0, 1e6);
 }
 
 void parse_network(table_reader& r, network_config& c, const std::string& base) {

@@ -66,9 +66,8 @@ enum class reward_failure_kind { mask, fail };          ///< [algorithm].on_rewa
 enum class loss_norm_kind { token, sequence };          ///< [algorithm].loss_norm
 enum class group_policy_kind { fixed, sagc, deadline }; ///< [sagc].policy; `fixed` is "static"
 enum class sync_kind { full, sparse };                  ///< [sync].mode
-/// [scheduler].policy. "cache_aware" is a designed value the config refuses, so it has no
-/// member: nothing past the config needs to refuse it again.
-enum class placement_kind { round_robin, least_loaded };
+/// [scheduler].policy (actors/scheduler/placement.hpp placement_policy).
+enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache_aware };
 enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
 
 template <class E>
@@ -89,8 +88,10 @@ SORL_CONFIG_NAMES(loss_norm_kind, 2, {loss_norm_kind::token, "token"},
 SORL_CONFIG_NAMES(group_policy_kind, 3, {group_policy_kind::fixed, "static"},
                   {group_policy_kind::sagc, "sagc"}, {group_policy_kind::deadline, "deadline"})
 SORL_CONFIG_NAMES(sync_kind, 2, {sync_kind::full, "full"}, {sync_kind::sparse, "sparse"})
-SORL_CONFIG_NAMES(placement_kind, 2, {placement_kind::round_robin, "round_robin"},
-                  {placement_kind::least_loaded, "least_loaded"})
+SORL_CONFIG_NAMES(placement_kind, 4, {placement_kind::round_robin, "round_robin"},
+                  {placement_kind::least_loaded, "least_loaded"},
+                  {placement_kind::cache_aware, "cache_aware"},
+                  {placement_kind::sglang_cache_aware, "sglang_cache_aware"})
 SORL_CONFIG_NAMES(match_kind, 4, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
                   {match_kind::first_number, "first_number"}, {match_kind::countdown, "countdown"})
 #undef SORL_CONFIG_NAMES
@@ -313,9 +314,18 @@ struct rollout_config {
 
 /// [scheduler]: request placement.
 struct scheduler_config {
-  /// "round_robin" | "least_loaded" ("cache_aware" is refused: not implemented yet)
+  /// "round_robin" | "least_loaded" | "cache_aware" | "sglang_cache_aware" (SGLang router's
+  /// rule, a baseline for bench/)
   placement_kind policy = placement_kind::round_robin;
+  /// Requests (load units): group affinity and cache_aware's prefix yield to the least loaded
+  /// worker past this load difference. 1..1e6.
   double imbalance_threshold = 2.0;
+  /// cache_aware: the least share of a prompt its longest estimated cached prefix on a worker
+  /// must cover to decide the placement; 0..1.
+  double cache_threshold = 0.3;
+  /// Requests (load units): cache_aware's prefix yields to the least loaded worker past this
+  /// load difference; 0..1e6.
+  double cache_imbalance_threshold = 64.0;
 };
 
 /// [network]: how nodes connect and how failures are detected.

@@ -201,6 +201,8 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.table = "scheduler";
   e.str("policy", to_string(c.scheduler.policy));
   e.number("imbalance_threshold", c.scheduler.imbalance_threshold);
+  e.number("cache_threshold", c.scheduler.cache_threshold);
+  e.number("cache_imbalance_threshold", c.scheduler.cache_imbalance_threshold);
 
   e.table = "network";
   e.integer("heartbeat_ms", c.network.heartbeat_ms);

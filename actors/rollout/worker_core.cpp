@@ -180,6 +180,17 @@ int64_t worker_core::absorb_prefill_stats() {
   return now.evicted_blocks;
 }
 
+std::vector<int32_t> first_prompt_tokens(const ml::any_task& task, const ml::prompt_format& format,
+                                         ml::task_split split, uint64_t index) {
+  if (task.single_turn)
+    return format.single_turn(task.single_turn->prompt(split, index).prompt);
+  if (!task.multi_turn)
+    throw std::invalid_argument("first_prompt_tokens: empty task");
+  auto env = task.multi_turn->make_environment();
+  auto first = env->reset(task.multi_turn->episode_seed(split, index));
+  return ml::encode_chat(ml::byte_tokenizer{}, {ml::chat_message{ml::chat_role::user, first}}, true);
+}
+
 void worker_core::enqueue(const rollout_request& r) {
   if (rollouts_.count(r.request_id))
     throw std::invalid_argument(fmt::format("rollout {} is already held", r.request_id));
@@ -255,12 +266,13 @@ ml::sampling_params worker_core::sampling_for(const rollout_request& r, uint32_t
 
 void worker_core::submit_turn(rollout_state& st) {
   // A later turn continues from the previous turn's KV: only the environment's tokens and
-  // the last action token are prefilled.
+  // the last action token are prefilled. Episodes further along are admitted first: the
+  // step waits for its last episode, not its average one.
   uint64_t id = 0;
   try {
     id = gen_->submit(st.context, sampling_for(st.req, st.turns),
                       std::vector<int64_t>{static_cast<int64_t>(st.req.sample_index)}, {},
-                      ml::kv_reuse{true, st.kv});
+                      ml::kv_reuse{true, st.kv, static_cast<int64_t>(st.turns)});
   } catch (const std::invalid_argument& e) {
     fail(st, fmt::format("turn {} refused by the generator: {}", st.turns + 1, e.what()));
     return;

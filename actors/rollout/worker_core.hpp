@@ -68,6 +68,14 @@ struct worker_options {
 /// clock stays the default.
 worker_options worker_options_from(const experiment_config& cfg);
 
+/// The token ids of the first prompt a worker builds for task `index` of `split`, exactly as
+/// worker_core::enqueue does (the layouts at the top of this file): what the scheduler's
+/// cache-aware placement matches against the workers' prefix caches. Multi-turn tasks build a
+/// fresh environment for the first observation. Raises what the task, the environment or the
+/// format raises (an unknown index, a reset that throws).
+std::vector<int32_t> first_prompt_tokens(const ml::any_task& task, const ml::prompt_format& format,
+                                         ml::task_split split, uint64_t index);
+
 /// Owns the rollout copy of the policy (bf16 weights), a generator and the task. Called on
 /// one thread (the actor's).
 class worker_core {

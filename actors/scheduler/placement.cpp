@@ -2,6 +2,7 @@
 
 #include "runtime/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 
@@ -15,12 +16,28 @@ std::string quoted(const std::string& s) {
 
 } // namespace
 
-placement_options placement_options_from(const experiment_config& cfg) {
+placement_options placement_options_from(const experiment_config& cfg,
+                                         int64_t prefix_cache_blocks) {
   placement_options o;
-  o.policy = cfg.scheduler.policy == placement_kind::least_loaded ? placement_policy::least_loaded
-                                                                  : placement_policy::round_robin;
+  switch (cfg.scheduler.policy) {
+    case placement_kind::round_robin:
+      o.policy = placement_policy::round_robin;
+      break;
+    case placement_kind::least_loaded:
+      o.policy = placement_policy::least_loaded;
+      break;
+    case placement_kind::cache_aware:
+      o.policy = placement_policy::cache_aware;
+      break;
+    case placement_kind::sglang_cache_aware:
+      o.policy = placement_policy::sglang_cache_aware;
+      break;
+  }
   o.group_affinity = true;
   o.imbalance_threshold = cfg.scheduler.imbalance_threshold;
+  o.cache_threshold = cfg.scheduler.cache_threshold;
+  o.cache_imbalance_threshold = cfg.scheduler.cache_imbalance_threshold;
+  o.index_blocks = std::max<int64_t>(0, prefix_cache_blocks);
   return o;
 }
 
@@ -31,12 +48,29 @@ placement::placement(placement_options options) : options_(options) {
   if (!std::isfinite(options_.imbalance_threshold) || options_.imbalance_threshold < 0)
     throw std::invalid_argument("placement: imbalance_threshold must be finite and >= 0, got "
                                 + std::to_string(options_.imbalance_threshold));
+  if (!std::isfinite(options_.cache_imbalance_threshold) || options_.cache_imbalance_threshold < 0)
+    throw std::invalid_argument("placement: cache_imbalance_threshold must be finite and >= 0, got "
+                                + std::to_string(options_.cache_imbalance_threshold));
+  if (!(options_.cache_threshold >= 0 && options_.cache_threshold <= 1))
+    throw std::invalid_argument("placement: cache_threshold must be in [0, 1], got "
+                                + std::to_string(options_.cache_threshold));
+  if (options_.block_size < 1)
+    throw std::invalid_argument("placement: block_size must be >= 1, got "
+                                + std::to_string(options_.block_size));
+  if (options_.index_blocks < 0)
+    throw std::invalid_argument("placement: index_blocks must be >= 0, got "
+                                + std::to_string(options_.index_blocks));
+}
+
+bool placement::cache_policy() const {
+  return options_.policy == placement_policy::cache_aware
+         || options_.policy == placement_policy::sglang_cache_aware;
 }
 
 void placement::join(const std::string& name) {
   if (name.empty())
     throw std::invalid_argument("placement::join: empty worker name");
-  if (!workers_.emplace(name, worker_state{}).second)
+  if (!workers_.emplace(name, worker_state(options_.index_blocks)).second)
     throw std::invalid_argument("placement::join: worker " + quoted(name) + " is already live");
 }
 
@@ -82,28 +116,37 @@ void placement::report_load(const std::string& name, const worker_load_report& r
 }
 
 place_result placement::place(uint64_t request_id, uint64_t group_id, int64_t prompt_tokens) {
-  if (prompt_tokens < 0)
-    throw std::invalid_argument("placement::place: request " + std::to_string(request_id)
-                                + " has prompt_tokens = " + std::to_string(prompt_tokens)
+  return place(placement_request{request_id, group_id, prompt_tokens, {}});
+}
+
+place_result placement::place(const placement_request& r) {
+  if (r.prompt_tokens < 0)
+    throw std::invalid_argument("placement::place: request " + std::to_string(r.request_id)
+                                + " has prompt_tokens = " + std::to_string(r.prompt_tokens)
                                 + " < 0");
-  if (auto it = requests_.find(request_id); it != requests_.end())
-    throw std::invalid_argument("placement::place: request " + std::to_string(request_id)
+  if (auto it = requests_.find(r.request_id); it != requests_.end())
+    throw std::invalid_argument("placement::place: request " + std::to_string(r.request_id)
                                 + " is already in flight on worker "
                                 + quoted(it->second.worker));
   if (workers_.empty())
-    return {std::nullopt, "no live rollout worker to place request " + std::to_string(request_id)
-                            + " (group " + std::to_string(group_id)
-                            + ") on; keep it until a worker joins"};
+    return {std::nullopt, "no live rollout worker to place request "
+                            + std::to_string(r.request_id) + " (group "
+                            + std::to_string(r.group_id) + ") on; keep it until a worker joins"};
 
   const std::string* chosen = nullptr;
   bool shares_prefill = false;
   group_state* group = nullptr;
   if (options_.group_affinity) {
-    group = &groups_[group_id];
+    group = &groups_[r.group_id];
     if (!group->home.empty()) {
       const auto& home = workers_.at(group->home);
       const auto& least = choose_least_loaded();
-      if (load_of(home) - load_of(workers_.at(least)) > options_.imbalance_threshold) {
+      // Under cache_aware the home holds the group's prompt as the cache decided it should: a
+      // sibling sent elsewhere would prefill it again and spread the prefix over two caches.
+      const double threshold = options_.policy == placement_policy::cache_aware
+                                 ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
+                                 : options_.imbalance_threshold;
+      if (load_of(home) - load_of(workers_.at(least)) > threshold) {
         chosen = &least;
         ++stats_.affinity_overrides;
       } else {
@@ -114,7 +157,7 @@ place_result placement::place(uint64_t request_id, uint64_t group_id, int64_t pr
     }
   }
   if (chosen == nullptr)
-    chosen = &choose_by_policy();
+    chosen = &choose_by_policy(r);
 
   // Copy before touching the maps: `chosen` may point into them.
   std::string worker = *chosen;
@@ -126,10 +169,26 @@ place_result placement::place(uint64_t request_id, uint64_t group_id, int64_t pr
   auto& w = workers_.at(worker);
   ++w.in_flight;
   if (!shares_prefill)
-    w.placed_tokens += prompt_tokens;
-  requests_.emplace(request_id, request_state{worker, group_id, prompt_tokens});
+    w.placed_tokens += r.prompt_tokens;
+  if (cache_policy() && !r.chain.empty()) {
+    const int64_t matched = std::min(w.index.match(r.chain) * options_.block_size, r.prompt_tokens);
+    stats_.matched_tokens += matched;
+    stats_.prompt_tokens += r.prompt_tokens;
+    // The worker will hold the prompt's blocks once it has prefilled them.
+    w.index.insert(r.chain);
+  }
+  requests_.emplace(r.request_id, request_state{worker, r.group_id, r.prompt_tokens});
   ++stats_.placed;
   return {worker, {}};
+}
+
+void placement::weights_changed() {
+  for (auto& [name, w] : workers_)
+    w.index.clear();
+}
+
+const prefix_index& placement::index(const std::string& name) const {
+  return live_worker(name, "placement::index").index;
 }
 
 std::string placement::complete(uint64_t request_id) {
@@ -208,12 +267,103 @@ const std::string& placement::choose_least_loaded() const {
   return best->first;
 }
 
-const std::string& placement::choose_by_policy() {
+const std::string& placement::choose_cache_aware(const placement_request& r) {
+  const auto& least = choose_least_loaded();
+  if (r.chain.empty() || r.prompt_tokens <= 0)
+    return least;
+  // The longest estimated prefix; among equal ones the less loaded, then the name first.
+  auto best = workers_.end();
+  int64_t best_blocks = 0;
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    const int64_t m = it->second.index.match(r.chain);
+    if (m > best_blocks
+        || (m == best_blocks && m > 0 && load_of(it->second) < load_of(best->second))) {
+      best = it;
+      best_blocks = m;
+    }
+  }
+  const double covered =
+    static_cast<double>(std::min(best_blocks * options_.block_size, r.prompt_tokens))
+    / static_cast<double>(r.prompt_tokens);
+  const double least_load = load_of(workers_.at(least));
+  if (best != workers_.end() && covered >= options_.cache_threshold) {
+    // A cached prefix saves a prefill, but a long queue costs more than one: past the
+    // imbalance threshold the least loaded worker takes it (and caches it in turn).
+    if (load_of(best->second) - least_load > options_.cache_imbalance_threshold) {
+      ++stats_.cache_balanced;
+      return least;
+    }
+    ++stats_.cache_routed;
+    return best->first;
+  }
+  // A new prefix goes where the cache has the most room, among the workers within the
+  // imbalance threshold of the least loaded: placing prefixes by load alone can give one worker
+  // more of them than its cache holds while another's has room, and then it thrashes.
+  auto roomiest = workers_.end();
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (load_of(it->second) - least_load > options_.cache_imbalance_threshold)
+      continue;
+    if (roomiest == workers_.end() || it->second.index.size() < roomiest->second.index.size()
+        || (it->second.index.size() == roomiest->second.index.size()
+            && load_of(it->second) < load_of(roomiest->second)))
+      roomiest = it;
+  }
+  return roomiest->first;
+}
+
+const std::string& placement::choose_sglang(const placement_request& r) {
+  // Loads are requests in flight, as the router's own counters are; the thresholds are the
+  // router launcher's defaults (placement.hpp).
+  constexpr int64_t balance_abs_threshold = 64;
+  constexpr double balance_rel_threshold = 1.5;
+  constexpr double sglang_cache_threshold = 0.3;
+  auto least = workers_.begin();
+  int64_t max_load = least->second.in_flight;
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (it->second.in_flight < least->second.in_flight)
+      least = it;
+    max_load = std::max(max_load, it->second.in_flight);
+  }
+  const int64_t min_load = least->second.in_flight;
+  if (max_load - min_load > balance_abs_threshold
+      && static_cast<double>(max_load) > balance_rel_threshold * static_cast<double>(min_load)) {
+    ++stats_.cache_balanced;
+    return least->first;
+  }
+  auto best = workers_.end();
+  int64_t best_blocks = 0;
+  for (auto it = workers_.begin(); it != workers_.end(); ++it)
+    if (const int64_t m = it->second.index.match(r.chain); m > best_blocks) {
+      best = it;
+      best_blocks = m;
+    }
+  if (best != workers_.end() && r.prompt_tokens > 0) {
+    const double rate = static_cast<double>(std::min(best_blocks * options_.block_size,
+                                                     r.prompt_tokens))
+                        / static_cast<double>(r.prompt_tokens);
+    if (rate > sglang_cache_threshold) {
+      ++stats_.cache_routed;
+      return best->first;
+    }
+  }
+  // The worker whose tree holds the least: the most free cache.
+  auto smallest = workers_.begin();
+  for (auto it = workers_.begin(); it != workers_.end(); ++it)
+    if (it->second.index.size() < smallest->second.index.size())
+      smallest = it;
+  return smallest->first;
+}
+
+const std::string& placement::choose_by_policy(const placement_request& r) {
   switch (options_.policy) {
     case placement_policy::round_robin:
       return choose_round_robin();
     case placement_policy::least_loaded:
       return choose_least_loaded();
+    case placement_policy::cache_aware:
+      return choose_cache_aware(r);
+    case placement_policy::sglang_cache_aware:
+      return choose_sglang(r);
   }
   throw std::logic_error("placement: invalid policy value");
 }

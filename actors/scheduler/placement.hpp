@@ -1,8 +1,9 @@
 #pragma once
 
 // Request placement for the scheduler role (ARCHITECTURE.md §3 step 2): which rollout worker
-// runs which generation request. Cache-aware scheduling is designed but not built yet
-// (ARCHITECTURE.md §6); the config refuses it, so it has no policy here.
+// runs which generation request, by round robin, least load, or cache-aware: where the
+// longest prefix of the prompt is estimated cached (prefix_index.hpp) unless that worker is
+// too loaded (ARCHITECTURE.md §6 WAR, cache-aware scheduling).
 //
 // Pure bookkeeping, free of CAF: the scheduler's core (scheduler_core.hpp) turns worker joins,
 // placements, completions and lost workers (the shell's peer_down) into calls on one
@@ -18,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "actors/scheduler/prefix_index.hpp"
+
 namespace sorl {
 struct experiment_config;
 }
@@ -31,6 +34,22 @@ enum class placement_policy {
   /// The live worker with the smallest load (see `placement_options`); ties go to the
   /// worker whose name sorts first, so the choice never depends on join order.
   least_loaded,
+  /// The worker whose estimated prefix cache holds the longest prefix of the prompt (ties to
+  /// the less loaded, then the name), when that prefix covers at least `cache_threshold` of
+  /// the prompt and the worker's load exceeds the least loaded worker's by at most
+  /// `cache_imbalance_threshold` (past it, the least loaded). A prompt without such a prefix
+  /// goes to the worker whose index holds the fewest blocks (the most cache room) among those
+  /// within `cache_imbalance_threshold` of the least loaded, ties to the less loaded, then
+  /// the name.
+  cache_aware,
+  /// SGLang's router rule (sgl-router `cache_aware`, with its launcher's defaults), kept as a
+  /// baseline for bench/: with loads = requests in flight, when max - min > 64 and max > 1.5 ×
+  /// min the least loaded; otherwise the worker with the longest prefix match if it covers
+  /// more than 0.3 of the prompt, else the worker whose index holds the fewest tokens. SGLang
+  /// matches characters of the request text and picks an arbitrary worker among those holding
+  /// the deepest match; here tokens in the workers' blocks, and ties go to the name that sorts
+  /// first. Group affinity is not part of it (placement_options::group_affinity false).
+  sglang_cache_aware,
 };
 
 /// Knobs of a `placement`, taken from `[scheduler]` by `placement_options_from`.
@@ -49,15 +68,44 @@ struct placement_options {
   bool group_affinity = false;
 
   /// Affinity yields to balance: a sibling goes to the least loaded worker instead of the
-  /// group's home when load(home) − load(least loaded) > imbalance_threshold, in load units.
+  /// group's home when load(home) − load(least loaded) > imbalance_threshold, in load units
+  /// (under cache_aware, the larger of it and cache_imbalance_threshold).
   /// An absolute difference rather than a ratio, because a ratio is undefined when the least
   /// loaded worker is idle, which is exactly when balance matters most. Must be ≥ 0.
   double imbalance_threshold = 2.0;
+
+  /// cache_aware: the least share of a prompt's tokens its longest estimated cached prefix must
+  /// cover for the prefix to decide the worker, [0, 1]; below it the least loaded worker
+  /// takes the request.
+  double cache_threshold = 0.3;
+  /// cache_aware: a cached prefix yields to the least loaded worker when its worker's load
+  /// exceeds the least loaded one's by more than this, in load units (requests), >= 0. Looser
+  /// than `imbalance_threshold`: a trainer submits a whole step at once, and a prefix that
+  /// stays on one worker is prefilled once, where a prefix spread over all is prefilled on each
+  /// and competes for every cache (bench/war/route_bench.cpp measures the trade).
+  double cache_imbalance_threshold = 64.0;
+  /// Tokens per block of the workers' prefix caches (runtime/ml/kv_cache.hpp block_size): a
+  /// prompt's blocks are what the index matches. >= 1.
+  int64_t block_size = 16;
+  /// Blocks each worker's estimated index keeps (the workers' prefix-cache budget in
+  /// blocks); least recently used dropped past it. >= 0.
+  int64_t index_blocks = int64_t{1} << 20;
 };
 
-/// The scheduler's placement from a loaded (validated) experiment: `[scheduler] policy` and
-/// `imbalance_threshold`, with group affinity on (the shell always keeps siblings together).
-placement_options placement_options_from(const experiment_config& cfg);
+/// The scheduler's placement from a loaded (validated) experiment: `[scheduler] policy`,
+/// `imbalance_threshold`, `cache_threshold` and `cache_imbalance_threshold`, with group affinity on (the shell always keeps
+/// siblings together); `index_blocks` is `rollout.prefix_cache_bytes` in blocks of the
+/// model's KV, which the caller passes as `prefix_cache_blocks`.
+placement_options placement_options_from(const experiment_config& cfg, int64_t prefix_cache_blocks);
+
+/// One request to place: its ids, prompt size and the chained hashes of its prompt's whole
+/// blocks (block_chain; empty: nothing to match, as for round robin and least loaded).
+struct placement_request {
+  uint64_t request_id = 0;
+  uint64_t group_id = 0;
+  int64_t prompt_tokens = 0;  ///< tokens, >= 0
+  std::vector<uint64_t> chain;
+};
 
 /// Latest load report of one worker (sent by the rollout worker, passed on by the shell).
 struct worker_load_report {
@@ -92,6 +140,10 @@ struct placement_stats {
   int64_t affinity_hits = 0;      ///< siblings sent to their group's home worker
   int64_t affinity_overrides = 0; ///< siblings sent elsewhere because of imbalance
   int64_t orphaned = 0;           ///< requests returned by `leave` / `worker_lost`
+  int64_t cache_routed = 0;       ///< placed where their longest prefix was estimated cached
+  int64_t cache_balanced = 0;     ///< a prefix decided, but imbalance sent them elsewhere
+  int64_t matched_tokens = 0;     ///< estimated cached prompt tokens on the chosen workers
+  int64_t prompt_tokens = 0;      ///< prompt tokens placed (`place` with a chain)
 };
 
 /// Which live worker runs each generation request, and what each worker has in flight.
@@ -134,6 +186,16 @@ public:
   /// live. Raises std::invalid_argument when `request_id` is already in flight or
   /// `prompt_tokens` < 0 (the caller's mistake).
   place_result place(uint64_t request_id, uint64_t group_id, int64_t prompt_tokens);
+  /// As above for a request with its prompt's block chain: with a cache-aware policy the chain
+  /// decides (see placement_policy) and then enters the chosen worker's index.
+  place_result place(const placement_request& r);
+
+  /// The workers' weights changed: they dropped their prefix caches, so every index is
+  /// cleared.
+  void weights_changed();
+
+  /// A live worker's estimated prefix index. Raises std::invalid_argument for an unknown one.
+  const prefix_index& index(const std::string& name) const;
 
   /// The request finished or was aborted; returns the worker it ran on and frees its slot.
   /// Raises std::invalid_argument naming the id when it is not in flight (never placed,
@@ -186,6 +248,8 @@ public:
 
 private:
   struct worker_state {
+    explicit worker_state(int64_t index_blocks) : index(index_blocks) {}
+    prefix_index index; ///< what it is estimated to hold in its prefix cache
     int64_t in_flight = 0;
     int64_t reported_tokens = 0; ///< last report
     int64_t placed_tokens = 0;   ///< prompt tokens placed since the last report
@@ -201,13 +265,13 @@ private:
   };
 
   double load_of(const worker_state& w) const;
+  bool cache_policy() const;
   const std::string& choose_round_robin();
   const std::string& choose_least_loaded() const;
-  /// The cache-aware hook (ARCHITECTURE.md §6, not built yet); raises
-  /// placement_not_implemented until cache-aware routing is implemented. Unreachable today
-  /// because the constructor rejects the policy, kept so the dispatch in `place` already
-  /// has its final shape.
-  const std::string& choose_by_policy();
+  /// The cache-aware rules (placement_policy::cache_aware / sglang_cache_aware).
+  const std::string& choose_cache_aware(const placement_request& r);
+  const std::string& choose_sglang(const placement_request& r);
+  const std::string& choose_by_policy(const placement_request& r);
   worker_state& live_worker(const std::string& name, const char* what);
   const worker_state& live_worker(const std::string& name, const char* what) const;
   void release(const request_state& r);

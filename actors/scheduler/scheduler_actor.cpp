@@ -10,7 +10,9 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/common/shell_util.hpp"
+#include "actors/common/train_setup.hpp"
 #include "actors/rollout/rollout_wire.hpp"
+#include "actors/rollout/worker_core.hpp"
 #include "actors/scheduler/scheduler_core.hpp"
 #include "actors/trainer/train_wire.hpp"
 
@@ -76,12 +78,29 @@ void on(scheduler_actor_t* self, msg::RoleStateRestore::Reader r) {
              trainer::to_msg(trainer::ev::role_state_restored{role::scheduler, why.empty(), why}));
 }
 
+/// The core for `cfg`: with a cache-aware policy it builds each request's prompt as the workers
+/// do, and sizes each worker's estimated index to the workers' prefix-cache budget.
+std::unique_ptr<scheduler::scheduler_core> make_core(const experiment_config& cfg) {
+  const auto dims = model_dims_from(cfg);
+  const int64_t blocks = rollout::worker_core::prefix_cache_tokens(dims, cfg.rollout.prefix_cache_bytes)
+                         / ml::kv_cache_options{}.block_size;
+  auto options = scheduler::placement_options_from(cfg, blocks);
+  if (options.policy != scheduler::placement_policy::cache_aware
+      && options.policy != scheduler::placement_policy::sglang_cache_aware)
+    return std::make_unique<scheduler::scheduler_core>(options);
+  auto task = std::make_shared<ml::any_task>(make_task_from(cfg));
+  auto format = std::make_shared<ml::prompt_format>(prompt_format_from(cfg));
+  return std::make_unique<scheduler::scheduler_core>(
+    options, [task, format](const rollout::rollout_request& r) {
+      return rollout::first_prompt_tokens(*task, *format, r.split, r.task_index);
+    });
+}
+
 caf::behavior scheduler_actor(scheduler_actor_t* self, role_context ctx) {
   auto& st = self->state;
   st.me = ctx.name();
   st.directory = ctx.directory;
-  st.core =
-    std::make_unique<scheduler::scheduler_core>(scheduler::placement_options_from(*ctx.config));
+  st.core = make_core(*ctx.config);
   return {
     [self](roster_atom, const std::vector<peer_info>& roster) {
       auto& st = self->state;

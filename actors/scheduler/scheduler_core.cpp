@@ -5,7 +5,8 @@
 
 namespace sorl::scheduler {
 
-scheduler_core::scheduler_core(placement_options options) : placement_(std::move(options)) {
+scheduler_core::scheduler_core(placement_options options, prompt_fn prompt)
+  : placement_(std::move(options)), prompt_(std::move(prompt)) {
 }
 
 void scheduler_core::join(const std::string& worker) {
@@ -13,9 +14,11 @@ void scheduler_core::join(const std::string& worker) {
     placement_.join(worker);
 }
 
-void scheduler_core::place(const rollout::rollout_request& r, dispatch_result& out) {
+void scheduler_core::place(const held_request& h, dispatch_result& out) {
+  const auto& r = h.request;
   try {
-    auto where = placement_.place(r.request_id, r.group_id, 0);
+    auto where = placement_.place(
+      placement_request{r.request_id, r.group_id, h.prompt_tokens, h.chain});
     if (!where) {
       out.failures.push_back("cannot place request " + std::to_string(r.request_id) + ": " +
                              where.error);
@@ -29,11 +32,30 @@ void scheduler_core::place(const rollout::rollout_request& r, dispatch_result& o
 
 dispatch_result scheduler_core::submit(const rollout::rollout_request& r) {
   dispatch_result out;
-  auto [held, fresh] = held_.emplace(r.request_id, r);
-  if (!fresh)
+  if (held_.count(r.request_id) != 0) {
     out.warnings.push_back("request " + std::to_string(r.request_id) + " submitted twice");
-  else
-    place(held->second, out);
+    return out;
+  }
+  if (!weight_version_ || r.weight_version > *weight_version_) {
+    if (weight_version_)
+      placement_.weights_changed();
+    weight_version_ = r.weight_version;
+  }
+  held_request h{r, 0, {}};
+  const bool cache_aware = placement_.options().policy == placement_policy::cache_aware
+                           || placement_.options().policy == placement_policy::sglang_cache_aware;
+  if (cache_aware && prompt_) {
+    try {
+      const auto tokens = prompt_(r);
+      h.prompt_tokens = static_cast<int64_t>(tokens.size());
+      h.chain = block_chain(tokens, placement_.options().block_size);
+    } catch (const std::exception&) {
+      // The worker builds the same prompt, fails the same way and reports it; placing the
+      // request anyway keeps that report on the usual path.
+    }
+  }
+  auto held = held_.emplace(r.request_id, std::move(h)).first;
+  place(held->second, out);
   return out;
 }
 
@@ -73,15 +95,15 @@ dispatch_result scheduler_core::worker_lost(const std::string& worker, const std
   dispatch_result out;
   if (!placement_.is_live(worker))
     return out;
-  std::vector<rollout::rollout_request*> orphans;
+  std::vector<held_request*> orphans;
   for (const auto& orphan : placement_.worker_lost(worker))
     if (auto held = held_.find(orphan.request_id); held != held_.end())
       orphans.push_back(&held->second);
   out.warnings.push_back(worker + " is gone (" + why + "); re-placing " +
                          std::to_string(orphans.size()) + " requests");
-  for (auto* r : orphans) {
-    r->replaced_from = worker;
-    place(*r, out);
+  for (auto* h : orphans) {
+    h->request.replaced_from = worker;
+    place(*h, out);
   }
   return out;
 }

@@ -9,7 +9,9 @@
 // sends again.
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,12 +42,19 @@ struct dispatch_result {
   std::vector<std::string> warnings;
 };
 
+/// A request's first prompt as its worker will build it (rollout/worker_core.hpp
+/// first_prompt_tokens), token ids; what cache-aware placement matches. May throw: the request
+/// is then placed without a prefix to match (its worker reports the problem).
+using prompt_fn = std::function<std::vector<int32_t>(const rollout::rollout_request&)>;
+
 /// The scheduler's state: the placement and every request that has not finished, by id.
 /// Not thread-safe: called on the scheduler actor's thread only.
 class scheduler_core {
 public:
-  /// Raises std::invalid_argument for invalid options (see `placement::placement`).
-  explicit scheduler_core(placement_options options = {});
+  /// Raises std::invalid_argument for invalid options (see `placement::placement`). With a
+  /// cache-aware policy, `prompt` gives each request's prompt tokens; without it every
+  /// request is placed as if nothing were cached (the least loaded worker).
+  explicit scheduler_core(placement_options options = {}, prompt_fn prompt = {});
 
   /// A rollout worker of the roster joins; a name already live is left alone, so a second
   /// roster changes nothing.
@@ -53,7 +62,8 @@ public:
 
   /// A GenerateRequest from the trainer: held until its finish event and placed on a worker
   /// (one send). A request id already held is not placed again (a warning); no live worker is
-  /// a failure naming the request, which stays held.
+  /// a failure naming the request, which stays held. A request of a newer weight version than
+  /// any before clears the cache-aware indexes (the workers drop their prefix caches then).
   dispatch_result submit(const rollout::rollout_request& r);
 
   /// An AbortRollouts from the trainer, split by the worker holding each id, in worker name
@@ -91,11 +101,19 @@ public:
   }
 
 private:
-  /// Places held request `r` and appends the send or the failure to `out`.
-  void place(const rollout::rollout_request& r, dispatch_result& out);
+  struct held_request {
+    rollout::rollout_request request;
+    int64_t prompt_tokens = 0;   ///< tokens; 0 without a prompt function
+    std::vector<uint64_t> chain; ///< block_chain of the prompt, kept for re-placement
+  };
+
+  /// Places held request `h` and appends the send or the failure to `out`.
+  void place(const held_request& h, dispatch_result& out);
 
   scheduler::placement placement_;
-  std::map<uint64_t, rollout::rollout_request> held_; ///< by request id
+  prompt_fn prompt_;
+  std::map<uint64_t, held_request> held_; ///< by request id
+  std::optional<uint64_t> weight_version_; ///< newest seen in a request
 };
 
 } // namespace sorl::scheduler

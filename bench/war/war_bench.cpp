@@ -32,6 +32,7 @@
 #include "actors/rollout/worker_core.hpp"
 #include "actors/sagc/timing.hpp"
 #include "actors/suffix_index/suffix_drafter.hpp"
+#include "bench/war/flag_values.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/hf_model.hpp"
@@ -53,6 +54,9 @@
 
 using namespace sorl;
 using json = nlohmann::json;
+using sorl::bench::integer;
+using sorl::bench::number;
+using sorl::bench::split;
 
 namespace {
 
@@ -73,45 +77,6 @@ std::map<std::string, std::string> flags(int argc, char** argv, int from, const 
 std::string flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& dflt) {
   const auto it = f.find(k);
   return it == f.end() ? dflt : it->second;
-}
-
-// A whole decimal integer in [lo, hi]; anything else names the option and the value.
-long long integer(const std::string& name, const std::string& text, long long lo, long long hi) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || v < lo || v > hi)
-    throw std::invalid_argument(fmt::format("--{} {}: expected an integer in [{}, {}]", name, text, lo, hi));
-  return v;
-}
-
-double number(const std::string& name, const std::string& text, double lo, double hi) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !(v >= lo && v <= hi))
-    throw std::invalid_argument(fmt::format("--{} {}: expected a number in [{}, {}]", name, text, lo, hi));
-  return v;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t from = 0;
-  while (from <= s.size()) {
-    const std::size_t comma = s.find(',', from);
-    out.push_back(s.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
-    if (comma == std::string::npos) break;
-    from = comma + 1;
-  }
-  return out;
 }
 
 // The policy the config trains from, as the learner loads it (actors/learner/learner_service.cpp).

@@ -20,6 +20,7 @@ struct generator::request {
   seq_id base = -1;          // taken-over parked sequence until admission, else -1
   std::int64_t base_len = 0; // its cached tokens: the prompt's prefix not to prefill
   std::int64_t hit_len = 0;  // prefix-cache tokens at admission (no base)
+  std::int64_t priority = 0; // kv_reuse::priority
 
   request(std::uint64_t id_, std::vector<std::int32_t> prompt_, const sampling_params& p,
           std::vector<std::int64_t> streams_, detokenize_fn detok)
@@ -132,12 +133,16 @@ std::uint64_t generator::submit(std::vector<std::int32_t> prompt, const sampling
   const std::uint64_t id = next_request_++;
   auto r = std::make_shared<request>(id, std::move(prompt), params, std::move(streams), std::move(detokenize));
   r->park = reuse.park;
-  queue_.push_back(std::move(r));
+  r->priority = reuse.priority;
   if (parked != parked_.end()) {
-    queue_.back()->base = parked->second.seq;
-    queue_.back()->base_len = static_cast<std::int64_t>(parked->second.tokens.size());
+    r->base = parked->second.seq;
+    r->base_len = static_cast<std::int64_t>(parked->second.tokens.size());
     parked_.erase(parked);
   }
+  // Behind every queued request of at least its priority: FIFO among equals.
+  const auto at = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const std::shared_ptr<request>& q) { return q->priority < r->priority; });
+  queue_.insert(at, std::move(r));
   return id;
 }
 
@@ -215,14 +220,37 @@ generation_result generator::finish(sample& s, finish_reason reason) {
   return r;
 }
 
+bool generator::shares_uncached_prefill(const request& r, const std::vector<std::shared_ptr<request>>& admitted,
+                                        std::vector<std::int32_t>& scratch) const {
+  if (!prefix_ || !opts_.defer_shared_prefill || r.base >= 0 || admitted.empty()) return false;
+  const std::int64_t block = opts_.cache.block_size;
+  const auto limit = static_cast<std::int64_t>(r.prompt.size()) - 1;
+  std::int64_t shared = 0;  // whole blocks in common with a prompt prefilled in this pass
+  for (const auto& a : admitted) {
+    if (a->base >= 0) continue;
+    const auto n = std::min<std::int64_t>(limit, static_cast<std::int64_t>(a->prompt.size()) - 1);
+    const auto diff = std::mismatch(r.prompt.begin(), r.prompt.begin() + n, a->prompt.begin());
+    shared = std::max<std::int64_t>(shared, (diff.first - r.prompt.begin()) / block * block);
+  }
+  if (shared == 0) return false;
+  std::vector<std::int32_t>& unused = scratch;
+  return shared > prefix_->match(r.prompt, limit, unused);
+}
+
 std::vector<generation_result> generator::step() {
-  // Admission: whole groups, first come first served, while they fit.
+  // Admission: whole groups, first come first served, while they fit; a prompt that would
+  // prefill blocks another admitted prompt prefills in this pass waits one step.
   std::vector<std::shared_ptr<request>> admitted;
   std::int64_t occupied = live_samples();
-  while (!queue_.empty() && occupied + queue_.front()->group_size <= opts_.max_batch) {
-    occupied += queue_.front()->group_size;
-    admitted.push_back(std::move(queue_.front()));
-    queue_.pop_front();
+  std::vector<std::int32_t> scratch;
+  for (auto it = queue_.begin(); it != queue_.end() && occupied + (*it)->group_size <= opts_.max_batch;) {
+    if (shares_uncached_prefill(**it, admitted, scratch)) {
+      ++it;
+      continue;
+    }
+    occupied += (*it)->group_size;
+    admitted.push_back(std::move(*it));
+    it = queue_.erase(it);
   }
   const auto started = std::chrono::steady_clock::now();
   const std::int64_t max_seq = model_.dims().max_seq;

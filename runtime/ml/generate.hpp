@@ -74,6 +74,12 @@ struct generator_options {
   /// from admitted prompts and finished samples, so that a later prompt with the same start
   /// prefills only what follows it. 0 = off. >= 0.
   std::int64_t prefix_cache_tokens = 0;
+  /// With the prefix cache: a queued prompt that shares whole blocks beyond its cached prefix
+  /// with a prompt admitted in the same step waits one step, then finds those blocks cached,
+  /// instead of prefilling them a second time in the same pass (requests behind it are
+  /// admitted meanwhile). At high load a step admits many prompts at once, and prompts of one
+  /// family (a shared system prompt) otherwise all miss together.
+  bool defer_shared_prefill = true;
 };
 
 /// Where the prompt tokens of admitted requests came from, since construction (or
@@ -114,6 +120,11 @@ struct kv_reuse {
   /// it over (the handle is spent at submit) and prefills only the prompt's remaining tokens.
   /// Siblings of a group fork it. 0 = prefill the whole prompt.
   parked_kv from = 0;
+  /// Admission order: a queued request with a higher priority is admitted before those with
+  /// a lower one, first come first served among equals. A rollout worker gives a later turn
+  /// the number of turns its episode has done, so that episodes far along finish first and
+  /// the step's tail (its last episode) ends sooner. 0 = plain FIFO.
+  std::int64_t priority = 0;
 };
 
 /// Speculative decoding of one sample.
@@ -261,6 +272,10 @@ class generator {
     std::vector<std::int32_t> tokens;  // what the sequence caches
   };
   generation_result finish(sample& s, finish_reason reason);
+  /// Whether queued request `r` would prefill whole blocks that a request of `admitted`
+  /// prefills in the same pass (generator_options::defer_shared_prefill).
+  bool shares_uncached_prefill(const request& r, const std::vector<std::shared_ptr<request>>& admitted,
+                               std::vector<std::int32_t>& scratch) const;
   void drop_request_kv(request& r);
 
   const policy_model& model_;

@@ -169,6 +169,25 @@ TEST_CASE("groups are admitted whole when the batch has room", "[generate]") {
   CHECK_THROWS_WITH(g.submit(tokens(3, 40, 13), sampled(1, 3), 5), Catch::Contains("group_size 5"));
 }
 
+TEST_CASE("queued requests are admitted by priority, first come first served among equals", "[generate]") {
+  const policy_model m(small_dims(), 27, small_init_std);
+  generator_options o;
+  o.max_batch = 1;
+  generator g(m, o);
+  auto submit = [&](std::int32_t seed, std::int64_t priority) {
+    return g.submit(tokens(3, 40, seed), greedy(1), 1, {}, kv_reuse{false, 0, priority});
+  };
+  const auto a = submit(11, 0);
+  const auto b = submit(12, 0);
+  const auto c = submit(13, 2);
+  const auto d = submit(14, 2);
+  const auto e = submit(15, 1);
+  std::vector<std::uint64_t> order;
+  while (!g.idle())
+    for (const auto& r : g.step()) order.push_back(r.request_id);
+  CHECK(order == std::vector<std::uint64_t>{c, d, e, a, b});
+}
+
 TEST_CASE("a stop string ends generation with reason stop", "[generate]") {
   const policy_model m(small_dims(), 28, small_init_std);
   const std::vector<std::int32_t> prompt = tokens(4, 40, 14);

@@ -205,6 +205,41 @@ TEST_CASE("a prompt-prefix hit gives the tokens and log-probs of prefilling the 
   }
 }
 
+TEST_CASE("prompts sharing uncached blocks are not prefilled together: the later waits one step and hits",
+          "[prefix_cache][generate]") {
+  const policy_model m(small_dims(), 44, small_init_std);
+  const std::vector<std::int32_t> shared = tokens(40, 40, 9);  // two whole blocks and 8 tokens
+  auto with_tail = [&](std::int32_t seed) {
+    std::vector<std::int32_t> p = shared;
+    const std::vector<std::int32_t> t = tokens(6, 40, seed);
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  const std::vector<std::int32_t> other = tokens(20, 40, 30);
+  for (const bool defer : {true, false}) {
+    INFO("defer_shared_prefill = " << defer);
+    generator_options o = with_prefix_cache(1024);
+    o.defer_shared_prefill = defer;
+    generator g(m, o);
+    const auto a = g.submit(with_tail(10), sampled(1, 4), 2);
+    const auto b = g.submit(with_tail(11), sampled(2, 4), 2);
+    const auto c = g.submit(other, sampled(3, 4), 1);  // behind b, nothing in common: admitted
+    g.step();
+    CHECK(g.live_samples() == (defer ? 3 : 5));
+    CHECK(g.queued_requests() == (defer ? 1 : 0));
+    std::map<std::uint64_t, generation_result> first;
+    for (auto& r : g.run_until_idle())
+      if (r.sample_index == 0) first[r.request_id] = std::move(r);
+    const prefill_stats st = g.take_prefill_stats();
+    CHECK(st.prompt_tokens == 46 + 46 + 20);
+    // Deferred, b finds a's two whole blocks cached; admitted with a, it prefills them again.
+    CHECK(st.hit_tokens == (defer ? 32 : 0));
+    CHECK(first.at(a).cached_tokens == 0);
+    CHECK(first.at(b).cached_tokens == (defer ? 32 : 0));
+    CHECK(first.at(c).cached_tokens == 0);
+  }
+}
+
 TEST_CASE("a next turn served from a finished turn's blocks matches a fresh prefill of the chat", "[prefix_cache][generate]") {
   // The finished turn's response KV was computed by one-token decode passes, a fresh prefill
   // computes it in one pass: as for parked KV (generate_test.cpp), see check_close.

@@ -473,11 +473,6 @@ TEST_CASE("speculative decoding settings are read and their ranges enforced") {
 }
 
 TEST_CASE("settings that are not implemented yet are refused, not ignored") {
-  auto cache = only_error("[scheduler]\npolicy = \"cache_aware\"\n" + std::string{minimal});
-  CHECK(cache.key == "scheduler.policy");
-  CHECK(cache.line == 2);
-  CHECK(cache.column == 10);
-  CHECK(cache.message == "policy \"cache_aware\" is not implemented yet");
   CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
   CHECK(only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal}).key
         == "sagc.group_size"); // outside the default [g_min, g_max] = [2, 16]
@@ -682,7 +677,8 @@ TEST_CASE("a config file that cannot be opened says why") {
 TEST_CASE("an enumerated setting outside its values names them all and the nearest") {
   // A designed value the build refuses is still listed among the accepted spellings.
   CHECK(only_error("[scheduler]\npolicy = \"random\"\n" + std::string{minimal}).message
-        == "\"random\" is not one of \"round_robin\", \"least_loaded\", \"cache_aware\"");
+        == "\"random\" is not one of \"round_robin\", \"least_loaded\", \"cache_aware\", "
+           "\"sglang_cache_aware\"");
   CHECK(only_error("[sagc]\npolicy = \"Static\"\n" + std::string{minimal}).message
         == "\"Static\" is not one of \"static\", \"sagc\", \"deadline\"; did you mean "
            "\"static\"?");
@@ -705,6 +701,22 @@ TEST_CASE("every enumerated setting reads back as the value its spelling names")
   CHECK(cfg.task.match == match_kind::integer);
   CHECK(to_string(group_policy_kind::fixed) == "static");
   CHECK(to_string(placement_kind::least_loaded) == "least_loaded");
+}
+
+TEST_CASE("scheduler.policy takes the cache-aware rules and cache_threshold is a share") {
+  auto cfg = parse_config("[scheduler]\npolicy = \"cache_aware\"\ncache_threshold = 0.5\n"
+                            + std::string{minimal},
+                          "test.toml", roles);
+  CHECK(cfg.scheduler.policy == placement_kind::cache_aware);
+  CHECK(cfg.scheduler.cache_threshold == 0.5);
+  CHECK(parse_config("[scheduler]\npolicy = \"sglang_cache_aware\"\n" + std::string{minimal},
+                     "test.toml", roles)
+          .scheduler.policy
+        == placement_kind::sglang_cache_aware);
+  CHECK(parse_config(minimal, "test.toml", roles).scheduler.cache_threshold == 0.3);
+  auto e = only_error("[scheduler]\ncache_threshold = 1.5\n" + std::string{minimal});
+  CHECK(e.key == "scheduler.cache_threshold");
+  CHECK(e.line == 2);
 }
 
 TEST_CASE("the removed rollout.kv_cache_tokens is an unknown key") {

@@ -237,14 +237,249 @@ TEST_CASE("a restored placement continues round robin where the saved one stoppe
 TEST_CASE("placement options come from [scheduler], with the config's defaults", "[placement]") {
   sorl::experiment_config cfg;
   const placement_options plain;
-  const auto d = placement_options_from(cfg);
+  const auto d = placement_options_from(cfg, 4096);
   CHECK(d.policy == plain.policy);
   CHECK(d.imbalance_threshold == plain.imbalance_threshold);
   CHECK(d.queued_token_weight == plain.queued_token_weight);
+  CHECK(d.cache_threshold == plain.cache_threshold);
+  CHECK(d.cache_imbalance_threshold == plain.cache_imbalance_threshold);
   CHECK(d.group_affinity); // the scheduler always keeps a group's siblings together
   cfg.scheduler.policy = sorl::placement_kind::least_loaded;
   cfg.scheduler.imbalance_threshold = 5.5;
-  const auto o = placement_options_from(cfg);
+  const auto o = placement_options_from(cfg, 4096);
   CHECK(o.policy == placement_policy::least_loaded);
   CHECK(o.imbalance_threshold == 5.5);
+  CHECK(o.index_blocks == 4096);
+  cfg.scheduler.policy = sorl::placement_kind::cache_aware;
+  cfg.scheduler.cache_threshold = 0.6;
+  cfg.scheduler.cache_imbalance_threshold = 7;
+  const auto c = placement_options_from(cfg, 0);
+  CHECK(c.policy == placement_policy::cache_aware);
+  CHECK(c.cache_threshold == 0.6);
+  CHECK(c.cache_imbalance_threshold == 7);
+  CHECK(c.index_blocks == 0);
+  cfg.scheduler.policy = sorl::placement_kind::sglang_cache_aware;
+  CHECK(placement_options_from(cfg, 1).policy == placement_policy::sglang_cache_aware);
+}
+
+// -- cache-aware placement ----------------------------------------------------------------
+
+namespace {
+
+/// `blocks` whole 16-token blocks of `family`'s tokens, then `tail` tokens of `tail_id`'s.
+std::vector<int32_t> prompt(int32_t family, int blocks, int32_t tail_id = 0, int tail = 0) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < blocks * 16; ++i)
+    t.push_back(family * 1000 + i);
+  for (int i = 0; i < tail; ++i)
+    t.push_back(500000 + tail_id * 100 + i);
+  return t;
+}
+
+/// Workers "a" and "b" under cache_aware with cache_imbalance_threshold = `threshold`.
+placement cache_aware_with_threshold(double threshold) {
+  placement_options o;
+  o.policy = placement_policy::cache_aware;
+  o.cache_imbalance_threshold = threshold;
+  placement p(o);
+  p.join("a");
+  p.join("b");
+  return p;
+}
+
+placement_request req(uint64_t id, const std::vector<int32_t>& tokens, uint64_t group = 0) {
+  return {id, group == 0 ? id + 1000 : group, static_cast<int64_t>(tokens.size()),
+          block_chain(tokens, 16)};
+}
+
+std::string place_req(placement& p, const placement_request& r) {
+  auto got = p.place(r);
+  REQUIRE(got);
+  return *got.worker;
+}
+
+} // namespace
+
+TEST_CASE("block chains name whole blocks and the whole path before them", "[placement]") {
+  const auto a = block_chain(prompt(1, 3, 0, 5), 16);
+  CHECK(a.size() == 3); // the 5-token partial block has no hash
+  const auto b = block_chain(prompt(1, 2), 16);
+  REQUIRE(b.size() == 2);
+  CHECK(b[0] == a[0]);
+  CHECK(b[1] == a[1]);
+  // The same second block after a different first block is a different path.
+  auto other = prompt(2, 1);
+  const auto second = prompt(1, 2);
+  other.insert(other.end(), second.begin() + 16, second.end());
+  const auto c = block_chain(other, 16);
+  CHECK(c[0] != a[0]);
+  CHECK(c[1] != a[1]);
+  CHECK(block_chain({1, 2, 3}, 16).empty());
+  CHECK_THROWS_AS(block_chain({1}, 0), std::invalid_argument);
+}
+
+TEST_CASE("a prefix index matches leading blocks only and drops the least recent, deepest first",
+          "[placement]") {
+  prefix_index idx(4);
+  const auto a = block_chain(prompt(1, 3), 16);
+  const auto b = block_chain(prompt(2, 2), 16);
+  idx.insert(a);
+  CHECK(idx.match(a) == 3);
+  CHECK(idx.match(block_chain(prompt(1, 3, 7, 32), 16)) == 3); // a longer prompt of a
+  CHECK(idx.match(b) == 0);
+  idx.insert(b); // 5 blocks > 4: a's deepest block goes
+  CHECK(idx.size() == 4);
+  CHECK(idx.match(a) == 2);
+  CHECK(idx.match(b) == 2);
+  // A prompt sharing only the first token, then diverging, matches nothing.
+  auto diverging = prompt(1, 3);
+  diverging[1] = -5;
+  CHECK(idx.match(block_chain(diverging, 16)) == 0);
+  idx.clear();
+  CHECK(idx.size() == 0);
+  CHECK(idx.match(a) == 0);
+  prefix_index none(0);
+  none.insert(a);
+  CHECK(none.match(a) == 0);
+  CHECK_THROWS_AS(prefix_index(-1), std::invalid_argument);
+}
+
+TEST_CASE("cache aware sends a prompt to the worker holding its longest prefix", "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"});
+  // Nothing cached: least loaded, ties to the first name.
+  CHECK(place_req(p, req(1, prompt(1, 3))) == "a");
+  CHECK(place_req(p, req(2, prompt(2, 3))) == "b");
+  // Loads 1 and 1: the cached prefix decides; 48 of 64 tokens = 0.75 >= 0.3.
+  CHECK(place_req(p, req(3, prompt(1, 3, 3, 16))) == "a");
+  CHECK(place_req(p, req(4, prompt(2, 3, 4, 16))) == "b");
+  CHECK(place_req(p, req(5, prompt(2, 3, 5, 16))) == "b"); // loads 2 and 2
+  CHECK(p.stats().cache_routed == 3);
+  CHECK(p.stats().cache_balanced == 0);
+  // The estimated cached tokens on the chosen workers: 0 + 0 + 48 + 48 + 48 (request 5's tail
+  // block differs from request 4's) of 48 + 48 + 64 × 3 prompt tokens.
+  CHECK(p.stats().matched_tokens == 48 + 48 + 48);
+  CHECK(p.stats().prompt_tokens == 48 + 48 + 64 * 3);
+  CHECK(p.index("a").match(block_chain(prompt(1, 3, 3, 16), 16)) == 4);
+}
+
+TEST_CASE("cache aware needs the prefix to cover cache_threshold of the prompt", "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"});
+  CHECK(place_req(p, req(1, prompt(1, 1))) == "a");
+  // 16 cached of 64 = 0.25 < 0.3: least loaded (b) instead of a.
+  CHECK(place_req(p, req(2, prompt(1, 1, 2, 48))) == "b");
+  // 16 of 48 = 0.33 >= 0.3: both hold that block now, loads 1 and 1: the name first, a.
+  CHECK(place_req(p, req(3, prompt(1, 1, 3, 32))) == "a");
+  CHECK(p.stats().cache_routed == 1);
+}
+
+TEST_CASE("cache aware yields to the least loaded past the imbalance threshold", "[placement]") {
+  auto p = cache_aware_with_threshold(2.0);
+  CHECK(place_req(p, req(1, prompt(1, 4))) == "a");
+  p.join("c");
+  // b and c idle: the prefix on a wins while a's load exceeds theirs by at most 2.
+  CHECK(place_req(p, req(2, prompt(1, 4, 2, 8))) == "a");
+  CHECK(place_req(p, req(3, prompt(1, 4, 3, 8))) == "a");
+  // a: 3, b: 0 → 3 > 2: b, which then holds the prefix as well.
+  CHECK(place_req(p, req(4, prompt(1, 4, 4, 8))) == "b");
+  CHECK(p.stats().cache_balanced == 1);
+  CHECK(p.index("b").match(block_chain(prompt(1, 4), 16)) == 4);
+  // Both hold it; b is less loaded (1 against 3).
+  CHECK(place_req(p, req(5, prompt(1, 4, 5, 8))) == "b");
+  p.complete(1);
+  p.complete(2);
+  p.complete(3); // a: 0, b: 2, c: 0 — a holds the prefix and is the least loaded
+  CHECK(place_req(p, req(6, prompt(1, 4, 6, 8))) == "a");
+}
+
+TEST_CASE("cache aware keeps a group's siblings on its home and forgets on a weight change",
+          "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  const auto shared = prompt(3, 2);
+  CHECK(place_req(p, req(1, shared, 7)) == "a");
+  CHECK(place_req(p, req(2, shared, 7)) == "a"); // sibling: affinity, not a lookup
+  CHECK(p.stats().affinity_hits == 1);
+  CHECK(place_req(p, req(3, prompt(4, 2))) == "b");
+  p.weights_changed();
+  CHECK(p.index("a").size() == 0);
+  CHECK(p.index("b").size() == 0);
+  // Loads a: 2, b: 1 and nothing cached any more: least loaded.
+  CHECK(place_req(p, req(4, prompt(3, 2, 4, 4))) == "b");
+}
+
+TEST_CASE("a worker lost mid-episode: its requests are re-placed with their prefixes",
+          "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"});
+  CHECK(place_req(p, req(1, prompt(1, 3))) == "a");
+  CHECK(place_req(p, req(2, prompt(2, 3))) == "b");
+  const auto orphans = p.worker_lost("a");
+  REQUIRE(orphans.size() == 1);
+  CHECK(orphans[0].request_id == 1);
+  CHECK(place_req(p, req(1, prompt(1, 3))) == "b");
+  CHECK(p.index("b").match(block_chain(prompt(1, 3), 16)) == 3);
+  CHECK_THROWS_AS(p.index("a"), std::invalid_argument);
+}
+
+TEST_CASE("SGLang's rule: prefix above 0.3, else the smallest tree, balance only past 64 and 1.5x",
+          "[placement]") {
+  auto p = make(placement_policy::sglang_cache_aware, {"a", "b"});
+  CHECK(place_req(p, req(1, prompt(1, 4))) == "a"); // both trees empty: the first name
+  CHECK(place_req(p, req(2, prompt(2, 1))) == "b"); // no match: the smallest tree (a: 4, b: 0)
+  // No match: the smallest tree (a: 4 blocks, b: 1), although both run one request.
+  CHECK(place_req(p, req(3, prompt(5, 1))) == "b");
+  // 16 of 64 tokens match on a (0.25, not above 0.3): the smallest tree (b: 2 blocks).
+  CHECK(place_req(p, req(4, prompt(1, 1, 4, 48))) == "b");
+  CHECK(p.index("a").size() == 4);
+  CHECK(p.index("b").size() == 6);
+  // Matches follow the tree whatever the load, below the balance thresholds.
+  for (uint64_t id = 10; id < 10 + 66; ++id)
+    CHECK(place_req(p, req(id, prompt(1, 4, static_cast<int32_t>(id), 4))) == "a");
+  CHECK(p.in_flight("a") == 67);
+  CHECK(p.in_flight("b") == 3);
+  // 67 - 3 = 64, not > 64: still a.
+  CHECK(place_req(p, req(80, prompt(1, 4, 80, 4))) == "a");
+  CHECK(p.stats().cache_balanced == 0);
+  // 68 - 3 = 65 > 64 and 68 > 1.5 × 3: the least loaded, although a holds the prefix.
+  CHECK(place_req(p, req(81, prompt(1, 4, 81, 4))) == "b");
+  CHECK(p.stats().cache_balanced == 1);
+  CHECK(p.stats().cache_routed == 67);
+}
+
+TEST_CASE("placement refuses cache options outside their ranges", "[placement]") {
+  placement_options o;
+  o.cache_threshold = 1.5;
+  CHECK_THROWS_AS(placement(o), std::invalid_argument);
+  o.cache_threshold = 0.3;
+  o.block_size = 0;
+  CHECK_THROWS_AS(placement(o), std::invalid_argument);
+  o.block_size = 16;
+  o.index_blocks = -1;
+  CHECK_THROWS_AS(placement(o), std::invalid_argument);
+  o.index_blocks = 0;
+  o.cache_imbalance_threshold = -1;
+  CHECK_THROWS_AS(placement(o), std::invalid_argument);
+}
+
+TEST_CASE("cache aware sends a new prefix where the cache has room, within the imbalance threshold",
+          "[placement]") {
+  auto p = cache_aware_with_threshold(2.0);
+  CHECK(place_req(p, req(1, prompt(1, 1))) == "a"); // a: 1 block
+  CHECK(place_req(p, req(2, prompt(2, 6))) == "b"); // b: 6 blocks
+  p.complete(1);
+  // a is idle, b runs one; a prompt of a new family goes to a, whose index is smaller.
+  CHECK(place_req(p, req(3, prompt(3, 2))) == "a"); // a: 3 blocks, load 1
+  // a new family: a holds 3 blocks, b 6, loads 1 and 1: a.
+  CHECK(place_req(p, req(4, prompt(4, 2))) == "a"); // a: 5 blocks, load 2
+  CHECK(place_req(p, req(5, prompt(5, 2))) == "a"); // a: 7 blocks, load 3; b: load 1
+  // a's index is now the larger: b.
+  CHECK(place_req(p, req(6, prompt(6, 1))) == "b"); // b: 7 blocks, load 2
+  // Equal indexes (7 and 7): the less loaded, b (2 against 3).
+  CHECK(place_req(p, req(7, prompt(7, 1))) == "b"); // b: 8 blocks, load 3
+  CHECK(place_req(p, req(8, prompt(8, 1))) == "a"); // a: 8 blocks, load 4
+  CHECK(place_req(p, req(9, prompt(9, 6))) == "b"); // equal: the less loaded (3 against 4)
+  CHECK(place_req(p, req(10, prompt(10, 1))) == "a"); // a: 8 against b: 14 blocks
+  CHECK(place_req(p, req(11, prompt(11, 1))) == "a"); // a: 9, load 5 against b: 4
+  CHECK(place_req(p, req(12, prompt(12, 1))) == "a"); // a: 10, load 6 against 4: within 2
+  // a: load 7 against b: 4, 3 > 2: the roomier a is passed over for b.
+  CHECK(place_req(p, req(13, prompt(13, 1))) == "b");
+  CHECK(p.stats().cache_routed == 0);
 }

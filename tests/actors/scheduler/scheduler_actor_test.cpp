@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -36,10 +38,11 @@ using strings = std::vector<std::string>;
 
 namespace {
 
-envelope request(uint64_t id, uint64_t group) {
+envelope request(uint64_t id, uint64_t group, uint64_t task = 0) {
   return build_envelope<msg::GenerateRequest>([&](msg::GenerateRequest::Builder b) {
     b.setRequestId(id);
     b.setGroupId(group);
+    b.setTaskIndex(task);
     b.setGroupSize(4);
     b.setMaxNewTokens(8);
   });
@@ -100,9 +103,15 @@ struct scheduler_harness {
   caf::actor scheduler;
   std::vector<peer_info> roster;
 
-  scheduler_harness(placement_kind policy, int n_workers, double threshold = 2.0) {
+  scheduler_harness(placement_kind policy, int n_workers, double threshold = 2.0,
+                    const std::string& jsonl = "") {
     exp.scheduler.policy = policy;
     exp.scheduler.imbalance_threshold = threshold;
+    if (!jsonl.empty()) {
+      exp.task.name = "jsonl";
+      exp.task.path = jsonl;
+      exp.task.eval_fraction = 0.0;
+    }
     auto me = caf::actor_cast<caf::actor>(self);
     scheduler = spawn_scheduler(sys, test_context(exp, "scheduler", me));
     roster.push_back({"trainer", 0, "test", me});
@@ -223,6 +232,32 @@ TEST_CASE("the scheduler places each request on the worker its policy picks") {
                                              {"request 4", "request 6", "request 7"},
                                              {"request 5"}});
   }
+}
+
+TEST_CASE("cache aware: the scheduler builds each prompt as its worker will and follows its prefix") {
+  // Tasks 0 and 1 share a 64-token start (<|bos|> and 63 bytes), tasks 2 and 3 another.
+  const auto path = std::filesystem::temp_directory_path() / "sorl_scheduler_cache_aware.jsonl";
+  const std::string a(63, 'a'), b(63, 'b');
+  std::ofstream{path} << "{\"prompt\": \"" << a << "1+1=\", \"answer\": \"2\"}\n"
+                      << "{\"prompt\": \"" << a << "2+2=\", \"answer\": \"4\"}\n"
+                      << "{\"prompt\": \"" << b << "3+3=\", \"answer\": \"6\"}\n"
+                      << "{\"prompt\": \"" << b << "4+4=\", \"answer\": \"8\"}\n";
+  for (const auto policy : {placement_kind::least_loaded, placement_kind::cache_aware}) {
+    INFO(to_string(policy));
+    scheduler_harness h(policy, 2, 2.0, path.string());
+    // Tasks in the order 0, 2, 3, 1, each its own group. Least loaded alternates by load (ties
+    // to worker 0): 0 → 0, 2 → 1, 3 → 0, 1 → 1. Cache aware: 0 → 0; 2 (no prefix) → 1, whose
+    // index is empty; 3 → 1 and 1 → 0, where their starts are.
+    h.send(request(1, 101, 0));
+    h.send(request(2, 102, 2));
+    h.send(request(3, 103, 3));
+    h.send(request(4, 104, 1));
+    if (policy == placement_kind::least_loaded)
+      CHECK(h.placed() == std::vector<strings>{{"request 1", "request 3"}, {"request 2", "request 4"}});
+    else
+      CHECK(h.placed() == std::vector<strings>{{"request 1", "request 4"}, {"request 2", "request 3"}});
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE(

@@ -12,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -236,4 +237,73 @@ TEST_CASE("the scheduler core's state round-trips and a corrupt one is refused b
   CHECK(fresh.restore_state("not json") == "scheduler state: not a JSON object");
   CHECK(fresh.save_state() ==
         R"({"format":"sorl.scheduler","format_version":1,"round_robin_last":"c"})");
+}
+
+namespace {
+
+/// Task t's prompt: 64 tokens shared by its family t / 100, then 8 of its own.
+std::vector<int32_t> family_prompt(uint64_t task) {
+  if (task == 999)
+    throw std::invalid_argument("no task 999");
+  std::vector<int32_t> t;
+  for (int i = 0; i < 64; ++i)
+    t.push_back(static_cast<int32_t>(task / 100 * 1000 + i));
+  for (int i = 0; i < 8; ++i)
+    t.push_back(static_cast<int32_t>(task * 10 + i));
+  return t;
+}
+
+rollout::rollout_request task_request(uint64_t id, uint64_t task, uint64_t version = 6) {
+  rollout::rollout_request r;
+  r.request_id = id;
+  r.group_id = id + 100;
+  r.task_index = task;
+  r.weight_version = version;
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("cache aware placement matches prompts, re-places a lost worker's episodes with their "
+          "prefixes, and forgets them on new weights") {
+  placement_options o;
+  o.policy = placement_policy::cache_aware;
+  o.group_affinity = true;
+  std::vector<uint64_t> asked;
+  scheduler_core core(o, [&](const rollout::rollout_request& r) {
+    asked.push_back(r.task_index);
+    return family_prompt(r.task_index);
+  });
+  core.join("a");
+  core.join("b");
+  auto place = [&](uint64_t id, uint64_t task, uint64_t version = 6) {
+    auto d = core.submit(task_request(id, task, version));
+    CHECK(d.failures.empty());
+    CHECK(d.warnings.empty());
+    REQUIRE(d.sends.size() == 1);
+    return d.sends[0].worker;
+  };
+  CHECK(place(1, 100) == "a"); // nothing cached: least loaded, the first name
+  CHECK(place(2, 200) == "b");
+  CHECK(place(3, 101) == "a"); // family 1's 64 tokens of 72 are on a; loads 1 and 1
+  CHECK(place(4, 201) == "b");
+  CHECK(place(5, 102) == "a");
+  CHECK(core.placement().stats().cache_routed == 3);
+
+  // a dies mid-episode: its three episodes restart on b, which then holds family 1 as well.
+  auto d = core.worker_lost("a", "killed");
+  CHECK(sends(d) == std::vector<std::string>{"b:1 from a", "b:3 from a", "b:5 from a"});
+  CHECK(core.held() == 5);
+  const auto family1 = block_chain(family_prompt(100), 16);
+  CHECK(core.placement().index("b").match(family1) == 4);
+  CHECK(core.placement().index("b").size() == 8);
+
+  // Newer weights: the workers dropped their caches, and so does the estimate.
+  CHECK(place(7, 104, 7) == "b");
+  CHECK(core.placement().index("b").size() == 4);
+  // A prompt that cannot be built is placed all the same (its worker reports why).
+  CHECK(place(8, 999, 7) == "b");
+  CHECK(core.placement().index("b").size() == 4);
+  // Each prompt was built once: a re-placement reuses the chain.
+  CHECK(asked == ids{100, 200, 101, 201, 102, 104, 999});
 }
