@@ -45,13 +45,21 @@ dispatch_result scheduler_core::submit(const rollout::rollout_request& r) {
   const bool cache_aware = placement_.options().policy == placement_policy::cache_aware
                            || placement_.options().policy == placement_policy::sglang_cache_aware;
   if (cache_aware && prompt_) {
-    try {
-      const auto tokens = prompt_(r);
-      h.prompt_tokens = static_cast<int64_t>(tokens.size());
-      h.chain = block_chain(tokens, placement_.options().block_size);
-    } catch (const std::exception&) {
-      // The worker builds the same prompt, fails the same way and reports it; placing the
-      // request anyway keeps that report on the usual path.
+    // Siblings arrive one after another with the same prompt: build it once per group.
+    const auto key = std::make_tuple(r.group_id, r.split, r.task_index);
+    if (last_prompt_ && last_prompt_->key == key) {
+      h.prompt_tokens = last_prompt_->tokens;
+      h.chain = last_prompt_->chain;
+    } else {
+      try {
+        const auto tokens = prompt_(r);
+        h.prompt_tokens = static_cast<int64_t>(tokens.size());
+        h.chain = block_chain(tokens, placement_.options().block_size);
+        last_prompt_ = built_prompt{key, h.prompt_tokens, h.chain};
+      } catch (const std::exception&) {
+        // The worker builds the same prompt, fails the same way and reports it; placing the
+        // request anyway keeps that report on the usual path.
+      }
     }
   }
   auto held = held_.emplace(r.request_id, std::move(h)).first;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "actors/rollout/rollout_types.hpp"
@@ -114,6 +115,12 @@ private:
   prompt_fn prompt_;
   std::map<uint64_t, held_request> held_; ///< by request id
   std::optional<uint64_t> weight_version_; ///< newest seen in a request
+  struct built_prompt {
+    std::tuple<uint64_t, ml::task_split, uint64_t> key; ///< group, split, task index
+    int64_t tokens = 0;
+    std::vector<uint64_t> chain;
+  };
+  std::optional<built_prompt> last_prompt_; ///< the latest prompt built, for its siblings
 };
 
 } // namespace sorl::scheduler

@@ -306,4 +306,12 @@ TEST_CASE("cache aware placement matches prompts, re-places a lost worker's epis
   CHECK(core.placement().index("b").size() == 4);
   // Each prompt was built once: a re-placement reuses the chain.
   CHECK(asked == ids{100, 200, 101, 201, 102, 104, 999});
+  // A sibling right after its group's first request reuses its prompt too.
+  auto sibling = task_request(9, 105, 7);
+  CHECK(core.submit(sibling).sends.size() == 1);
+  sibling.request_id = 10;
+  auto d10 = core.submit(sibling);
+  REQUIRE(d10.sends.size() == 1);
+  CHECK(asked.size() == 8);
+  CHECK(core.placement().index("b").match(family1) == 4);
 }
