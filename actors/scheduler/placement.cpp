@@ -33,7 +33,8 @@ placement_options placement_options_from(const experiment_config& cfg,
       o.policy = placement_policy::sglang_cache_aware;
       break;
   }
-  o.group_affinity = true;
+  // SGLang's rule routes each request by its own prompt: no group affinity (placement_policy).
+  o.group_affinity = o.policy != placement_policy::sglang_cache_aware;
   o.imbalance_threshold = cfg.scheduler.imbalance_threshold;
   o.cache_threshold = cfg.scheduler.cache_threshold;
   o.cache_imbalance_threshold = cfg.scheduler.cache_imbalance_threshold;

@@ -93,8 +93,8 @@ struct placement_options {
 };
 
 /// The scheduler's placement from a loaded (validated) experiment: `[scheduler] policy`,
-/// `imbalance_threshold`, `cache_threshold` and `cache_imbalance_threshold`, with group affinity on (the shell always keeps
-/// siblings together); `index_blocks` is `rollout.prefix_cache_bytes` in blocks of the
+/// `imbalance_threshold`, `cache_threshold` and `cache_imbalance_threshold`, with group affinity
+/// on (siblings kept together) except under sglang_cache_aware; `index_blocks` is `rollout.prefix_cache_bytes` in blocks of the
 /// model's KV, which the caller passes as `prefix_cache_blocks`.
 placement_options placement_options_from(const experiment_config& cfg, int64_t prefix_cache_blocks);
 
@@ -231,6 +231,8 @@ public:
   const placement_options& options() const {
     return options_;
   }
+  /// Whether the policy matches prompts' block chains (cache_aware, sglang_cache_aware).
+  bool cache_policy() const;
   const placement_stats& stats() const {
     return stats_;
   }
@@ -265,7 +267,6 @@ private:
   };
 
   double load_of(const worker_state& w) const;
-  bool cache_policy() const;
   const std::string& choose_round_robin();
   const std::string& choose_least_loaded() const;
   /// The cache-aware rules (placement_policy::cache_aware / sglang_cache_aware).

@@ -85,8 +85,8 @@ std::unique_ptr<scheduler::scheduler_core> make_core(const experiment_config& cf
   const int64_t blocks = rollout::worker_core::prefix_cache_tokens(dims, cfg.rollout.prefix_cache_bytes)
                          / ml::kv_cache_options{}.block_size;
   auto options = scheduler::placement_options_from(cfg, blocks);
-  if (options.policy != scheduler::placement_policy::cache_aware
-      && options.policy != scheduler::placement_policy::sglang_cache_aware)
+  if (cfg.scheduler.policy != placement_kind::cache_aware
+      && cfg.scheduler.policy != placement_kind::sglang_cache_aware)
     return std::make_unique<scheduler::scheduler_core>(options);
   auto task = std::make_shared<ml::any_task>(make_task_from(cfg));
   auto format = std::make_shared<ml::prompt_format>(prompt_format_from(cfg));

@@ -42,9 +42,7 @@ dispatch_result scheduler_core::submit(const rollout::rollout_request& r) {
     weight_version_ = r.weight_version;
   }
   held_request h{r, 0, {}};
-  const bool cache_aware = placement_.options().policy == placement_policy::cache_aware
-                           || placement_.options().policy == placement_policy::sglang_cache_aware;
-  if (cache_aware && prompt_) {
+  if (placement_.cache_policy() && prompt_) {
     // Siblings arrive one after another with the same prompt: build it once per group.
     const auto key = std::make_tuple(r.group_id, r.split, r.task_index);
     if (last_prompt_ && last_prompt_->key == key) {

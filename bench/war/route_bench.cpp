@@ -152,14 +152,11 @@ measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, co
   wo.speculative = rollout::speculation_mode::off;
   wo.prefix_cache_bytes = cache_tokens * per_token;
 
-  scheduler::placement_options po;
+  // As the scheduler shell builds them from [scheduler], with the policy under test.
+  scheduler::placement_options po = scheduler::placement_options_from(
+      cfg, rollout::worker_core::prefix_cache_tokens(dims, wo.prefix_cache_bytes) / ml::kv_cache_options{}.block_size);
   po.policy = policy_of(policy);
-  // As the scheduler shell runs them: siblings kept together, except under SGLang's rule.
-  po.group_affinity = po.policy != scheduler::placement_policy::sglang_cache_aware;
-  po.imbalance_threshold = cfg.scheduler.imbalance_threshold;
-  po.cache_threshold = cfg.scheduler.cache_threshold;
-  po.cache_imbalance_threshold = cfg.scheduler.cache_imbalance_threshold;
-  po.index_blocks = rollout::worker_core::prefix_cache_tokens(dims, wo.prefix_cache_bytes) / ml::kv_cache_options{}.block_size;
+  po.group_affinity = po.policy != scheduler::placement_policy::sglang_cache_aware;  // as placement_options_from
   scheduler::placement place(po);
   std::vector<std::string> names;
   for (int w = 0; w < o.workers; ++w) {

@@ -233,8 +233,7 @@ bool generator::shares_uncached_prefill(const request& r, const std::vector<std:
     shared = std::max<std::int64_t>(shared, (diff.first - r.prompt.begin()) / block * block);
   }
   if (shared == 0) return false;
-  std::vector<std::int32_t>& unused = scratch;
-  return shared > prefix_->match(r.prompt, limit, unused);
+  return shared > prefix_->match(r.prompt, limit, scratch);
 }
 
 std::vector<generation_result> generator::step() {

@@ -260,6 +260,8 @@ TEST_CASE("placement options come from [scheduler], with the config's defaults",
   CHECK(c.index_blocks == 0);
   cfg.scheduler.policy = sorl::placement_kind::sglang_cache_aware;
   CHECK(placement_options_from(cfg, 1).policy == placement_policy::sglang_cache_aware);
+  CHECK_FALSE(placement_options_from(cfg, 1).group_affinity); // SGLang's rule has none
+  CHECK(c.group_affinity);
 }
 
 // -- cache-aware placement ----------------------------------------------------------------
