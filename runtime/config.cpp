@@ -773,9 +773,12 @@ void parse_sagc(table_reader& r, sagc_config& c) {
 
 void parse_salt(table_reader& r, salt_config& c) {
   r.boolean("enabled", c.enabled);
-  not_yet(r, "enabled", c.enabled, "SALT");
-  r.integer("rank", c.rank, 0, 1 << 16);
-  r.number("max_amplification", c.max_amplification, 1.0, 1e6);
+  r.number("eta", c.eta, 0.0, 1.0, /*lo_open=*/true);
+  r.number("beta", c.beta, 0.0, 1e6);
+  r.number("c0", c.c0, 0.0, 1e6, /*lo_open=*/true);
+  r.number("gamma_max", c.gamma_max, 1.0, 1e6);
+  r.integer("layers", c.layers, -1, 1 << 16);
+  r.choice("gram", c.gram);
 }
 
 void parse_sync(table_reader& r, sync_config& c) {

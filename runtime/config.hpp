@@ -69,6 +69,8 @@ enum class sync_kind { full, sparse };                  ///< [sync].mode
 /// [scheduler].policy (actors/scheduler/placement.hpp placement_policy).
 enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache_aware };
 enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
+/// [salt].gram (actors/learner/grad_gram.hpp gram_method).
+enum class salt_gram_kind { automatic, ghost, materialized };
 
 template <class E>
 struct config_names {};
@@ -92,6 +94,8 @@ SORL_CONFIG_NAMES(placement_kind, 4, {placement_kind::round_robin, "round_robin"
                   {placement_kind::least_loaded, "least_loaded"},
                   {placement_kind::cache_aware, "cache_aware"},
                   {placement_kind::sglang_cache_aware, "sglang_cache_aware"})
+SORL_CONFIG_NAMES(salt_gram_kind, 3, {salt_gram_kind::automatic, "auto"}, {salt_gram_kind::ghost, "ghost"},
+                  {salt_gram_kind::materialized, "materialized"})
 SORL_CONFIG_NAMES(match_kind, 4, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
                   {match_kind::first_number, "first_number"}, {match_kind::countdown, "countdown"})
 #undef SORL_CONFIG_NAMES
@@ -266,11 +270,16 @@ struct sagc_config {
   double deadline_kappa = 3.0;   ///< deadline: rollout budget = deadline_kappa × window median
 };
 
-/// [salt]: subspace-adaptive coefficients (ARCHITECTURE.md §6, SALT).
+/// [salt]: subspace-adaptive coefficients (ARCHITECTURE.md §6, SALT; the formulation is in
+/// actors/learner/salt.hpp, the Gram matrix in actors/learner/grad_gram.hpp).
 struct salt_config {
-  bool enabled = false;
-  int64_t rank = 0;              ///< 0 = chosen from the spectrum
-  double max_amplification = 4.0;
+  bool enabled = false;          ///< reweight each minibatch's advantages (off = plain GRPO / DAPO)
+  double eta = 0.9;              ///< energy share of the dominant ("shared") subspace, (0, 1]
+  double beta = 1.0;             ///< amplification slope of the residual channel, >= 0
+  double c0 = 0.5;               ///< cancellation c below which the residual channel is amplified, > 0
+  double gamma_max = 3.0;        ///< bound on the amplification γ, >= 1
+  int64_t layers = 0;            ///< last decoder layers whose linear layers enter K besides the LM head (0 = the LM head only); -1 = all
+  salt_gram_kind gram = salt_gram_kind::automatic; ///< "auto" | "ghost" | "materialized"
 };
 
 /// [sync]: learner → rollout weight synchronisation (ARCHITECTURE.md §6, SparseRL-Sync).

@@ -178,8 +178,12 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
 
   e.table = "salt";
   e.boolean("enabled", c.salt.enabled);
-  e.integer("rank", c.salt.rank);
-  e.number("max_amplification", c.salt.max_amplification);
+  e.number("eta", c.salt.eta);
+  e.number("beta", c.salt.beta);
+  e.number("c0", c.salt.c0);
+  e.number("gamma_max", c.salt.gamma_max);
+  e.integer("layers", c.salt.layers);
+  e.str("gram", to_string(c.salt.gram));
 
   e.table = "sync";
   e.str("mode", to_string(c.sync.mode));

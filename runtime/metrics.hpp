@@ -122,6 +122,14 @@ namespace sorl {
   X(updates,       "updates",       learner, count, "", "optimizer updates applied") \
   X(skipped_updates, "skipped_updates", learner, count, "", "minibatches without an update: no trained token, or a non-finite loss or gradient norm") \
   X(nonfinite_updates, "nonfinite_updates", learner, count, "", "of skipped_updates, those dropped for a non-finite loss or gradient norm") \
+  X(salt_cancellation, "salt_cancellation", learner, number, "", "SALT's signed cancellation c = a^T K a / sum a_i^2 K_ii of the advantages, mean over its minibatches (every salt_ key: salt.enabled only; actors/learner/salt.hpp)") \
+  X(salt_rank,     "salt_rank",     learner, number, "", "dominant rank r of the minibatch Gram matrix K, mean over minibatches") \
+  X(salt_gamma,    "salt_gamma",    learner, number, "", "amplification of the residual channel, mean over minibatches (1 = unchanged)") \
+  X(salt_norm_before, "salt_norm_before", learner, number, "", "||sum a_i g_i|| with the advantages, over the weights in K, mean over minibatches") \
+  X(salt_norm_after, "salt_norm_after", learner, number, "", "the same with SALT's coefficients") \
+  X(salt_noops,    "salt_noops",    learner, count, "", "minibatches SALT left unchanged: fewer than two rollouts with a gradient, no signal, or a non-finite K") \
+  X(salt_s,        "salt_s",        learner, number, "s", "learner time spent on SALT, summed over minibatches: output gradients, K, eigh, and the recorded forward of a minibatch of several micro-batches (one of a single micro-batch is the update's own)") \
+  X(salt_share,    "salt_share",    learner, number, "", "salt_s / the learner's train_step time") \
   X(version,       "version",       sync, count, "", "weight version published after the step") \
   X(sync_bytes,    "sync_bytes",    sync, number, "bytes", "payload per worker (averaged over workers)") \
   X(sync_dense_bytes, "sync_dense_bytes", sync, number, "bytes", "one dense bf16 copy of the model") \

@@ -4,6 +4,7 @@
 #include "runtime/ml/sampler.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -240,9 +241,10 @@ micro_batch slice(const packed_batch& p, const std::vector<std::int64_t>& rows, 
 at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
                           const at::Tensor& attention, const at::Tensor& rows,
                           const at::Tensor& targets, double temperature,
-                          at::Tensor* entropy = nullptr) {
+                          at::Tensor* entropy = nullptr,
+                          ml::policy_model::linear_capture* capture = nullptr) {
   // Logits of the response rows only: prompt positions never reach the LM head.
-  at::Tensor picked = model.forward_rows(ids, attention, rows); // [n, T, V]
+  at::Tensor picked = model.forward_rows(ids, attention, rows, capture); // [n, T, V]
   // In double, so that T counts as the user wrote it (torch would round a scalar divisor to
   // the tensor's fp32), then rounded once to fp32.
   if (temperature != 1.0)
@@ -278,6 +280,76 @@ at::Tensor chunked_logprobs(const ml::policy_model& model, const packed_batch& p
       entropy->narrow(1, 0, mb.T).index_copy_(0, mb.idx, ent);
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SALT's Gram matrix
+
+/// Per-token weights [k, T] fp32 of the policy objective as the loss normalises it over a whole
+/// minibatch (policy_loss per micro-batch, times the micro-batch's weight in train_step):
+/// 1 / trained tokens of the minibatch (token), or 1 / (trained sequences · the row's trained
+/// tokens) (sequence). Untrained positions weigh 0.
+at::Tensor objective_weights(const micro_batch& mb, loss_norm norm, double tokens_total, double seqs_total) {
+  if (norm == loss_norm::token)
+    return mb.mask / tokens_total;
+  const at::Tensor per_row = mb.mask.sum(1, /*keepdim=*/true).clamp_min(1.0) * seqs_total;
+  return mb.mask / per_row;
+}
+
+/// A forward already run with its linear layers recorded, reused by salt_gram for the only
+/// part of a minibatch instead of a second forward; its graph is kept for the update.
+struct recorded_pass {
+  at::Tensor logp;
+  ml::policy_model::linear_capture capture;
+};
+
+/// K [N, N] fp64 of the minibatch `parts` (rows in part order): g_i is the gradient of rollout
+/// i's term Σ_t w_t log π(y_t) of the objective (at ratio 1, without its advantage), over the
+/// weights `o.salt_layers` selects. Each part costs a recorded forward and the gradients of the
+/// objective with respect to the recorded layers' outputs (no weight gradient). When
+/// `recorded` is non-null (a minibatch of one part) that part's forward is not run again and
+/// its graph is kept, so the update's loss backpropagates through the same forward.
+at::Tensor salt_gram(const ml::policy_model& model, const packed_batch& p, const std::vector<micro_batch>& parts,
+                     double tokens_total, double seqs_total, const learner_options& o,
+                     const recorded_pass* recorded) {
+  std::vector<std::vector<layer_pass>> passes;  // [layer][part]
+  for (const micro_batch& mb : parts) {
+    ml::policy_model::linear_capture own;
+    own.last_blocks = o.salt_layers;
+    const at::Tensor logp =
+      recorded != nullptr
+        ? recorded->logp
+        : token_logprobs(model, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L), mb.rows_of(p.rows, mb.T),
+                         mb.rows_of(p.targets, mb.T), o.temperature, nullptr, &own);
+    const auto& layers = recorded != nullptr ? recorded->capture.layers : own.layers;
+    const at::Tensor objective = (logp * objective_weights(mb, o.loss.norm, tokens_total, seqs_total)).sum();
+    std::vector<at::Tensor> outputs;
+    for (const auto& rec : layers)
+      outputs.push_back(rec.output);
+    const auto grads = torch::autograd::grad({objective}, outputs, {}, /*retain_graph=*/recorded != nullptr,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+    if (passes.empty())
+      passes.resize(layers.size());
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const at::Tensor e = grads[l].defined() ? grads[l] : at::zeros_like(layers[l].output);
+      passes[l].push_back({layers[l].input, e, layers[l].has_bias});
+    }
+  }
+  std::int64_t n = 0;
+  for (const micro_batch& mb : parts)
+    n += mb.idx.defined() ? mb.idx.size(0) : p.ids.size(0);
+  at::Tensor K = at::zeros({n, n}, at::kDouble);
+  for (const auto& layer : passes)
+    K.add_(layer_gram(layer, o.salt_gram));
+  return K;
+}
+
+/// The batch rows of `parts`, in part order: the order of salt_gram's K.
+at::Tensor part_rows(const std::vector<micro_batch>& parts, std::int64_t batch_rows, c10::Device device) {
+  std::vector<at::Tensor> idx;
+  for (const micro_batch& mb : parts)
+    idx.push_back(mb.idx.defined() ? mb.idx : at::arange(batch_rows, at::TensorOptions(at::kLong).device(device)));
+  return at::cat(idx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,6 +430,15 @@ learner_options learner_options_from(const experiment_config& cfg) {
   o.epochs = static_cast<int>(a.epochs);
   o.minibatches = static_cast<int>(a.minibatches);
   o.micro_batch_tokens = a.micro_batch_tokens;
+  o.salt_enabled = cfg.salt.enabled;
+  o.salt.eta = cfg.salt.eta;
+  o.salt.beta = cfg.salt.beta;
+  o.salt.c0 = cfg.salt.c0;
+  o.salt.gamma_max = cfg.salt.gamma_max;
+  o.salt_layers = cfg.salt.layers;
+  o.salt_gram = cfg.salt.gram == salt_gram_kind::ghost          ? gram_method::ghost
+                : cfg.salt.gram == salt_gram_kind::materialized ? gram_method::materialized
+                                                                : gram_method::automatic;
   return o;
 }
 
@@ -397,6 +478,9 @@ void learner_options::validate() const {
     fail("max_idle_steps", max_idle_steps, ">= 0");
   if (micro_batch_tokens < 0)
     fail("micro_batch_tokens", static_cast<double>(micro_batch_tokens), ">= 0");
+  salt.validate();
+  if (salt_layers < -1)
+    fail("salt_layers", static_cast<double>(salt_layers), ">= -1 (-1 = every decoder layer)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,6 +525,36 @@ std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
                                     const learner_options& options) {
   options.validate();
   return compute_advantages(batch, options).advantages;
+}
+
+at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vector<rollout_sample>& batch,
+                                 const learner_options& options) {
+  options.validate();
+  validate_batch(batch, model.dims());
+  const bool filter = options.overlong == overlong_mode::filter;
+  const c10::Device device = model.device();
+  const packed_batch p = pack(batch, device, [&](std::size_t i) {
+    return !batch[i].reward_failed && !(filter && batch[i].truncated);
+  });
+  std::vector<std::int64_t> all_rows(batch.size());
+  std::iota(all_rows.begin(), all_rows.end(), std::int64_t{0});
+  const auto groups = plan_micro_batches(all_rows, p.seq_len, options.micro_batch_tokens);
+  std::vector<micro_batch> parts;
+  double tokens_total = 0.0, seqs_total = 0.0;
+  for (const auto& group : groups) {
+    micro_batch mb = slice(p, group, device, groups.size() == 1);
+    count_trained(mb);
+    tokens_total += mb.tokens;
+    seqs_total += mb.seqs;
+    parts.push_back(std::move(mb));
+  }
+  const at::Tensor K = salt_gram(model, p, parts, std::max(tokens_total, 1.0), std::max(seqs_total, 1.0), options,
+                                 nullptr);
+  // Back into batch order.
+  const at::Tensor order = part_rows(parts, p.ids.size(0), device).to(at::kCPU);
+  at::Tensor out = at::zeros_like(K);
+  out.index_put_({order.unsqueeze(1), order.unsqueeze(0)}, K);
+  return out;
 }
 
 at::Tensor response_logprobs_tensor(const ml::policy_model& model,
@@ -535,10 +649,18 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   // bit, so the separate no-grad pass is skipped (a quarter of the step's compute).
   const bool single_pass = options_.epochs == 1 && n_mb == 1 && whole.size() == 1;
   at::Tensor old_logp, ref_logp, first_new_logp, entropy;
+  // SALT reads the single pass's forward too, with its linear layers recorded (the same logits).
+  std::unique_ptr<recorded_pass> recorded;
   if (single_pass) {
-    first_new_logp =
-      token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature, &entropy);
+    if (options_.salt_enabled) {
+      recorded = std::make_unique<recorded_pass>();
+      recorded->capture.last_blocks = options_.salt_layers;
+    }
+    first_new_logp = token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature,
+                                    &entropy, recorded ? &recorded->capture : nullptr);
     old_logp = first_new_logp.detach();
+    if (recorded)
+      recorded->logp = first_new_logp;
   }
   {
     at::NoGradGuard no_grad;
@@ -588,6 +710,41 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         ++m.skipped_updates;
         continue;
       }
+      // SALT: this minibatch's coefficients from its rollouts' gradient geometry. A no-op (or
+      // γ = 1) leaves the advantages' very tensor in place, so the update is the plain one.
+      at::Tensor mb_advantages = advantages;
+      // A minibatch of one micro-batch runs its forward once, recorded: SALT reads its layers
+      // and the update's loss its log-probs (the same values a second forward would give).
+      std::unique_ptr<recorded_pass> mb_recorded;
+      if (options_.salt_enabled) {
+        if (!single_pass && parts.size() == 1) {
+          const micro_batch& mb = parts.front();
+          mb_recorded = std::make_unique<recorded_pass>();
+          mb_recorded->capture.last_blocks = options_.salt_layers;
+          mb_recorded->logp = token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
+                                             mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
+                                             options_.temperature, nullptr, &mb_recorded->capture);
+        }
+        // SALT's own time: a forward the update reuses is the update's, not SALT's.
+        const auto ts = std::chrono::steady_clock::now();
+        const at::Tensor K = salt_gram(model_, p, parts, tokens_total, seqs_total, options_,
+                                       single_pass ? recorded.get() : mb_recorded.get());
+        const at::Tensor k_rows = part_rows(parts, n, device);
+        const salt_result sr = salt_coefficients(K, advantages.index_select(0, k_rows), options_.salt);
+        if (sr.noop == salt_noop::none && sr.gamma != 1.0) {
+          mb_advantages = advantages.clone();
+          mb_advantages.index_copy_(0, k_rows, sr.coefficients.to(at::kFloat).to(device));
+        }
+        ++m.salt_updates;
+        if (sr.noop != salt_noop::none)
+          ++m.salt_noops;
+        m.salt_cancellation += sr.cancellation;
+        m.salt_rank += static_cast<double>(sr.rank);
+        m.salt_gamma += sr.gamma;
+        m.salt_norm_before += sr.norm_before;
+        m.salt_norm_after += sr.norm_after;
+        m.salt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+      }
       for (const auto& np : params)
         np.second.mutable_grad() = at::Tensor();
       // Every aggregate is a weighted sum over micro-batches that equals the minibatch's own:
@@ -600,13 +757,14 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         if (mb.tokens == 0.0)
           continue; // no trained token: its gradient is exactly zero
         const at::Tensor new_logp =
-          single_pass ? first_new_logp
-                      : token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
+          single_pass   ? first_new_logp
+          : mb_recorded ? mb_recorded->logp
+                        : token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
                                        mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
                                        options_.temperature);
         const loss_terms terms = policy_loss(
           new_logp, mb.rows_of(old_logp, mb.T),
-          mb.idx.defined() ? advantages.index_select(0, mb.idx) : advantages, mb.mask,
+          mb.idx.defined() ? mb_advantages.index_select(0, mb.idx) : mb_advantages, mb.mask,
           ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss);
         const double value = terms.loss.item<double>();
         if (!std::isfinite(value)) {
@@ -684,6 +842,14 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     m.clip_frac_high = clip_hi_sum / u;
     m.ratio_mean = ratio_sum / u;
     m.grad_norm = gnorm_sum / u;
+  }
+  if (m.salt_updates > 0) {
+    const auto u = static_cast<double>(m.salt_updates);
+    m.salt_cancellation /= u;
+    m.salt_rank /= u;
+    m.salt_gamma /= u;
+    m.salt_norm_before /= u;
+    m.salt_norm_after /= u;
   }
   ++step_;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

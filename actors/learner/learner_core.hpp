@@ -13,10 +13,14 @@
 //      log-probs only measure train/inference mismatch (bf16 weights, other kernels);
 //   4. with kl_coef > 0, log-probs of the frozen reference model;
 //   5. epochs × minibatches of forward, policy_loss, backward, gradient-norm clipping, AdamW.
+//      With SALT on, each minibatch's advantages are first reweighted from the Gram matrix of
+//      its rollouts' gradients (salt.hpp, grad_gram.hpp) and the loss uses those.
 // After the first minibatch update the ratio leaves 1, so clipping can engage in later ones.
 
 #include "actors/learner/grpo.hpp"
+#include "actors/learner/grad_gram.hpp"
 #include "actors/learner/rollout_sample.hpp"
+#include "actors/learner/salt.hpp"
 #include "runtime/ml/model.hpp"
 
 #include <cstdint>
@@ -81,6 +85,18 @@ struct learner_options {
   /// for lack of trained tokens (every response masked out); 0 = never. Steps that drop
   /// updates for non-finite values fail at once instead (see training_stalled).
   int max_idle_steps = 3;
+  /// SALT (actors/learner/salt.hpp): each update's loss uses coefficients reweighted from the
+  /// minibatch's per-rollout gradient Gram matrix instead of the advantages. Off = the plain
+  /// GRPO / DAPO update, untouched.
+  bool salt_enabled = false;
+  salt_options salt;
+  /// Decoder layers, counted from the last, whose linear layers (q, k, v, o, gate, up, down)
+  /// enter SALT's Gram matrix besides the LM head (always in); −1 = all of them. Embeddings
+  /// and norm weights never enter it. 0 (the LM head only) by default: K of a layer costs
+  /// about N² · in · out multiply-adds in fp64 for N rollouts, several backward passes' worth
+  /// for the decoder's linear layers (README.md, SALT, has the measured overheads).
+  std::int64_t salt_layers = 0;
+  gram_method salt_gram = gram_method::automatic; ///< how K is computed (grad_gram.hpp)
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
@@ -128,6 +144,19 @@ struct step_metrics {
   /// Of skipped_updates, those dropped for a non-finite loss or gradient norm.
   std::int64_t nonfinite_updates = 0;
   double seconds = 0.0; ///< wall time of train_step
+  /// SALT, over the updates it ran for (salt_updates; every other field is 0 when that is 0):
+  /// means over those updates of its cancellation c, dominant rank r, amplification γ and
+  /// ‖Σ a_i g_i‖ before and after the reweighting (over the weights that enter K), and the
+  /// wall time it took (the output gradients, K and the eigh, and a forward of its own where a
+  /// minibatch has several micro-batches; a single one's forward is the update's), summed.
+  std::int64_t salt_updates = 0;
+  std::int64_t salt_noops = 0;  ///< of them, minibatches it left as they were (salt_noop)
+  double salt_cancellation = 0.0;
+  double salt_rank = 0.0;
+  double salt_gamma = 0.0;
+  double salt_norm_before = 0.0;
+  double salt_norm_after = 0.0;
+  double salt_seconds = 0.0;
 };
 
 /// Thrown by learner_core::train_step when training has stopped happening, so that the job
@@ -171,6 +200,16 @@ std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
 std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
                                                   const std::vector<rollout_sample>& batch,
                                                   double temperature = 1.0);
+
+/// SALT's Gram matrix of `batch` as train_step computes it for a minibatch that is the whole
+/// batch: K [N, N] fp64 in batch order, K_ij = ⟨g_i, g_j⟩ where g_i is the gradient of sample
+/// i's term of the policy objective at ratio 1 without its advantage, Σ_t w_t ∇ log π(y_t)
+/// (w_t as options.loss.norm normalises the loss; untrained tokens weigh 0), over the LM head
+/// and the linear layers (weights and biases) of the last options.salt_layers decoder layers
+/// (grad_gram.hpp; options.salt_gram chooses the method, options.micro_batch_tokens the
+/// forwards). Throws std::invalid_argument as train_step does for a malformed batch or options.
+at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vector<rollout_sample>& batch,
+                                 const learner_options& options);
 
 /// The differentiable form of response_logprobs: [N, T] fp32, T = the longest response, row i
 /// holding batch[i]'s response log-probs in its first response-length columns (values beyond

@@ -49,9 +49,9 @@ std::string name_requests(const std::vector<uint64_t>& ids) {
   return out;
 }
 
-/// The 19 learner metrics of a step, in the schema's order.
+/// The learner metrics of a step, in the schema's order: 19, and SALT's 8 when it ran.
 std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
-  return {
+  std::vector<std::pair<const char*, double>> out{
     {metric::loss.key, m.loss},
     {metric::pg_loss.key, m.pg_loss},
     {metric::kl.key, m.kl},
@@ -72,6 +72,19 @@ std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
     {metric::skipped_updates.key, static_cast<double>(m.skipped_updates)},
     {metric::nonfinite_updates.key, static_cast<double>(m.nonfinite_updates)},
   };
+  if (m.salt_updates > 0) {
+    out.insert(out.end(), {
+      {metric::salt_cancellation.key, m.salt_cancellation},
+      {metric::salt_rank.key, m.salt_rank},
+      {metric::salt_gamma.key, m.salt_gamma},
+      {metric::salt_norm_before.key, m.salt_norm_before},
+      {metric::salt_norm_after.key, m.salt_norm_after},
+      {metric::salt_noops.key, static_cast<double>(m.salt_noops)},
+      {metric::salt_s.key, m.salt_seconds},
+      {metric::salt_share.key, m.seconds > 0 ? m.salt_seconds / m.seconds : 0.0},
+    });
+  }
+  return out;
 }
 
 } // namespace

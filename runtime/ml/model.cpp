@@ -226,6 +226,14 @@ at::Tensor swiglu_mlp(const layer_weights& w, const at::Tensor& x) {
   return at::linear(at::silu(at::linear(x, w.gate_w)) * at::linear(x, w.up_w), w.down_w);
 }
 
+// at::linear that records its input and output into `records` when that is non-null.
+at::Tensor recorded_linear(std::vector<policy_model::linear_record>* records, const std::string& name,
+                           const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
+  at::Tensor y = at::linear(x, w, b);
+  if (records != nullptr) records->push_back({name, x.detach(), y, b.defined()});
+  return y;
+}
+
 // Linear layer of the no-grad decoding path; see decode_gemm. x: [rows, in] fp32.
 // oneDNN's fixed cost (two layout conversions) exceeds its gain on tiny products, where the
 // BLAS gemv is as fast: below ~2^18 multiply-adds (the tiny preset at batch 1) ATen is used.
@@ -416,6 +424,11 @@ at::Tensor policy_model::forward(const at::Tensor& ids_in, const at::Tensor& att
 
 at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor& attention_mask,
                                       const at::Tensor& rows) const {
+  return forward_rows(ids_in, attention_mask, rows, nullptr);
+}
+
+at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor& attention_mask,
+                                      const at::Tensor& rows, linear_capture* capture) const {
   auto& m = *impl_;
   const model_dims& d = m.dims;
   TORCH_CHECK(ids_in.dim() == 2, "forward: ids must be [batch, seq], got ", ids_in.sizes());
@@ -450,14 +463,37 @@ at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor
   const at::Tensor cos = m.rope_cos.index_select(0, flat_pos).view({B, T, hd / 2});
   const at::Tensor sin = m.rope_sin.index_select(0, flat_pos).view({B, T, hd / 2});
 
+  if (capture != nullptr) capture->layers.clear();
+  const auto n_layers = static_cast<std::int64_t>(m.layers.size());
+  const std::int64_t first_recorded =
+      capture == nullptr ? n_layers
+                         : (capture->last_blocks < 0 ? 0 : std::max<std::int64_t>(0, n_layers - capture->last_blocks));
   at::Tensor h = at::embedding(m.embed, ids);  // [B, T, d]
-  for (const auto& w : m.layers) {
+  for (std::int64_t li = 0; li < n_layers; ++li) {
+    const auto& w = m.layers[static_cast<std::size_t>(li)];
+    if (li < first_recorded) {
+      const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
+      const at::Tensor q = apply_rope(at::linear(x, w.q_w, w.q_b).view({B, T, H, hd}), cos, sin);
+      const at::Tensor k = apply_rope(at::linear(x, w.k_w, w.k_b).view({B, T, KV, hd}), cos, sin);
+      const at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, KV, hd});
+      h = h + at::linear(attend(q, k, v, masked), w.o_w);
+      h = h + swiglu_mlp(w, rms_norm(h, w.post_norm, d.norm_eps));
+      continue;
+    }
+    // The same operations in the same order as above, each linear layer recorded.
+    auto* rec = &capture->layers;
+    const std::string p = "model.layers." + std::to_string(li) + ".";
     const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
-    const at::Tensor q = apply_rope(at::linear(x, w.q_w, w.q_b).view({B, T, H, hd}), cos, sin);
-    const at::Tensor k = apply_rope(at::linear(x, w.k_w, w.k_b).view({B, T, KV, hd}), cos, sin);
-    const at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, KV, hd});
-    h = h + at::linear(attend(q, k, v, masked), w.o_w);
-    h = h + swiglu_mlp(w, rms_norm(h, w.post_norm, d.norm_eps));
+    const at::Tensor q =
+        apply_rope(recorded_linear(rec, p + "self_attn.q_proj.weight", x, w.q_w, w.q_b).view({B, T, H, hd}), cos, sin);
+    const at::Tensor k =
+        apply_rope(recorded_linear(rec, p + "self_attn.k_proj.weight", x, w.k_w, w.k_b).view({B, T, KV, hd}), cos, sin);
+    const at::Tensor v = recorded_linear(rec, p + "self_attn.v_proj.weight", x, w.v_w, w.v_b).view({B, T, KV, hd});
+    h = h + recorded_linear(rec, p + "self_attn.o_proj.weight", attend(q, k, v, masked), w.o_w);
+    const at::Tensor y = rms_norm(h, w.post_norm, d.norm_eps);
+    const at::Tensor gated = at::silu(recorded_linear(rec, p + "mlp.gate_proj.weight", y, w.gate_w)) *
+                             recorded_linear(rec, p + "mlp.up_proj.weight", y, w.up_w);
+    h = h + recorded_linear(rec, p + "mlp.down_proj.weight", gated, w.down_w);
   }
   if (rows.defined()) {
     TORCH_CHECK(rows.dim() == 2 && rows.size(0) == B, "forward_rows: rows must be [", B,
@@ -471,7 +507,8 @@ at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor
     // loss reads pay for it, and for its [rows, vocab] gradient.
     h = h.gather(1, r.unsqueeze(-1).expand({B, r.size(1), d.d_model}));
   }
-  return at::linear(rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
+  return recorded_linear(capture != nullptr ? &capture->layers : nullptr, "lm_head.weight",
+                         rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
 }
 
 at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_id>& seqs,

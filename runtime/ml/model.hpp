@@ -190,6 +190,28 @@ class policy_model {
   at::Tensor forward_rows(const at::Tensor& ids, const at::Tensor& attention_mask,
                           const at::Tensor& rows) const;
 
+  /// One linear layer of a training forward as forward_rows records it, for per-sequence
+  /// gradient geometry without per-sample gradients (actors/learner/grad_gram.hpp): the
+  /// layer's weight gradient from batch row b alone is e[b]ᵀ · input[b] (+ Σ e[b] for the bias).
+  struct linear_record {
+    std::string name;   ///< the weight's name in parameters(), e.g. "model.layers.3.mlp.up_proj.weight"
+    at::Tensor input;   ///< [batch, positions, in] fp32, detached
+    at::Tensor output;  ///< [batch, positions, out] fp32, attached to the graph (differentiate w.r.t. it)
+    bool has_bias = false;
+  };
+  /// What forward_rows records: the linear layers of the last `last_blocks` decoder layers
+  /// (q, k, v, o, gate, up, down; −1 = every layer, 0 = none) and the LM head, whose input is
+  /// the final-normed hidden state at the chosen rows and whose output is the returned logits.
+  /// A tied LM head is recorded as "lm_head.weight" (its use as the input embedding is not).
+  struct linear_capture {
+    std::int64_t last_blocks = -1;
+    std::vector<linear_record> layers;  ///< filled in forward order; cleared first
+  };
+  /// forward_rows that also fills `*capture` (when non-null); the logits are the same tensor
+  /// computation, bit for bit.
+  at::Tensor forward_rows(const at::Tensor& ids, const at::Tensor& attention_mask,
+                          const at::Tensor& rows, linear_capture* capture) const;
+
   /// Incremental forward over a KV cache: appends tokens[i] (k_i >= 1 tokens, ragged) to cache
   /// sequence seqs[i], all in one pass, and returns their logits: [seqs.size(), vocab] fp32
   /// for logits_for::last, [sum k_i, vocab] fp32 packed in call order for logits_for::all.

@@ -472,8 +472,39 @@ TEST_CASE("speculative decoding settings are read and their ranges enforced") {
   CHECK(only_error("[rollout]\nsuffix_max_depth = 1\n" + std::string{minimal}).key == "rollout.suffix_max_depth");
 }
 
+TEST_CASE("[salt] parses its keys with their defaults and refuses values out of range") {
+  const auto d = parse_config(minimal, "test.toml", roles);
+  CHECK_FALSE(d.salt.enabled);
+  CHECK(d.salt.eta == 0.9);
+  CHECK(d.salt.beta == 1.0);
+  CHECK(d.salt.c0 == 0.5);
+  CHECK(d.salt.gamma_max == 3.0);
+  CHECK(d.salt.layers == 0);
+  CHECK(d.salt.gram == salt_gram_kind::automatic);
+  const auto cfg = parse_config(
+    "[salt]\nenabled = true\neta = 0.75\nbeta = 2.0\nc0 = 0.3\ngamma_max = 5.0\nlayers = 1\ngram = \"ghost\"\n" +
+      std::string{minimal},
+    "test.toml", roles);
+  CHECK(cfg.salt.enabled);
+  CHECK(cfg.salt.eta == 0.75);
+  CHECK(cfg.salt.beta == 2.0);
+  CHECK(cfg.salt.c0 == 0.3);
+  CHECK(cfg.salt.gamma_max == 5.0);
+  CHECK(cfg.salt.layers == 1);
+  CHECK(cfg.salt.gram == salt_gram_kind::ghost);
+  CHECK(only_error("[salt]\neta = 0.0\n" + std::string{minimal}).key == "salt.eta");
+  CHECK(only_error("[salt]\neta = 1.5\n" + std::string{minimal}).key == "salt.eta");
+  CHECK(only_error("[salt]\nbeta = -1.0\n" + std::string{minimal}).key == "salt.beta");
+  CHECK(only_error("[salt]\nc0 = 0.0\n" + std::string{minimal}).key == "salt.c0");
+  CHECK(only_error("[salt]\ngamma_max = 0.5\n" + std::string{minimal}).key == "salt.gamma_max");
+  CHECK(only_error("[salt]\nlayers = -2\n" + std::string{minimal}).key == "salt.layers");
+  const auto gram = only_error("[salt]\ngram = \"exact\"\n" + std::string{minimal});
+  CHECK(gram.key == "salt.gram");
+  CHECK(gram.line == 2);
+  CHECK(only_error("[salt]\nrank = 2\n" + std::string{minimal}).key == "salt.rank");  // unknown key
+}
+
 TEST_CASE("settings that are not implemented yet are refused, not ignored") {
-  CHECK(only_error("[salt]\nenabled = true\n" + std::string{minimal}).key == "salt.enabled");
   CHECK(only_error("[sagc]\npolicy = \"sagc\"\ngroup_size = 32\n" + std::string{minimal}).key
         == "sagc.group_size"); // outside the default [g_min, g_max] = [2, 16]
   // A group of one carries no signal under group-relative advantages.
