@@ -19,10 +19,10 @@ learning rate, sampling) is FILE's, so the arms of one (G, seed) differ in their
 
 J runs go side by side (default 2, each on one libtorch thread: run.threads); the arms of one
 (G, seed) are queued together so that they share the machine alike. Then one table per G:
-held-out greedy accuracy (the task's eval_prompts, every --eval-every steps) at the middle
-and last evaluation, steps to the first evaluation at or above --target (default: the
-plain arm's mean accuracy at the last evaluation, averaged with its start, so that half of
-the plain arm's gain is the bar), learner seconds per step and its overhead over the plain
+held-out greedy accuracy (the task's eval_prompts, every --eval-every steps; the records of
+metrics.jsonl, so the evaluations before the first step and after the last are not among
+them) at the middle and last evaluation, steps to the first evaluation at or above --target
+(default: halfway between the plain arm's mean accuracy at its first and last evaluation), learner seconds per step and its overhead over the plain
 arm of the same algorithm, and SALT's mean c, gamma, rank and update norm before / after.
 Means over seeds with their spread (min..max). Runs land in DIR (default runs/salt-eval);
 the table goes to DIR/table.md and stdout, held-out curves to DIR/heldout.png when
