@@ -6,6 +6,7 @@
 #include "actors/learner/grad_gram.hpp"
 #include "actors/learner/learner_core.hpp"
 #include "actors/learner/salt.hpp"
+#include "tests/ml/policy_test_util.hpp"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -201,15 +202,7 @@ ml::model_dims gram_dims(bool tied, bool bias) {
   return d;
 }
 
-std::vector<std::int32_t> tokens(std::size_t n, std::int64_t vocab, std::uint32_t seed) {
-  std::vector<std::int32_t> out;
-  std::uint32_t x = seed * 2654435761u + 12345u;
-  for (std::size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    out.push_back(static_cast<std::int32_t>((x >> 8) % static_cast<std::uint32_t>(vocab)));
-  }
-  return out;
-}
+using ml::test::tokens;
 
 /// Two groups of three of varying prompt and response lengths; the responses of the first
 /// group have environment tokens (mask 0) in the middle, as multi-turn episodes do, and one
