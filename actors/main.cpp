@@ -19,6 +19,7 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/device.hpp"
 #include "runtime/ml/gguf_import.hpp"
 #include "runtime/ml/hf_eval.hpp"
 #include "runtime/ml/sft.hpp"
@@ -241,13 +242,36 @@ int save_resolved_config(const sorl::experiment_config& cfg, bool resume) {
 }
 
 /// True when `node` (or, without one, any node) hosts the learner.
-bool hosts_learner(const sorl::experiment_config& cfg, const std::string& node) {
+bool hosts_role(const sorl::experiment_config& cfg, const std::string& node, std::string_view role) {
   for (const auto& n : cfg.nodes)
     if (node.empty() || n.name == node)
       for (const auto& a : n.actors)
-        if (a.role == sorl::role::learner)
+        if (a.role == role)
           return true;
   return false;
+}
+
+bool hosts_learner(const sorl::experiment_config& cfg, const std::string& node) {
+  return hosts_role(cfg, node, sorl::role::learner);
+}
+
+/// The devices of the roles `node` hosts (all nodes when empty) are ones this libtorch has,
+/// checked before anything starts: a CUDA device in a build against Debian's CPU-only
+/// libtorch is a clear error here, not a role failing mid-start. Returns 2 after printing
+/// why, else 0.
+int check_devices(const sorl::experiment_config& cfg, const std::string& node) {
+  try {
+    if (hosts_learner(cfg, node))
+      sorl::ml::device_from(cfg.run.device, "run.device");
+    if (hosts_role(cfg, node, sorl::role::rollout_worker)) {
+      const auto& d = cfg.rollout.device;
+      sorl::ml::device_from(d.empty() ? cfg.run.device : d, d.empty() ? "run.device" : "rollout.device");
+    }
+  } catch (const std::invalid_argument& ex) {
+    std::cerr << "sorl: " << cfg.file << ": " << ex.what() << "; nothing started\n";
+    return 2;
+  }
+  return 0;
 }
 
 void print_topology(const sorl::experiment_config& cfg) {
@@ -696,6 +720,8 @@ int main(int argc, char** argv) {
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
+    if (int rc = check_devices(cfg, ""))
+      return rc;
     if (int rc = check_run_dir(cfg, resume, overwrite))
       return rc;
     if (overwrite) {
@@ -743,6 +769,8 @@ int main(int argc, char** argv) {
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
       at::set_num_threads(static_cast<int>(cfg.run.threads));
+    if (int rc = check_devices(cfg, node_opts.node))
+      return rc;
     auto* self_node = cfg.find_node(node_opts.node);
     if (self_node && self_node->listen && !connect.empty()) {
       std::cerr << "sorl node: --connect is for the nodes that connect; " << node_opts.node

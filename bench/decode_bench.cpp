@@ -17,7 +17,7 @@
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/model.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>

@@ -15,7 +15,7 @@
 #include "runtime/ml/kv_cache.hpp"
 #include "runtime/ml/model.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -590,6 +590,17 @@ void not_yet(table_reader& r, std::string_view key, bool used, const std::string
     r.error(key, *n, what + " is not implemented yet");
 }
 
+/// Why `name` is no device sorl can name ("" when it is one): the spelling only; whether this
+/// build's libtorch has the device is for the role that uses it (runtime/ml/device.hpp).
+std::string device_problem(const std::string& name) {
+  if (name == "cpu" || name == "cuda")
+    return "";
+  if (name.rfind("cuda:", 0) == 0 && name.size() > 5 && name.size() <= 8
+      && std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return "";
+  return fmt::format("\"{}\" is no device: expected \"cpu\", \"cuda\" or \"cuda:N\"", name);
+}
+
 void parse_run(table_reader& r, run_config& c) {
   r.string("name", c.name);
   r.integer("seed", c.seed, 0, max_i64);
@@ -598,6 +609,9 @@ void parse_run(table_reader& r, run_config& c) {
   r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
   r.integer("eval_every", c.eval_every, 0, 100'000'000);
   r.integer("threads", c.threads, 0, 1024);
+  r.string("device", c.device);
+  if (auto why = device_problem(c.device); !why.empty())
+    r.conflict("device", why);
   // The run directory is made when the run starts; refuse now what could never be made.
   if (auto why = path_problem(c.output_dir, path_role::directory_to_make); !why.empty())
     r.conflict("output_dir", why);
@@ -798,6 +812,10 @@ void parse_rollout(table_reader& r, rollout_config& c) {
   r.integer("suffix_max_depth", c.suffix_max_depth, 2, 256);
   r.integer("suffix_global_bytes", c.suffix_global_bytes, 0, 1ll << 40);
   r.number("watchdog_s", c.watchdog_s, 0.0, 1e9, true);
+  r.string("device", c.device);
+  if (!c.device.empty())
+    if (auto why = device_problem(c.device); !why.empty())
+      r.conflict("device", why);
 }
 
 void parse_scheduler(table_reader& r, scheduler_config& c) {

@@ -123,6 +123,12 @@ struct run_config {
   /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
   /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
   int64_t threads = 1;
+  /// libtorch device of the learner (model, optimizer, loss) and, unless [rollout] device
+  /// names another, of the rollout workers (policy, KV cache, sampler): "cpu", "cuda" (CUDA
+  /// device 0) or "cuda:N". A CUDA device needs sorl built against a CUDA libtorch
+  /// (scripts/build-torch2, ARCHITECTURE.md §8); a role started without one fails naming
+  /// this key.
+  std::string device = "cpu";
   /// Continue from the latest checkpoint in the run directory (set by `sorl train --resume`,
   /// not read from the file).
   bool resume = false;
@@ -319,6 +325,9 @@ struct rollout_config {
   /// rollout (or the group-size decision) before it fails the job, naming the request ids,
   /// groups and samples still missing; > 0.
   double watchdog_s = 600.0;
+  /// The rollout workers' device, spelled as run.device; "" = run.device. Lets the policy
+  /// that generates sit on another GPU than the one that learns.
+  std::string device;
 };
 
 /// [scheduler]: request placement.

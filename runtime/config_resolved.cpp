@@ -89,6 +89,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("checkpoint_every", c.run.checkpoint_every);
   e.integer("eval_every", c.run.eval_every);
   e.integer("threads", c.run.threads);
+  e.str("device", c.run.device);
 
   e.table = "model";
   // A model from hf_dir has no preset, and naming both is an error.
@@ -194,6 +195,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("max_batch", c.rollout.max_batch);
   e.integer("chunk_tokens", c.rollout.chunk_tokens);
   e.integer("prefix_cache_bytes", c.rollout.prefix_cache_bytes);
+  e.str("device", c.rollout.device.empty() ? c.run.device : c.rollout.device);
   e.str("speculative", c.rollout.speculative);
   e.integer("draft_max_tokens", c.rollout.draft_max_tokens);
   e.number("draft_min_token_prob", c.rollout.draft_min_token_prob);

@@ -54,7 +54,8 @@ at::Tensor layer_gram(const std::vector<layer_pass>& passes, gram_method method)
   check(passes);
   std::int64_t n = 0;
   for (const auto& p : passes) n += p.input.size(0);
-  at::Tensor K = at::zeros({n, n}, at::TensorOptions().dtype(at::kDouble));
+  const c10::Device device = passes.empty() ? c10::Device(c10::kCPU) : passes[0].input.device();
+  at::Tensor K = at::zeros({n, n}, at::TensorOptions().dtype(at::kDouble).device(device));
   if (n == 0) return K;
   if (method == gram_method::automatic) method = cheaper_gram_method(passes);
   const bool bias = passes[0].has_bias;

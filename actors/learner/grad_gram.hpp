@@ -35,7 +35,7 @@ struct layer_pass {
 };
 
 /// The layer's contribution to K over the rollouts of several passes of the same layer (one
-/// per micro-batch): [N, N] fp64 with N = Σ B, rows in pass order. Throws
+/// per micro-batch): [N, N] fp64 on the passes' device, N = Σ B, rows in pass order. Throws
 /// std::invalid_argument for passes whose shapes disagree (batch sizes, positions, or the
 /// layer's in / out between passes).
 at::Tensor layer_gram(const std::vector<layer_pass>& passes, gram_method method = gram_method::automatic);

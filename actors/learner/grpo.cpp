@@ -1,6 +1,6 @@
 #include "actors/learner/grpo.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

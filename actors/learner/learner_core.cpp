@@ -3,7 +3,7 @@
 #include "runtime/config.hpp"
 #include "runtime/ml/sampler.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <torch/csrc/autograd/autograd.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -340,7 +340,7 @@ at::Tensor salt_gram(const ml::policy_model& model, const packed_batch& p, const
     n += mb.idx.defined() ? mb.idx.size(0) : p.ids.size(0);
   at::Tensor K = at::zeros({n, n}, at::kDouble);
   for (const auto& layer : passes)
-    K.add_(layer_gram(layer, o.salt_gram));
+    K.add_(layer_gram(layer, o.salt_gram).to(at::kCPU));  // eigh and the coefficients run on the host
   return K;
 }
 
@@ -730,7 +730,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         const at::Tensor K = salt_gram(model_, p, parts, tokens_total, seqs_total, options_,
                                        single_pass ? recorded.get() : mb_recorded.get());
         const at::Tensor k_rows = part_rows(parts, n, device);
-        const salt_result sr = salt_coefficients(K, advantages.index_select(0, k_rows), options_.salt);
+        const salt_result sr = salt_coefficients(K, advantages.index_select(0, k_rows).to(at::kCPU), options_.salt);
         if (sr.noop == salt_noop::none && sr.gamma != 1.0) {
           mb_advantages = advantages.clone();
           mb_advantages.index_copy_(0, k_rows, sr.coefficients.to(at::kFloat).to(device));

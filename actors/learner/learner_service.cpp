@@ -14,6 +14,7 @@
 #include "actors/sync/weight_sync.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/ml/checkpoint.hpp"
+#include "runtime/ml/device.hpp"
 #include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
@@ -186,6 +187,7 @@ loaded_policy learner_service::load_policy() {
   task_ = make_task_from(cfg_);
   format_ = std::make_unique<ml::prompt_format>(prompt_format_from(cfg_));
   const auto dims = model_dims_from(cfg_);
+  const c10::Device device = ml::device_from(cfg_.run.device, "run.device");
   std::optional<fs::path> dir;
   loaded_policy out;
   if (cfg_.run.resume) {
@@ -219,11 +221,12 @@ loaded_policy learner_service::load_policy() {
   if (!dir && !cfg_.model.hf_dir.empty()) {
     ml::hf_load_options lo;
     lo.max_seq = dims.max_seq;
+    lo.device = device;
     auto hf = ml::load_hf_model(cfg_.model.hf_dir, lo);
     model_ = std::make_unique<ml::policy_model>(std::move(hf.model));
     out.source = cfg_.model.hf_dir;
   } else {
-    model_ = std::make_unique<ml::policy_model>(dims, cfg_.run.seed);
+    model_ = std::make_unique<ml::policy_model>(dims, cfg_.run.seed, /*init_std=*/0.02, device);
     out.source = fmt::format("fresh {} init (seed {})", cfg_.model.preset, cfg_.run.seed);
   }
   if (dir) {
@@ -246,8 +249,8 @@ loaded_policy learner_service::load_policy() {
     if (it != loaded.state.metadata.end())
       out.trainer_state = it->second;
   }
-  spdlog::info("{}: policy from {} ({} parameters), version {}", me_, out.source,
-               model_->dims().parameter_count(), step_);
+  spdlog::info("{}: policy from {} ({} parameters) on {}, version {}", me_, out.source,
+               model_->dims().parameter_count(), ml::describe(device), step_);
   return out;
 }
 
@@ -263,7 +266,8 @@ sync::snapshot_view learner_service::snapshot() const {
   v.version = version();
   v.dtype = sync::weight_dtype::bf16;
   for (const auto& [name, t] : params) {
-    bf16->push_back(t.detach().to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/true).contiguous());
+    // The publisher's codec reads host memory: a device's weights come over as bf16.
+    bf16->push_back(t.detach().to(at::kCPU, at::kBFloat16, /*non_blocking=*/false, /*copy=*/true).contiguous());
     const auto& b = bf16->back();
     v.names.push_back(name);
     v.shapes.emplace_back(t.sizes().begin(), t.sizes().end());

@@ -100,7 +100,7 @@ caf::behavior worker_actor(worker_actor_t* self, role_context ctx) {
                                                    make_task_from(*ctx.config),
                                                    rollout::worker_options_from(*ctx.config),
                                                    prompt_format_from(*ctx.config));
-  auto layout = rollout::receiver_layout_of(st.core->model());
+  auto layout = rollout::receiver_layout_of(st.core->sync_targets());
   st.weights = std::make_unique<sync::weight_receiver>(
     st.me, std::move(layout.expected), std::move(layout.targets), steady_now_ns);
   return {

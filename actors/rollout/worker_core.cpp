@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 
 #include "runtime/config.hpp"
+#include "runtime/ml/device.hpp"
 #include "runtime/ml/evaluate.hpp"
+#include "runtime/ml/torch_compat.hpp"
 
 namespace sorl::rollout {
 
@@ -28,6 +30,8 @@ worker_options worker_options_from(const experiment_config& cfg) {
   o.drafter.draft.max_tokens = static_cast<int32_t>(r.draft_max_tokens);
   o.drafter.draft.min_token_prob = r.draft_min_token_prob;
   o.drafter.draft.spec_factor = r.draft_spec_factor;
+  o.device = r.device.empty() ? ml::device_from(cfg.run.device, "run.device")
+                              : ml::device_from(r.device, "rollout.device");
   return o;
 }
 
@@ -106,7 +110,11 @@ worker_core::worker_core(const ml::model_dims& dims, ml::any_task task, worker_o
                                             task_.name(), format_.name()));
   if (!opts_.clock)
     opts_.clock = steady_ns;
-  model_ = std::make_unique<ml::policy_model>(ml::policy_model{dims, 0}.clone(c10::kBFloat16));
+  model_ = std::make_unique<ml::policy_model>(
+    ml::policy_model{dims, 0, /*init_std=*/0.02, opts_.device}.clone(c10::kBFloat16));
+  if (!opts_.device.is_cpu())
+    for (const auto& [name, t] : model_->parameters())
+      host_weights_.emplace_back(name, t.to(c10::kCPU).contiguous());
   ml::generator_options g;
   g.max_batch = opts_.max_batch;
   g.prefix_cache_tokens = prefix_cache_tokens(dims, opts_.prefix_cache_bytes);
@@ -156,10 +164,20 @@ ml::policy_model& worker_core::model() {
   return *model_;
 }
 
+const std::vector<ml::named_tensor>& worker_core::sync_targets() const {
+  return opts_.device.is_cpu() ? model_->parameters() : host_weights_;
+}
+
 void worker_core::weights_changed() {
   if (!rollouts_.empty())
     throw std::logic_error("worker_core: weights changed with rollouts in flight");
   // KV computed under the old weights must never be continued under the new ones.
+  if (!host_weights_.empty()) {
+    at::NoGradGuard no_grad;
+    const auto& params = model_->parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].second.copy_(host_weights_[i].second);
+  }
   gen_->set_weights_version(++weights_version_);
   model_->refresh_compute_weights();
 }

@@ -60,12 +60,15 @@ struct worker_options {
   /// prompts that start like an earlier prompt or finished turn of the same weights prefill
   /// only the rest. 0 = off.
   int64_t prefix_cache_bytes = 256ll << 20;
+  /// Where the policy, its KV cache and the sampler's logits live (runtime/ml/device.hpp).
+  c10::Device device = c10::kCPU;
   clock_fn clock;           ///< default: std::chrono::steady_clock
 };
 
 /// The worker's options from a loaded (validated) experiment: `[rollout] max_batch`,
-/// `chunk_tokens`, `prefix_cache_bytes`, `speculative` and the draft_* / suffix_* keys; the
-/// clock stays the default.
+/// `chunk_tokens`, `prefix_cache_bytes`, `speculative`, the draft_* / suffix_* keys and
+/// `device` (run.device when empty); the clock stays the default. Raises
+/// std::invalid_argument naming the key when this libtorch lacks the device.
 worker_options worker_options_from(const experiment_config& cfg);
 
 /// The token ids of the first prompt a worker builds for task `index` of `split`, exactly as
@@ -87,11 +90,17 @@ public:
               ml::prompt_format format = ml::prompt_format::byte_level());
   ~worker_core();
 
-  /// The rollout weights; the sync path writes into parameters() in place, then calls
-  /// weights_changed(). Never change weights while rollouts are in flight.
+  /// The rollout weights, on worker_options::device. Never change weights while rollouts are
+  /// in flight.
   ml::policy_model& model();
-  /// Frees any parked KV and drops the prefix cache (both computed under the old weights: the
-  /// generator's weight version advances) and rebuilds the model's compute image. Raises
+  /// The contiguous bf16 host tensors the sync path writes a new version into, in
+  /// model().parameters() order, before it calls weights_changed(): the parameters themselves
+  /// on the CPU; with the model on a device, a host copy of them that weights_changed()
+  /// uploads (the delta codec applies into host memory).
+  const std::vector<ml::named_tensor>& sync_targets() const;
+  /// Uploads sync_targets() to the device when they are a host copy, frees any parked KV and
+  /// drops the prefix cache (both computed under the old weights: the generator's weight
+  /// version advances) and rebuilds the model's compute image. Raises
   /// std::logic_error while rollouts are in flight.
   void weights_changed();
 
@@ -190,6 +199,7 @@ private:
   ml::prompt_format format_;
   worker_options opts_;
   std::unique_ptr<ml::policy_model> model_;
+  std::vector<ml::named_tensor> host_weights_; ///< the sync targets of a model on a device
   class draft_adapter;
   std::unique_ptr<draft_adapter> drafts_;   ///< null with speculation off
   std::unique_ptr<speculation_switch> switch_; ///< null with speculation off

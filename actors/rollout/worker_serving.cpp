@@ -67,9 +67,9 @@ std::vector<event_peer> event_destinations(event_kind kind) {
   return {event_peer::sagc_controller, event_peer::scheduler};
 }
 
-receiver_layout receiver_layout_of(const ml::policy_model& model) {
+receiver_layout receiver_layout_of(const std::vector<ml::named_tensor>& weights) {
   receiver_layout out;
-  for (const auto& [name, t] : model.parameters()) {
+  for (const auto& [name, t] : weights) {
     sync::tensor_meta m;
     m.name = name;
     m.shape.assign(t.sizes().begin(), t.sizes().end());
@@ -77,6 +77,8 @@ receiver_layout receiver_layout_of(const ml::policy_model& model) {
     out.expected.push_back(std::move(m));
     if (t.scalar_type() != at::kBFloat16 || !t.is_contiguous())
       throw std::logic_error(fmt::format("rollout parameter \"{}\" is not contiguous bf16", name));
+    if (!t.device().is_cpu())
+      throw std::logic_error(fmt::format("rollout parameter \"{}\" is not in host memory", name));
     out.targets.push_back({static_cast<uint32_t>(out.targets.size()),
                            reinterpret_cast<uint16_t*>(t.data_ptr()),
                            static_cast<uint64_t>(t.numel())});

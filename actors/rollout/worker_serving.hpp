@@ -77,8 +77,9 @@ struct receiver_layout {
   std::vector<sync::delta_target> targets; ///< borrow the parameters' memory
 };
 
-/// The receiver's layout of the rollout copy `model`. Raises std::logic_error naming a
-/// parameter that is not contiguous bf16.
-receiver_layout receiver_layout_of(const ml::policy_model& model);
+/// The receiver's layout of `weights`, the rollout weights the sync path writes
+/// (worker_core::sync_targets()). Raises std::logic_error naming a tensor that is not
+/// contiguous bf16 in host memory.
+receiver_layout receiver_layout_of(const std::vector<ml::named_tensor>& weights);
 
 } // namespace sorl::rollout

@@ -48,7 +48,7 @@
 #include "actors/learner/rollout_sample.hpp"
 #include "runtime/ml/hf_model.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

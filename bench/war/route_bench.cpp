@@ -36,6 +36,7 @@
 #include "bench/war/flag_values.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/kv_cache.hpp"
+#include "runtime/ml/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>

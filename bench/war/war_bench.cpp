@@ -36,6 +36,7 @@
 #include "runtime/config.hpp"
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>

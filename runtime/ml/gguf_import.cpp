@@ -2,7 +2,7 @@
 
 #include "runtime/ml/tokenizer_json.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 

@@ -3,7 +3,7 @@
 #include "runtime/ml/chat_template.hpp"
 #include "runtime/ml/hf_tokenizer.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 

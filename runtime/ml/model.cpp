@@ -2,7 +2,7 @@
 
 #include "runtime/ml/kv_cache.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 

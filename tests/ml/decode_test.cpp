@@ -4,7 +4,7 @@
 
 #include "tests/ml/policy_test_util.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -6,7 +6,7 @@
 
 #include "runtime/ml/model.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 
 #include <cstdint>
 #include <vector>

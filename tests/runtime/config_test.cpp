@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -115,6 +116,28 @@ TEST_CASE("a temperature too small for fp32 is refused with its location and the
           .algorithm.temperature == 0.0);
   CHECK(parse_config("[algorithm]\ntop_p = 0.8\n" + std::string{minimal}, "t.toml", roles)
           .algorithm.top_p == 0.8);
+}
+
+TEST_CASE("run.device and rollout.device take cpu, cuda or cuda:N, and refuse other spellings where they stand") {
+  const auto cfg = parse_config(minimal, "test.toml", roles);
+  CHECK(cfg.run.device == "cpu");
+  CHECK(cfg.rollout.device.empty()); // = run.device
+  for (const char* name : {"cpu", "cuda", "cuda:0", "cuda:7", "cuda:123"}) {
+    const auto c = parse_config(fmt::format("[run]\ndevice = \"{}\"\n[rollout]\ndevice = \"{}\"\n", name, name)
+                                  + minimal, "t.toml", roles);
+    CHECK(c.run.device == name);
+    CHECK(c.rollout.device == name);
+  }
+  for (const char* name : {"gpu", "CUDA", "cuda:", "cuda:-1", "cuda:1x", "cuda:1234", "cuda 0", ""}) {
+    INFO(name);
+    auto e = only_error(fmt::format("[run]\nseed = 1\ndevice = \"{}\"\n", name) + minimal);
+    CHECK(e.line == 3);
+    CHECK(e.key == "run.device");
+    CHECK(e.message == fmt::format("\"{}\" is no device: expected \"cpu\", \"cuda\" or \"cuda:N\"", name));
+  }
+  auto e = only_error("[rollout]\ndevice = \"tpu\"\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "rollout.device");
 }
 
 TEST_CASE("settings the learner cannot run are refused at load: clip_eps_low 1, lr × weight_decay 1") {

@@ -11,7 +11,7 @@
 
 #include "runtime/ml/hf_model.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 
 #include <cmath>
 #include <cstdio>

@@ -5,7 +5,7 @@
 #include "runtime/config.hpp"
 #include "runtime/ml/safetensors.hpp"
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include <ATen/ATen.h>
+#include "runtime/ml/torch_compat.hpp"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -804,7 +804,7 @@ TEST_CASE("every timing event goes to the controller and the scheduler, a start 
 TEST_CASE("the weight receiver sees every bf16 parameter of the rollout model, in model order") {
   at::set_num_threads(1);
   worker_core w{small_dims(), arithmetic(), counting_clock()};
-  const auto layout = receiver_layout_of(w.model());
+  const auto layout = receiver_layout_of(w.sync_targets());
   // small_dims: vocab 272, d_model 32, one layer, 2 heads / 1 kv head of 16, d_ff 64, tied.
   const std::vector<std::pair<std::string, std::vector<int64_t>>> want{
     {"model.embed_tokens.weight", {272, 32}},
@@ -838,7 +838,7 @@ TEST_CASE("the weight receiver sees every bf16 parameter of the rollout model, i
   CHECK(static_cast<int64_t>(total) == small_dims().parameter_count());
 
   const ml::policy_model fp32{small_dims(), 0};
-  CHECK_THROWS_WITH(receiver_layout_of(fp32),
+  CHECK_THROWS_WITH(receiver_layout_of(fp32.parameters()),
                     "rollout parameter \"model.embed_tokens.weight\" is not contiguous bf16");
 }
 
