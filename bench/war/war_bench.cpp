@@ -33,9 +33,8 @@
 #include "actors/sagc/timing.hpp"
 #include "actors/suffix_index/suffix_drafter.hpp"
 #include "bench/war/flag_values.hpp"
+#include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/hf_model.hpp"
 #include "runtime/ml/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
@@ -57,6 +56,7 @@ using namespace sorl;
 using json = nlohmann::json;
 using sorl::bench::integer;
 using sorl::bench::number;
+using sorl::bench::source_weights;
 using sorl::bench::split;
 
 namespace {
@@ -78,31 +78,6 @@ std::map<std::string, std::string> flags(int argc, char** argv, int from, const 
 std::string flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& dflt) {
   const auto it = f.find(k);
   return it == f.end() ? dflt : it->second;
-}
-
-// The policy the config trains from, as the learner loads it (actors/learner/learner_service.cpp).
-ml::named_tensors source_weights(const experiment_config& cfg) {
-  const ml::model_dims dims = model_dims_from(cfg);
-  if (!cfg.model.checkpoint.empty()) {
-    const auto dir = ml::latest_checkpoint(cfg.model.checkpoint);
-    if (!dir)
-      throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint +
-                               " (make it with `build/sorl sft` on this config; bench/war/run.sh says how long "
-                               "that takes for configs/agent.toml, and --config configs/default.toml is quicker)");
-    ml::policy_model m(dims, cfg.run.seed);
-    ml::load_checkpoint(*dir, m.parameters());
-    std::fprintf(stderr, "weights: %s\n", dir->string().c_str());
-    return m.parameters();
-  }
-  if (!cfg.model.hf_dir.empty()) {
-    ml::hf_load_options lo;
-    lo.max_seq = dims.max_seq;
-    auto hf = ml::load_hf_model(cfg.model.hf_dir, lo);
-    std::fprintf(stderr, "weights: %s\n", cfg.model.hf_dir.c_str());
-    return hf.model.parameters();
-  }
-  std::fprintf(stderr, "weights: fresh init (seed %llu)\n", static_cast<unsigned long long>(cfg.run.seed));
-  return ml::policy_model(dims, cfg.run.seed).parameters();
 }
 
 std::unique_ptr<rollout::worker_core> make_worker(const experiment_config& cfg, const ml::named_tensors& weights,

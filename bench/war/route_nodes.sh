@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Cache-aware placement through the actor runtime: the shared-prefix trace of
+# bench/war/route_bench.cpp trained on as three processes (`sorl node`: a hub with the
+# trainer, learner, sync publisher, SAGC controller and scheduler, and two rollout-worker
+# processes) or in one process (`sorl train`, --modes process), once per scheduler policy
+# (ARCHITECTURE.md §6 WAR, cache-aware scheduling):
+#
+#   bench/war/route_nodes.sh [--steps 3] [--groups 128] [--modes nodes]
+#                            [--policies "round_robin least_loaded cache_aware sglang_cache_aware"]
+#
+# Each run trains a fresh tiny policy (configs/default.toml's model) for --steps steps of
+# --groups prompts x 4 rollouts, 16 new tokens, drawn from 16 families of 384-token prefixes;
+# every worker's prefix cache holds half the families, as in route_bench. Rewards are all 0
+# (the trace has no answers to find), so the weights stay put and every step's rollouts are
+# drawn from the same policy; only placement differs between runs. The figures are the
+# step metrics of metrics.jsonl (README.md, "What a run writes") over the steps after the
+# first (which also carries the first full weight sync): rollout tokens/s, the rollout phase's
+# seconds, prefix_hit_rate, prefill_tokens, episode_p99_s and load_imbalance, medians over
+# those steps. Worker processes run one compute thread each (OMP_NUM_THREADS=1), as the
+# in-process bench's worker threads do. --modes "process nodes" adds the one-process runs.
+# Every step also runs the learner over all its rollouts (about 45 s of the ~55 s a step takes
+# here), so a run is about 3 minutes and the defaults about 11 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+steps=3
+groups=128
+modes=nodes
+policies="round_robin least_loaded cache_aware sglang_cache_aware"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --groups) groups=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --policies) policies=$2; shift 2 ;;
+    *) echo "route_nodes.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[[ $steps =~ ^[0-9]+$ && $steps -ge 2 ]] || { echo "route_nodes.sh: --steps must be >= 2" >&2; exit 2; }
+sorl=build/sorl
+bench=build/bench/war/route_bench
+for b in $sorl $bench; do
+  [[ -x $b ]] || { echo "route_nodes.sh: $b not built (run scripts/build)" >&2; exit 1; }
+done
+out=$PWD/runs/route-nodes
+rm -rf "$out"
+mkdir -p "$out"
+cache_line=$($bench configs/default.toml --groups 2048 --write-trace "$out/trace.jsonl" 2>/dev/null)
+[[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
+port=$((20000 + RANDOM % 20000))
+
+config() { # MODE POLICY -> the config's path
+  local mode=$1 policy=$2 file="$out/$1-$2.toml"
+  cat > "$file" <<EOF
+[run]
+name = "$mode-$policy"
+seed = 1
+steps = $steps
+output_dir = "$out"
+checkpoint_every = 0
+eval_every = 0
+
+[model]
+preset = "tiny"
+
+[task]
+name = "jsonl"
+path = "$out/trace.jsonl"
+eval_fraction = 0.0
+eval_prompts = 0
+max_new_tokens = 16
+
+[algorithm]
+name = "grpo"
+prompts_per_step = $groups
+temperature = 1.0
+
+[sagc]
+policy = "static"
+group_size = 4
+
+[rollout]
+max_batch = 64
+$cache_line
+
+[scheduler]
+policy = "$policy"
+
+[network]
+connect_timeout_ms = 60000
+EOF
+  if [[ $mode == process ]]; then
+    cat >> "$file" <<EOF
+
+[[node]]
+name = "main"
+actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler",
+          { role = "rollout_worker", count = 2 }]
+EOF
+  else
+    cat >> "$file" <<EOF
+
+[[node]]
+name = "main"
+listen = "127.0.0.1:$port"
+actors = ["trainer", "learner", "sync_publisher", "sagc_controller", "scheduler"]
+
+[[node]]
+name = "rollout-a"
+actors = ["rollout_worker"]
+
+[[node]]
+name = "rollout-b"
+actors = ["rollout_worker"]
+EOF
+  fi
+  echo "$file"
+}
+
+for mode in $modes; do
+  [[ $mode == process || $mode == nodes ]] || { echo "route_nodes.sh: unknown mode $mode (process, nodes)" >&2; exit 2; }
+  for policy in $policies; do
+    file=$(config "$mode" "$policy")
+    echo "== $mode $policy" >&2
+    if [[ $mode == process ]]; then
+      $sorl train "$file" > "$out/$mode-$policy.log" 2>&1
+    else
+      $sorl node "$file" --node main > "$out/$mode-$policy.log" 2>&1 &
+      hub=$!
+      OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $sorl node "$file" --node rollout-a > "$out/$mode-$policy-a.log" 2>&1 &
+      a=$!
+      OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $sorl node "$file" --node rollout-b > "$out/$mode-$policy-b.log" 2>&1 &
+      b=$!
+      rc=0
+      wait $hub || rc=$?
+      wait $a || true
+      wait $b || true
+      ((rc == 0)) || { echo "route_nodes.sh: the hub failed (rc $rc): $out/$mode-$policy.log" >&2; exit 1; }
+      port=$((port + 1))
+    fi
+  done
+done
+
+python3 - "$out" $modes -- $policies <<'EOF'
+import json, statistics, sys
+out = sys.argv[1]
+args = sys.argv[2:]
+modes, policies = args[:args.index("--")], args[args.index("--") + 1:]
+keys = ["tokens_per_s", "rollout_s", "prefix_hit_rate", "prefill_tokens", "episode_p99_s", "load_imbalance"]
+print(f"{'mode':8} {'policy':19} {'tokens/s':>9} {'vs rr':>6} {'rollout_s':>9} {'hit_rate':>8} "
+      f"{'prefill':>9} {'p99_s':>6} {'imbalance':>9}")
+table = {}
+for mode in modes:
+    base = None
+    for p in policies:
+        rows = [json.loads(l) for l in open(f"{out}/{mode}-{p}/metrics.jsonl") if l.strip()]
+        rows = [r for r in rows if "rollout_s" in r][1:]
+        med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+        base = base or med["tokens_per_s"]
+        table[f"{mode}/{p}"] = med
+        print(f"{mode:8} {p:19} {med['tokens_per_s']:9.1f} {med['tokens_per_s'] / base:5.2f}x "
+              f"{med['rollout_s']:9.2f} {med['prefix_hit_rate']:8.3f} {med['prefill_tokens']:9.0f} "
+              f"{med['episode_p99_s']:6.2f} {med['load_imbalance']:9.2f}")
+json.dump(table, open(f"{out}/table.json", "w"), indent=1)
+print(f"results under {out}/ (table.json, one run directory and log per mode and policy)")
+EOF
