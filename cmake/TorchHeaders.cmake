@@ -4,6 +4,7 @@
 # code and the libfmt / spdlog it links are built for. sorl_curate_torch_headers points the
 # torch targets at a directory that holds only libtorch's own headers instead (links into the
 # wheel; nothing is copied). Debian's libtorch-dev has no such copies and is left as it is.
+# It also fixes the link order for such a libtorch (below).
 function(sorl_curate_torch_headers)
   if(NOT TORCH_INSTALL_PREFIX OR NOT EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt")
     return()
@@ -26,5 +27,12 @@ function(sorl_curate_torch_headers)
       set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${dirs}")
     endif()
   endforeach()
-  message(STATUS "sorl: libtorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}, its own headers only (${dst})")
+  # The wheel's libtorch.so also exports a copy of libstdc++'s std::filesystem (from the
+  # libstdc++ it links statically). Listed ahead of libstdc++ among a binary's needed
+  # libraries, it is the copy the dynamic linker binds std::filesystem calls to, and that copy
+  # crashes (remove_all jumps through a null pointer). libstdc++ first in every link of this
+  # directory and below makes the system's own definitions win.
+  add_link_options("SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  message(STATUS "sorl: libtorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}, its own headers only (${dst}); "
+                 "libstdc++ linked ahead of it")
 endfunction()
