@@ -25,8 +25,8 @@ inline ml::named_tensors source_weights(const experiment_config& cfg) {
     const auto dir = ml::latest_checkpoint(cfg.model.checkpoint);
     if (!dir)
       throw std::runtime_error("model.checkpoint: no checkpoint under " + cfg.model.checkpoint +
-                               " (make it with `build/sorl sft` on this config; bench/war/run.sh says how long "
-                               "that takes for configs/agent.toml, and --config configs/default.toml is quicker)");
+                               " (make it with `build/sorl sft` on this config: about 18 minutes for "
+                               "configs/agent.toml on 2 cores, a minute or two for configs/default.toml)");
     ml::policy_model m(dims, cfg.run.seed);
     ml::load_checkpoint(*dir, m.parameters());
     std::fprintf(stderr, "weights: %s\n", dir->string().c_str());
