@@ -466,7 +466,7 @@ bench_options parse(int argc, char** argv) {
     else if (name == "temperature") {
       o.temperature = sorl::bench::number(name, v, 0.0, 100.0);
       if (o.temperature > 0 && o.temperature < ml::min_temperature)
-        throw std::invalid_argument("--temperature: 0 (greedy) or at least 0.01");
+        throw std::invalid_argument(fmt::format("--temperature: 0 (greedy) or at least {}", ml::min_temperature));
     }
     else if (name == "seed") o.seed = static_cast<std::uint64_t>(integer(name, v, 0, 1LL << 62));
     else if (name == "json") o.json_path = v;
