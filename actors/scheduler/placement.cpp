@@ -147,7 +147,8 @@ place_result placement::place(const placement_request& r) {
       const double threshold = options_.policy == placement_policy::cache_aware
                                  ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
                                  : options_.imbalance_threshold;
-      if (load_of(home) - load_of(workers_.at(least)) > threshold) {
+      if (load_of(home) - load_of(workers_.at(least)) > threshold
+          || idle_relief(home, least)) {
         chosen = &least;
         ++stats_.affinity_overrides;
       } else {
@@ -290,7 +291,8 @@ const std::string& placement::choose_cache_aware(const placement_request& r) {
   if (best != workers_.end() && covered >= options_.cache_threshold) {
     // A cached prefix saves a prefill, but a long queue costs more than one: past the
     // imbalance threshold the least loaded worker takes it (and caches it in turn).
-    if (load_of(best->second) - least_load > options_.cache_imbalance_threshold) {
+    if (load_of(best->second) - least_load > options_.cache_imbalance_threshold
+        || idle_relief(best->second, least)) {
       ++stats_.cache_balanced;
       return least;
     }
@@ -309,7 +311,21 @@ const std::string& placement::choose_cache_aware(const placement_request& r) {
             && load_of(it->second) < load_of(roomiest->second)))
       roomiest = it;
   }
+  if (idle_relief(roomiest->second, least))
+    return least;
   return roomiest->first;
+}
+
+bool placement::idle_relief(const worker_state& chosen, const std::string& least) const {
+  // Work conservation: the cache imbalance threshold is absolute, so with fewer requests in a
+  // step than it allows, every prompt sharing a prefix (the instructions, say) would follow the
+  // worker that cached it first while the others had nothing to run. An idle worker costs the
+  // step more than one prefill; once it takes a request it holds the prefix too, and the ties
+  // between equal matches then go to the less loaded.
+  if (options_.policy != placement_policy::cache_aware)
+    return false;
+  const auto& l = workers_.at(least);
+  return l.in_flight == 0 && load_of(chosen) - load_of(l) > options_.imbalance_threshold;
 }
 
 const std::string& placement::choose_sglang(const placement_request& r) {

@@ -485,3 +485,79 @@ TEST_CASE("cache aware sends a new prefix where the cache has room, within the i
   CHECK(place_req(p, req(13, prompt(13, 1))) == "b");
   CHECK(p.stats().cache_routed == 0);
 }
+
+TEST_CASE("cache aware is work-conserving: an idle worker takes a request past imbalance_threshold",
+          "[placement]") {
+  // Default cache_imbalance_threshold (64): a prefix alone would keep every request below on
+  // the worker that cached it first.
+  auto p = make(placement_policy::cache_aware, {"a", "b"});
+  CHECK(place_req(p, req(1, prompt(1, 4))) == "a");
+  CHECK(place_req(p, req(2, prompt(1, 4, 2, 8))) == "a"); // a: 1, b idle: 1 <= 2
+  CHECK(place_req(p, req(3, prompt(1, 4, 3, 8))) == "a"); // a: 2, b idle: 2 <= 2
+  // a: 3 > 2 with b idle: b, although the prefix is on a and within 64.
+  CHECK(place_req(p, req(4, prompt(1, 4, 4, 8))) == "b");
+  CHECK(p.stats().cache_balanced == 1);
+  // b now holds the prefix too: equal matches go to the less loaded (b: 1 against a: 3).
+  CHECK(place_req(p, req(5, prompt(1, 4, 5, 8))) == "b");
+  CHECK(place_req(p, req(6, prompt(1, 4, 6, 8))) == "b"); // 2 against 3
+  CHECK(place_req(p, req(7, prompt(1, 4, 7, 8))) == "a"); // 3 against 3: the name first
+  CHECK(p.stats().cache_routed == 5);
+
+  // A worker that runs anything is not idle: the prefix keeps deciding within 64.
+  auto q = make(placement_policy::cache_aware, {"a", "b"});
+  CHECK(place_req(q, req(1, prompt(1, 4))) == "a");
+  CHECK(place_req(q, req(2, prompt(2, 4))) == "b"); // a new prefix: the roomier b
+  for (uint64_t id = 3; id < 3 + 20; ++id)
+    CHECK(place_req(q, req(id, prompt(1, 4, static_cast<int32_t>(id), 8))) == "a");
+  CHECK(q.in_flight("a") == 21);
+  CHECK(q.in_flight("b") == 1);
+  CHECK(q.stats().cache_balanced == 0);
+  // Once b has finished its request it is idle, and a runs 21 > 2 more: b.
+  q.complete(2);
+  CHECK(place_req(q, req(30, prompt(1, 4, 30, 8))) == "b");
+  CHECK(q.stats().cache_balanced == 1);
+}
+
+TEST_CASE("cache aware: an idle worker takes a new prefix the roomier worker would overload",
+          "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"});
+  CHECK(place_req(p, req(1, prompt(1, 1))) == "a"); // a: 1 block
+  CHECK(place_req(p, req(2, prompt(2, 6))) == "b"); // b: 6 blocks
+  p.complete(2);                                     // b idle with the larger index
+  CHECK(place_req(p, req(3, prompt(3, 1))) == "a");  // a: 2 blocks, load 2
+  CHECK(place_req(p, req(4, prompt(4, 1))) == "a");  // a: 3 blocks, load 3 (2 <= 2 before it)
+  // a is still the roomier (3 blocks against 6) but runs 3 > 2 with b idle: b.
+  CHECK(place_req(p, req(5, prompt(5, 1))) == "b");
+  CHECK(p.stats().cache_routed == 0);
+}
+
+TEST_CASE("cache aware splits a step of groups sharing instructions over both workers",
+          "[placement]") {
+  // 4 groups x 8 rollouts whose prompts are 3 blocks of shared instructions and one block of
+  // their own, submitted at once (nothing completes), group affinity on, default thresholds.
+  // Hand trace: group 1 -> a, except its 4th sibling, which finds a at 3 > 2 and b idle (b
+  // then holds the instructions); group 2 matches 3 blocks on both and goes to the less loaded
+  // b (1 against 7), group 3 to a (7 against 9), group 4 to b (9 against 15).
+  auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  const std::vector<std::string> home = {"a", "b", "a", "b"};
+  for (uint64_t g = 0; g < 4; ++g)
+    for (uint64_t s = 0; s < 8; ++s) {
+      const uint64_t id = g * 8 + s + 1;
+      const auto got = place_req(p, req(id, prompt(7, 3, static_cast<int32_t>(g), 16), g + 1));
+      if (g == 0 && s == 3)
+        CHECK(got == "b");
+      else
+        CHECK(got == home[g]);
+    }
+  CHECK(p.in_flight("a") == 15);
+  CHECK(p.in_flight("b") == 17);
+  CHECK(p.stats().affinity_overrides == 1);
+  CHECK(p.stats().cache_routed == 3);
+
+  // SGLang's rule on the same step keeps all 32 on a (no balance below 64).
+  auto s = make(placement_policy::sglang_cache_aware, {"a", "b"});
+  for (uint64_t g = 0; g < 4; ++g)
+    for (uint64_t i = 0; i < 8; ++i)
+      CHECK(place_req(s, req(g * 8 + i + 1, prompt(7, 3, static_cast<int32_t>(g), 16), g + 1))
+            == "a");
+}
