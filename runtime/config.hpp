@@ -335,8 +335,9 @@ struct scheduler_config {
   /// "round_robin" | "least_loaded" | "cache_aware" | "sglang_cache_aware" (SGLang router's
   /// rule, a baseline for bench/)
   placement_kind policy = placement_kind::round_robin;
-  /// Requests (load units): group affinity and cache_aware's prefix yield to the least loaded
-  /// worker past this load difference. 1..1e6.
+  /// Requests (load units): group affinity yields to the least loaded worker past this load
+  /// difference, and under cache_aware a worker with nothing in flight takes a group's first
+  /// request past it whatever the cache says. 1..1e6.
   double imbalance_threshold = 2.0;
   /// cache_aware: the least share of a prompt its longest estimated cached prefix on a worker
   /// must cover to decide the placement; 0..1.

@@ -122,6 +122,7 @@ namespace sorl {
   X(updates,       "updates",       learner, count, "", "optimizer updates applied") \
   X(skipped_updates, "skipped_updates", learner, count, "", "minibatches without an update: no trained token, or a non-finite loss or gradient norm") \
   X(nonfinite_updates, "nonfinite_updates", learner, count, "", "of skipped_updates, those dropped for a non-finite loss or gradient norm") \
+  X(zero_signal_updates, "zero_signal_updates", learner, count, "", "of updates, those whose minibatch had every advantage 0 and no KL term: the backward pass was skipped, AdamW stepped with the exact zero gradient") \
   X(salt_cancellation, "salt_cancellation", learner, number, "", "SALT's signed cancellation c = a^T K a / sum a_i^2 K_ii of the advantages, mean over its minibatches (every salt_ key: salt.enabled only; actors/learner/salt.hpp)") \
   X(salt_rank,     "salt_rank",     learner, number, "", "dominant rank r of the minibatch Gram matrix K, mean over minibatches") \
   X(salt_gamma,    "salt_gamma",    learner, number, "", "amplification of the residual channel, mean over minibatches (1 = unchanged)") \

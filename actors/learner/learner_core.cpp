@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -745,6 +746,16 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         m.salt_norm_after += sr.norm_after;
         m.salt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       }
+      // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
+      // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
+      // two thirds of the update's compute, would only produce zeros. The forward still runs
+      // for the loss, ratio and clip figures and the non-finite check; AdamW then steps with
+      // zero gradients, as it would after the backward (its moments decay and the weights keep
+      // moving on their momentum). SALT maps all-zero advantages to themselves (salt.hpp).
+      const bool no_signal =
+        options_.skip_zero_signal && !ref_logp.defined()
+        && std::all_of(rows_idx.begin(), rows_idx.end(),
+                       [&](std::int64_t k) { return adv.advantages[static_cast<std::size_t>(k)] == 0.0f; });
       for (const auto& np : params)
         np.second.mutable_grad() = at::Tensor();
       // Every aggregate is a weighted sum over micro-batches that equals the minibatch's own:
@@ -756,6 +767,9 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       for (const micro_batch& mb : parts) {
         if (mb.tokens == 0.0)
           continue; // no trained token: its gradient is exactly zero
+        std::optional<at::NoGradGuard> no_graph;
+        if (no_signal)
+          no_graph.emplace();
         const at::Tensor new_logp =
           single_pass   ? first_new_logp
           : mb_recorded ? mb_recorded->logp
@@ -773,10 +787,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         }
         const double share = mb.tokens / tokens_total;
         const double w = options_.loss.norm == loss_norm::token ? share : mb.seqs / seqs_total;
-        if (parts.size() == 1)
-          terms.loss.backward();
-        else
-          (terms.loss * w).backward();
+        if (!no_signal) { // without signal the gradient is set to its exact value, zero, below
+          if (parts.size() == 1)
+            terms.loss.backward();
+          else
+            (terms.loss * w).backward();
+        }
         loss_value += value * w;
         pg += terms.pg_loss * w;
         kl += terms.kl * w;
@@ -791,6 +807,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         ++m.skipped_updates;
         ++m.nonfinite_updates;
         continue;
+      }
+      if (no_signal) {
+        at::NoGradGuard no_grad;
+        for (const auto& np : params)
+          np.second.mutable_grad() = at::zeros_like(np.second);
+        ++m.zero_signal_updates;
       }
 
       // Global L2 norm over every gradient, as torch.nn.utils.clip_grad_norm_ computes it.

@@ -97,6 +97,11 @@ struct learner_options {
   /// for the decoder's linear layers (README.md, SALT, has the measured overheads).
   std::int64_t salt_layers = 0;
   gram_method salt_gram = gram_method::automatic; ///< how K is computed (grad_gram.hpp)
+  /// A minibatch whose advantages (coefficients) are all exactly 0, without a KL term, skips
+  /// its backward pass: its gradient is exactly 0, so AdamW steps with zero gradients instead,
+  /// bit for bit the same weights and moments. Not a config key; false runs the backward
+  /// anyway (the reference the tests compare against).
+  bool skip_zero_signal = true;
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
@@ -143,6 +148,9 @@ struct step_metrics {
   std::int64_t skipped_updates = 0;
   /// Of skipped_updates, those dropped for a non-finite loss or gradient norm.
   std::int64_t nonfinite_updates = 0;
+  /// Of updates, those whose minibatch had no signal (every advantage 0, no KL term): the
+  /// backward pass was skipped and AdamW stepped with its exact gradient, zero.
+  std::int64_t zero_signal_updates = 0;
   double seconds = 0.0; ///< wall time of train_step
   /// SALT, over the updates it ran for (salt_updates; every other field is 0 when that is 0):
   /// means over those updates of its cancellation c, dominant rank r, amplification γ and

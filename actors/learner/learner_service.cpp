@@ -72,6 +72,7 @@ std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
     {metric::updates.key, static_cast<double>(m.updates)},
     {metric::skipped_updates.key, static_cast<double>(m.skipped_updates)},
     {metric::nonfinite_updates.key, static_cast<double>(m.nonfinite_updates)},
+    {metric::zero_signal_updates.key, static_cast<double>(m.zero_signal_updates)},
   };
   if (m.salt_updates > 0) {
     out.insert(out.end(), {

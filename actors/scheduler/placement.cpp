@@ -147,8 +147,7 @@ place_result placement::place(const placement_request& r) {
       const double threshold = options_.policy == placement_policy::cache_aware
                                  ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
                                  : options_.imbalance_threshold;
-      if (load_of(home) - load_of(workers_.at(least)) > threshold
-          || idle_relief(home, least)) {
+      if (load_of(home) - load_of(workers_.at(least)) > threshold) {
         chosen = &least;
         ++stats_.affinity_overrides;
       } else {
@@ -321,7 +320,10 @@ bool placement::idle_relief(const worker_state& chosen, const std::string& least
   // step than it allows, every prompt sharing a prefix (the instructions, say) would follow the
   // worker that cached it first while the others had nothing to run. An idle worker costs the
   // step more than one prefill; once it takes a request it holds the prefix too, and the ties
-  // between equal matches then go to the less loaded.
+  // between equal matches then go to the less loaded. Siblings stay with their group's home
+  // (place): an idle worker is owed the next group, not a share of one, since spreading a
+  // group prefills its prompt again on every worker and crowds their caches (the long
+  // shared-prefix trace of bench/war/route_bench.cpp loses a third of its throughput that way).
   if (options_.policy != placement_policy::cache_aware)
     return false;
   const auto& l = workers_.at(least);

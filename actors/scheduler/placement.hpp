@@ -40,9 +40,10 @@ enum class placement_policy {
   /// `cache_imbalance_threshold` (past it, the least loaded). A prompt without such a prefix
   /// goes to the worker whose index holds the fewest blocks (the most cache room) among those
   /// within `cache_imbalance_threshold` of the least loaded, ties to the less loaded, then
-  /// the name. Work-conserving: whichever rule chose the worker (a prefix, cache room or a
-  /// group's home), a worker with nothing in flight takes the request instead when the chosen
-  /// one's load exceeds its own by more than `imbalance_threshold`.
+  /// the name. Work-conserving: whichever of these chose the worker (a prefix or cache room),
+  /// a worker with nothing in flight takes the request instead when the chosen one's load
+  /// exceeds its own by more than `imbalance_threshold`. A group's later siblings follow its
+  /// home (placement_options::group_affinity), so an idle worker takes the next group.
   cache_aware,
   /// SGLang's router rule (sgl-router `cache_aware`, with its launcher's defaults), kept as a
   /// baseline for bench/: with loads = requests in flight, when max - min > 64 and max > 1.5 ×
@@ -71,8 +72,7 @@ struct placement_options {
 
   /// Affinity yields to balance: a sibling goes to the least loaded worker instead of the
   /// group's home when load(home) − load(least loaded) > imbalance_threshold, in load units
-  /// (under cache_aware, the larger of it and cache_imbalance_threshold, except that a worker
-  /// with nothing in flight is owed the request past imbalance_threshold itself).
+  /// (under cache_aware, the larger of it and cache_imbalance_threshold).
   /// An absolute difference rather than a ratio, because a ratio is undefined when the least
   /// loaded worker is idle, which is exactly when balance matters most. Must be ≥ 0.
   double imbalance_threshold = 2.0;

@@ -185,7 +185,7 @@ TEST_CASE("trajectories then the batch naming them are trained on and answered w
                      "grad_norm", "mismatch_mean", "mismatch_max", "entropy",
                      "advantage_abs_mean", "zero_signal_groups", "tokens_trained",
                      "overlong_filtered", "overlong_penalty_mean", "overlong_shaped", "updates",
-                     "skipped_updates", "nonfinite_updates"});
+                     "skipped_updates", "nonfinite_updates", "zero_signal_updates"});
     REQUIRE(r.getMetricValues().size() == names.size());
     auto value = [&](const std::string& key) {
       auto at = std::find(names.begin(), names.end(), key) - names.begin();

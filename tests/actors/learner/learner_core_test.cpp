@@ -344,6 +344,78 @@ TEST_CASE("an update split into micro-batches equals the update in one forward")
   }
 }
 
+TEST_CASE("a minibatch without signal skips its backward and steps AdamW bit for bit as with it") {
+  at::set_num_threads(1);
+  // One step with signal first, so that Adam's moments are nonzero and a zero-gradient step
+  // still moves the weights; then batches whose groups all have equal rewards.
+  auto flat = synthetic_batch(3, 4, small_dims().vocab);
+  for (auto& s : flat)
+    s.reward = 0.5f;
+  for (const int minibatches : {1, 2}) {
+    for (const std::int64_t micro : {std::int64_t{0}, std::int64_t{40}}) {
+      INFO("minibatches " << minibatches << ", micro_batch_tokens " << micro);
+      learner_options o = test_options();
+      o.minibatches = minibatches;
+      o.micro_batch_tokens = micro;
+      learner_options full = o;
+      full.skip_zero_signal = false;
+      ml::policy_model a(small_dims(), 41), b(small_dims(), 41);
+      learner_core la(a, o, 6), lb(b, full, 6);
+      la.train_step(synthetic_batch(3, 4, small_dims().vocab));
+      lb.train_step(synthetic_batch(3, 4, small_dims().vocab));
+      REQUIRE(same_weights(a, b));
+      ml::policy_model before(small_dims(), 41);
+      for (std::size_t i = 0; i < a.parameters().size(); ++i)
+        before.parameters()[i].second.detach().copy_(a.parameters()[i].second.detach());
+      for (int step = 0; step < 2; ++step) {
+        const step_metrics ma = la.train_step(flat);
+        const step_metrics mb = lb.train_step(flat);
+        CHECK(ma.zero_signal_groups == 3);
+        CHECK(ma.zero_signal_updates == minibatches);
+        CHECK(mb.zero_signal_updates == 0);
+        CHECK(ma.updates == mb.updates);
+        CHECK(ma.grad_norm == 0.0);
+        CHECK(mb.grad_norm == 0.0);
+        CHECK(ma.loss == mb.loss);
+        CHECK(ma.pg_loss == mb.pg_loss);
+        CHECK(ma.ratio_mean == mb.ratio_mean);
+        CHECK(ma.clip_frac_low == mb.clip_frac_low);
+        CHECK(ma.entropy == mb.entropy);
+      }
+      CHECK(same_weights(a, b));
+      CHECK_FALSE(same_weights(a, before)); // momentum moved them: the check is not vacuous
+      const optimizer_state sa = la.save_optimizer_state(), sb = lb.save_optimizer_state();
+      CHECK(sa.step == sb.step);
+      REQUIRE(sa.tensors.size() == sb.tensors.size());
+      for (std::size_t i = 0; i < sa.tensors.size(); ++i) {
+        INFO(sa.tensors[i].first);
+        CHECK(sa.tensors[i].first == sb.tensors[i].first);
+        CHECK(at::equal(sa.tensors[i].second, sb.tensors[i].second));
+      }
+    }
+  }
+
+  // A KL term has a gradient of its own: no skip.
+  learner_options kl = test_options();
+  kl.loss.kl_coef = 0.05;
+  ml::policy_model c(small_dims(), 41);
+  learner_core lc(c, kl, 6);
+  lc.train_step(synthetic_batch(3, 4, small_dims().vocab));
+  const step_metrics mk = lc.train_step(flat);
+  CHECK(mk.zero_signal_updates == 0);
+  CHECK(mk.grad_norm > 0.0);
+
+  // One group with signal in the minibatch: the backward runs.
+  auto mixed = flat;
+  mixed[0].reward = 1.0f;
+  ml::policy_model d(small_dims(), 41);
+  learner_core ld(d, test_options(), 6);
+  const step_metrics mm = ld.train_step(mixed);
+  CHECK(mm.zero_signal_groups == 2);
+  CHECK(mm.zero_signal_updates == 0);
+  CHECK(mm.grad_norm > 0.0);
+}
+
 TEST_CASE("lr = 0 leaves every weight bit as it was while the loss and gradients are computed") {
   at::set_num_threads(1);
   learner_options o = test_options(); // weight decay 0.01: a zero lr must not apply it either

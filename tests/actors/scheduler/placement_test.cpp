@@ -535,24 +535,22 @@ TEST_CASE("cache aware splits a step of groups sharing instructions over both wo
           "[placement]") {
   // 4 groups x 8 rollouts whose prompts are 3 blocks of shared instructions and one block of
   // their own, submitted at once (nothing completes), group affinity on, default thresholds.
-  // Hand trace: group 1 -> a, except its 4th sibling, which finds a at 3 > 2 and b idle (b
-  // then holds the instructions); group 2 matches 3 blocks on both and goes to the less loaded
-  // b (1 against 7), group 3 to a (7 against 9), group 4 to b (9 against 15).
+  // Hand trace: group 1 -> a with all its siblings (affinity within 64); group 2 matches the
+  // instructions on a only, but a runs 8 > 2 with b idle: b, which then holds them too; group
+  // 3 matches 3 blocks on both at loads 8 and 8: the name first, a; group 4 the less loaded b.
   auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
   const std::vector<std::string> home = {"a", "b", "a", "b"};
   for (uint64_t g = 0; g < 4; ++g)
     for (uint64_t s = 0; s < 8; ++s) {
       const uint64_t id = g * 8 + s + 1;
-      const auto got = place_req(p, req(id, prompt(7, 3, static_cast<int32_t>(g), 16), g + 1));
-      if (g == 0 && s == 3)
-        CHECK(got == "b");
-      else
-        CHECK(got == home[g]);
+      CHECK(place_req(p, req(id, prompt(7, 3, static_cast<int32_t>(g), 16), g + 1)) == home[g]);
     }
-  CHECK(p.in_flight("a") == 15);
-  CHECK(p.in_flight("b") == 17);
-  CHECK(p.stats().affinity_overrides == 1);
-  CHECK(p.stats().cache_routed == 3);
+  CHECK(p.in_flight("a") == 16);
+  CHECK(p.in_flight("b") == 16);
+  CHECK(p.stats().affinity_hits == 28);
+  CHECK(p.stats().affinity_overrides == 0);
+  CHECK(p.stats().cache_balanced == 1);
+  CHECK(p.stats().cache_routed == 2);
 
   // SGLang's rule on the same step keeps all 32 on a (no balance below 64).
   auto s = make(placement_policy::sglang_cache_aware, {"a", "b"});
@@ -560,4 +558,13 @@ TEST_CASE("cache aware splits a step of groups sharing instructions over both wo
     for (uint64_t i = 0; i < 8; ++i)
       CHECK(place_req(s, req(g * 8 + i + 1, prompt(7, 3, static_cast<int32_t>(g), 16), g + 1))
             == "a");
+}
+
+TEST_CASE("cache aware keeps a group's siblings on its home while another worker idles", "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  // One group of 8: its siblings stay on the home within cache_imbalance_threshold (64), b idle.
+  for (uint64_t id = 1; id <= 8; ++id)
+    CHECK(place_req(p, req(id, prompt(2, 4), 9)) == "a");
+  CHECK(p.in_flight("b") == 0);
+  CHECK(p.stats().affinity_hits == 7);
 }
