@@ -770,9 +770,13 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         std::optional<at::NoGradGuard> no_graph;
         if (no_signal)
           no_graph.emplace();
+        // The step's first update without signal runs on the weights and micro-batches of the
+        // old-log-prob pass: its forward would recompute those very values.
+        const bool reuse_old = no_signal && epoch == 0 && b == 0 && n_mb == 1;
         const at::Tensor new_logp =
           single_pass   ? first_new_logp
           : mb_recorded ? mb_recorded->logp
+          : reuse_old   ? mb.rows_of(old_logp, mb.T)
                         : token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
                                        mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
                                        options_.temperature);

@@ -99,7 +99,8 @@ struct learner_options {
   gram_method salt_gram = gram_method::automatic; ///< how K is computed (grad_gram.hpp)
   /// A minibatch whose advantages (coefficients) are all exactly 0, without a KL term, skips
   /// its backward pass: its gradient is exactly 0, so AdamW steps with zero gradients instead,
-  /// bit for bit the same weights and moments. Not a config key; false runs the backward
+  /// bit for bit the same weights and moments (and the step's first such update takes its
+  /// log-probs from the old-log-prob pass, which ran on the same weights and rows). Not a config key; false runs the backward
   /// anyway (the reference the tests compare against).
   bool skip_zero_signal = true;
 

@@ -5,7 +5,7 @@
 # processes) or in one process (`sorl train`, --modes process), once per scheduler policy
 # (ARCHITECTURE.md §6 WAR, cache-aware scheduling):
 #
-#   bench/war/route_nodes.sh [--steps 3] [--groups 128] [--modes nodes]
+#   bench/war/route_nodes.sh [--steps 5] [--groups 128] [--modes nodes]
 #                            [--policies "round_robin least_loaded cache_aware sglang_cache_aware"]
 #
 # Each run trains a fresh tiny policy (configs/default.toml's model) for --steps steps of
@@ -18,11 +18,12 @@
 # seconds, prefix_hit_rate, prefill_tokens, episode_p99_s and load_imbalance, medians over
 # those steps. Worker processes run one compute thread each (OMP_NUM_THREADS=1), as the
 # in-process bench's worker threads do. --modes "process nodes" adds the one-process runs.
-# Every step also runs the learner over all its rollouts (about 45 s of the ~55 s a step takes
-# here), so a run is about 3 minutes and the defaults about 11 minutes on 2 cores.
+# Every step also runs the learner's old-log-prob forward over all its rollouts (about 15 s of
+# the ~19 s a step takes here; with every advantage 0 it skips the update's forward and
+# backward), so a run is about 1.5 minutes and the defaults about 6 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-steps=3
+steps=5
 groups=128
 modes=nodes
 policies="round_robin least_loaded cache_aware sglang_cache_aware"

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace sorl;
@@ -351,10 +352,14 @@ TEST_CASE("a minibatch without signal skips its backward and steps AdamW bit for
   auto flat = synthetic_batch(3, 4, small_dims().vocab);
   for (auto& s : flat)
     s.reward = 0.5f;
-  for (const int minibatches : {1, 2}) {
+  // One epoch, one minibatch, one forward is the single pass; the other shapes reuse the old
+  // log-probs for the first update or run a forward of their own.
+  for (const auto& [epochs, minibatches] :
+       std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {2, 1}, {2, 2}}) {
     for (const std::int64_t micro : {std::int64_t{0}, std::int64_t{40}}) {
-      INFO("minibatches " << minibatches << ", micro_batch_tokens " << micro);
+      INFO("epochs " << epochs << ", minibatches " << minibatches << ", micro_batch_tokens " << micro);
       learner_options o = test_options();
+      o.epochs = epochs;
       o.minibatches = minibatches;
       o.micro_batch_tokens = micro;
       learner_options full = o;
@@ -371,7 +376,7 @@ TEST_CASE("a minibatch without signal skips its backward and steps AdamW bit for
         const step_metrics ma = la.train_step(flat);
         const step_metrics mb = lb.train_step(flat);
         CHECK(ma.zero_signal_groups == 3);
-        CHECK(ma.zero_signal_updates == minibatches);
+        CHECK(ma.zero_signal_updates == epochs * minibatches);
         CHECK(mb.zero_signal_updates == 0);
         CHECK(ma.updates == mb.updates);
         CHECK(ma.grad_norm == 0.0);
