@@ -100,8 +100,8 @@ struct learner_options {
   /// A minibatch whose advantages (coefficients) are all exactly 0, without a KL term, skips
   /// its backward pass: its gradient is exactly 0, so AdamW steps with zero gradients instead,
   /// bit for bit the same weights and moments (and the step's first such update takes its
-  /// log-probs from the old-log-prob pass, which ran on the same weights and rows). Not a config key; false runs the backward
-  /// anyway (the reference the tests compare against).
+  /// log-probs from the old-log-prob pass, which ran on the same weights and rows). Not a
+  /// config key; false runs the backward anyway (the reference the tests compare against).
   bool skip_zero_signal = true;
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
