@@ -323,9 +323,8 @@ bool placement::idle_relief(const worker_state& chosen, const std::string& least
   // between equal matches then go to the less loaded. Siblings stay with their group's home
   // (place): an idle worker is owed the next group, not a share of one, since spreading a
   // group prefills its prompt again on every worker and crowds their caches (the long
-  // shared-prefix trace of bench/war/route_bench.cpp loses a quarter of its throughput that way).
-  if (options_.policy != placement_policy::cache_aware)
-    return false;
+  // shared-prefix trace of bench/war/route_bench.cpp lost a quarter of its throughput that way
+  // in commit 45409a3, which relieved siblings too).
   const auto& l = workers_.at(least);
   return l.in_flight == 0 && load_of(chosen) - load_of(l) > options_.imbalance_threshold;
 }
