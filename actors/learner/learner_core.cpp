@@ -711,13 +711,29 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         ++m.skipped_updates;
         continue;
       }
+      // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
+      // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
+      // two thirds of the update's compute, would only produce zeros. The forward still runs
+      // for the loss, ratio and clip figures and the non-finite check; AdamW then steps with
+      // zero gradients, as it would after the backward (its moments decay and the weights keep
+      // moving on their momentum). SALT maps all-zero advantages to themselves (salt.hpp), so
+      // its K, N² per minibatch, is not computed either.
+      const bool no_signal =
+        options_.skip_zero_signal && !ref_logp.defined()
+        && std::all_of(rows_idx.begin(), rows_idx.end(),
+                       [&](std::int64_t k) { return adv.advantages[static_cast<std::size_t>(k)] == 0.0f; });
       // SALT: this minibatch's coefficients from its rollouts' gradient geometry. A no-op (or
       // γ = 1) leaves the advantages' very tensor in place, so the update is the plain one.
       at::Tensor mb_advantages = advantages;
       // A minibatch of one micro-batch runs its forward once, recorded: SALT reads its layers
       // and the update's loss its log-probs (the same values a second forward would give).
       std::unique_ptr<recorded_pass> mb_recorded;
-      if (options_.salt_enabled) {
+      if (options_.salt_enabled && no_signal) {
+        // What salt_coefficients returns for all-zero coefficients over any finite K.
+        ++m.salt_updates;
+        ++m.salt_noops;
+        m.salt_gamma += 1.0;
+      } else if (options_.salt_enabled) {
         if (!single_pass && parts.size() == 1) {
           const micro_batch& mb = parts.front();
           mb_recorded = std::make_unique<recorded_pass>();
@@ -746,16 +762,6 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         m.salt_norm_after += sr.norm_after;
         m.salt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       }
-      // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
-      // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
-      // two thirds of the update's compute, would only produce zeros. The forward still runs
-      // for the loss, ratio and clip figures and the non-finite check; AdamW then steps with
-      // zero gradients, as it would after the backward (its moments decay and the weights keep
-      // moving on their momentum). SALT maps all-zero advantages to themselves (salt.hpp).
-      const bool no_signal =
-        options_.skip_zero_signal && !ref_logp.defined()
-        && std::all_of(rows_idx.begin(), rows_idx.end(),
-                       [&](std::int64_t k) { return adv.advantages[static_cast<std::size_t>(k)] == 0.0f; });
       for (const auto& np : params)
         np.second.mutable_grad() = at::Tensor();
       // Every aggregate is a weighted sum over micro-batches that equals the minibatch's own:

@@ -143,10 +143,12 @@ place_result placement::place(const placement_request& r) {
       const auto& home = workers_.at(group->home);
       const auto& least = choose_least_loaded();
       // Under cache_aware the home holds the group's prompt as the cache decided it should: a
-      // sibling sent elsewhere would prefill it again and spread the prefix over two caches.
-      const double threshold = options_.policy == placement_policy::cache_aware
-                                 ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
-                                 : options_.imbalance_threshold;
+      // sibling sent elsewhere would prefill it again and spread the prefix over two caches,
+      // which only pays where the sibling's own decoding outweighs that prefill.
+      const double threshold =
+        options_.policy == placement_policy::cache_aware && !cheap_to_move(r, workers_.at(least))
+          ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
+          : options_.imbalance_threshold;
       if (load_of(home) - load_of(workers_.at(least)) > threshold) {
         chosen = &least;
         ++stats_.affinity_overrides;
@@ -181,6 +183,30 @@ place_result placement::place(const placement_request& r) {
   requests_.emplace(r.request_id, request_state{worker, r.group_id, r.prompt_tokens});
   ++stats_.placed;
   return {worker, {}};
+}
+
+void placement::observe_generation(int64_t tokens) {
+  if (tokens < 0)
+    throw std::invalid_argument("placement::observe_generation: tokens = " + std::to_string(tokens)
+                                + " < 0");
+  const auto t = static_cast<double>(tokens);
+  generation_estimate_ =
+    generation_estimate_ ? *generation_estimate_ + (t - *generation_estimate_) / 16.0 : t;
+}
+
+void placement::restore_generation_estimate(std::optional<double> tokens) {
+  if (tokens && !(std::isfinite(*tokens) && *tokens >= 0))
+    throw std::invalid_argument("placement::restore_generation_estimate: tokens must be finite "
+                                "and >= 0, got " + std::to_string(*tokens));
+  generation_estimate_ = tokens;
+}
+
+bool placement::cheap_to_move(const placement_request& r, const worker_state& to) const {
+  // Before any rollout has finished nothing says the decode outweighs the prefill: stay.
+  if (!generation_estimate_)
+    return false;
+  const int64_t cached = std::min(to.index.match(r.chain) * options_.block_size, r.prompt_tokens);
+  return static_cast<double>(r.prompt_tokens - cached) <= *generation_estimate_;
 }
 
 void placement::weights_changed() {

@@ -43,7 +43,9 @@ enum class placement_policy {
   /// the name. Work-conserving: whichever of these chose the worker (a prefix or cache room),
   /// a worker with nothing in flight takes the request instead when the chosen one's load
   /// exceeds its own by more than `imbalance_threshold`. A group's later siblings follow its
-  /// home (placement_options::group_affinity), so an idle worker takes the next group.
+  /// home (placement_options::group_affinity), so an idle worker takes the next group; they
+  /// balance as under the other policies only where that re-prefills less of the prompt than
+  /// a rollout generates (long episodes of a short prompt, not short answers to a long one).
   cache_aware,
   /// SGLang's router rule (sgl-router `cache_aware`, with its launcher's defaults), kept as a
   /// baseline for bench/: with loads = requests in flight, when max - min > 64 and max > 1.5 ×
@@ -71,8 +73,12 @@ struct placement_options {
   bool group_affinity = false;
 
   /// Affinity yields to balance: a sibling goes to the least loaded worker instead of the
-  /// group's home when load(home) − load(least loaded) > imbalance_threshold, in load units
-  /// (under cache_aware, the larger of it and cache_imbalance_threshold).
+  /// group's home when load(home) − load(least loaded) > imbalance_threshold, in load units.
+  /// Under cache_aware the larger of it and cache_imbalance_threshold applies, unless moving
+  /// the sibling is cheap: the least loaded worker misses no more of the prompt (tokens past
+  /// its estimated cached prefix) than a rollout is expected to generate
+  /// (`placement::generation_estimate`), so the prefill it adds is smaller than the decode it
+  /// takes over.
   /// An absolute difference rather than a ratio, because a ratio is undefined when the least
   /// loaded worker is idle, which is exactly when balance matters most. Must be ≥ 0.
   double imbalance_threshold = 2.0;
@@ -206,6 +212,20 @@ public:
   /// from a lost worker by checking `worker_of` first).
   std::string complete(uint64_t request_id);
 
+  /// A rollout finished having added `tokens` tokens after its prompt (what it generated, and
+  /// in a multi-turn episode its environment's replies: the worker's finish event). Feeds
+  /// `generation_estimate`. Raises std::invalid_argument for `tokens` < 0.
+  void observe_generation(int64_t tokens);
+  /// Tokens a rollout is expected to add after its prompt: an exponential moving average of
+  /// the observed ones with weight 1/16 for the newest (a step's worth of rollouts dominates,
+  /// a single straggler does not), starting at the first; std::nullopt before any. Checkpointed
+  /// with the round-robin position (save_placement_state).
+  std::optional<double> generation_estimate() const {
+    return generation_estimate_;
+  }
+  /// Restores a saved estimate. Raises std::invalid_argument for a negative or non-finite one.
+  void restore_generation_estimate(std::optional<double> tokens);
+
   /// The worker `request_id` is in flight on, or std::nullopt.
   std::optional<std::string> worker_of(uint64_t request_id) const;
 
@@ -280,6 +300,9 @@ private:
   /// `chosen` runs more than imbalance_threshold load units beyond it, so `least` takes the
   /// request whatever the cache says.
   bool idle_relief(const worker_state& chosen, const std::string& least) const;
+  /// cache_aware only: whether a sibling of `r`'s group placed on `to` instead of its home
+  /// re-prefills at most generation_estimate() tokens of the prompt (see imbalance_threshold).
+  bool cheap_to_move(const placement_request& r, const worker_state& to) const;
   worker_state& live_worker(const std::string& name, const char* what);
   const worker_state& live_worker(const std::string& name, const char* what) const;
   void release(const request_state& r);
@@ -290,15 +313,18 @@ private:
   std::map<uint64_t, request_state> requests_;
   std::map<uint64_t, group_state> groups_;
   std::string rr_last_; ///< name last chosen by round robin ("" before the first)
+  std::optional<double> generation_estimate_; ///< tokens; see generation_estimate()
   placement_stats stats_;
 };
 
 /// The placement's checkpointed state as JSON text:
-/// {"format": "sorl.scheduler", "format_version": 1, "round_robin_last": "<worker>"}.
+/// {"format": "sorl.scheduler", "format_version": 1, "round_robin_last": "<worker>",
+///  "generation_estimate": tokens} (the last key only once a rollout has finished).
 std::string save_placement_state(const placement& p);
 
-/// Restores a state written by save_placement_state. Raises std::invalid_argument naming the
-/// key, changing nothing, for text that is not such a state.
+/// Restores a state written by save_placement_state (one without "generation_estimate"
+/// leaves no estimate). Raises std::invalid_argument naming the key, changing nothing, for
+/// text that is not such a state.
 void restore_placement_state(std::string_view text, placement& p);
 
 } // namespace sorl::scheduler

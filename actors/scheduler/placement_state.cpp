@@ -2,12 +2,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <optional>
+
 namespace sorl::scheduler {
 
 std::string save_placement_state(const placement& p) {
-  return nlohmann::json{
-    {"format", "sorl.scheduler"}, {"format_version", 1}, {"round_robin_last", p.round_robin_last()}}
-    .dump();
+  nlohmann::json j{
+    {"format", "sorl.scheduler"}, {"format_version", 1}, {"round_robin_last", p.round_robin_last()}};
+  if (const auto e = p.generation_estimate())
+    j["generation_estimate"] = *e;
+  return j.dump();
 }
 
 void restore_placement_state(std::string_view text, placement& p) {
@@ -25,7 +30,16 @@ void restore_placement_state(std::string_view text, placement& p) {
   expect("format_version", j.contains("format_version") && j["format_version"] == 1, "1");
   expect("round_robin_last", j.contains("round_robin_last") && j["round_robin_last"].is_string(),
          "a string");
+  std::optional<double> estimate;
+  if (j.contains("generation_estimate")) {
+    const auto& e = j["generation_estimate"];
+    if (!e.is_number() || !std::isfinite(e.get<double>()) || e.get<double>() < 0)
+      throw std::invalid_argument("scheduler state: key 'generation_estimate': expected a number "
+                                  ">= 0 (tokens), got " + e.dump());
+    estimate = e.get<double>();
+  }
   p.restore_round_robin(j["round_robin_last"].get<std::string>());
+  p.restore_generation_estimate(estimate);
 }
 
 } // namespace sorl::scheduler

@@ -94,6 +94,7 @@ bool scheduler_core::on_event(const rollout::event_record& e) {
   if (!holder)
     return false;
   placement_.complete(id);
+  placement_.observe_generation(e.event.tokens);
   return true;
 }
 

@@ -73,7 +73,8 @@ public:
   /// free the slots as a normal finish does.
   dispatch_result abort(const rollout::abort_request& a) const;
 
-  /// A RolloutEvent from worker `e.worker`: a finish frees the request's slot and forgets it.
+  /// A RolloutEvent from worker `e.worker`: a finish frees the request's slot, forgets it and
+  /// feeds its token count to the placement's generation estimate.
   /// Start and chunk events change nothing, and so does a finish sent by a worker that no
   /// longer holds the request (a lost worker's finish arriving after its peer_down: the request
   /// runs elsewhere by then). Returns true when it freed a slot.

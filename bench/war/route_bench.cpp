@@ -15,7 +15,10 @@
 // --warm N (--task config only; default 32) first runs N untimed rollouts of
 // other prompts on each worker and then changes the weight version, as between two training
 // steps: the workers' global suffix trees hold earlier responses and `auto` has measured its
-// arms, while no KV survives into the timed step.
+// arms, while no KV survives into the timed step; the placement's generation estimate
+// (placement.hpp) comes from those rollouts' lengths, as the scheduler's would from the
+// previous step's finishes (without --warm it has none, and a group's siblings never move
+// for balance below cache_imbalance_threshold).
 //
 // --write-trace writes the trace's prompts (one JSON object per line, as task "jsonl" reads
 // them) and stops, so that `sorl train` and `sorl node` can run the same trace
@@ -219,29 +222,6 @@ measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, co
     names.push_back(fmt::format("w{}", w));
     place.join(names.back());
   }
-  std::map<std::string, std::vector<rollout::rollout_request>> share;
-  std::uint64_t id = 1;
-  for (int k = 0; k < o.groups; ++k) {
-    const auto prompt = rollout::first_prompt_tokens(task, format, ml::task_split::train, static_cast<std::uint64_t>(k));
-    const auto chain = scheduler::block_chain(prompt, po.block_size);
-    for (int s = 0; s < o.group_size; ++s, ++id) {
-      rollout::rollout_request r;
-      r.request_id = id;
-      r.group_id = static_cast<std::uint64_t>(k);
-      r.sample_index = static_cast<std::uint32_t>(s);
-      r.task_index = static_cast<std::uint64_t>(k);
-      r.seed = o.seed * 1000003 + static_cast<std::uint64_t>(k);
-      r.max_new_tokens = static_cast<std::uint32_t>(o.max_new);
-      r.temperature = o.temperature;
-      r.top_p = cfg.algorithm.top_p;
-      r.top_k = static_cast<std::uint32_t>(cfg.algorithm.top_k);
-      auto got = place.place(
-          scheduler::placement_request{id, r.group_id, static_cast<std::int64_t>(prompt.size()), chain});
-      if (!got) throw std::logic_error(got.error);
-      share[*got.worker].push_back(r);
-    }
-  }
-
   // Workers are built before the clock starts: weights copied, caches empty.
   std::vector<std::unique_ptr<rollout::worker_core>> workers;
   for (int w = 0; w < o.workers; ++w) {
@@ -266,13 +246,38 @@ measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, co
       r.top_k = static_cast<std::uint32_t>(cfg.algorithm.top_k);
       wc->enqueue(r);
     }
-    while (!wc->idle()) wc->step();
+    // The scheduler saw those rollouts finish: its generation estimate comes from them.
+    while (!wc->idle())
+      for (const auto& r : wc->step()) place.observe_generation(static_cast<std::int64_t>(r.response.size()));
     if (o.warm > 0) {
       wc->take_prefill_stats();
       wc->weights_changed();
     }
     workers.push_back(std::move(wc));
   }
+  std::map<std::string, std::vector<rollout::rollout_request>> share;
+  std::uint64_t id = 1;
+  for (int k = 0; k < o.groups; ++k) {
+    const auto prompt = rollout::first_prompt_tokens(task, format, ml::task_split::train, static_cast<std::uint64_t>(k));
+    const auto chain = scheduler::block_chain(prompt, po.block_size);
+    for (int s = 0; s < o.group_size; ++s, ++id) {
+      rollout::rollout_request r;
+      r.request_id = id;
+      r.group_id = static_cast<std::uint64_t>(k);
+      r.sample_index = static_cast<std::uint32_t>(s);
+      r.task_index = static_cast<std::uint64_t>(k);
+      r.seed = o.seed * 1000003 + static_cast<std::uint64_t>(k);
+      r.max_new_tokens = static_cast<std::uint32_t>(o.max_new);
+      r.temperature = o.temperature;
+      r.top_p = cfg.algorithm.top_p;
+      r.top_k = static_cast<std::uint32_t>(cfg.algorithm.top_k);
+      auto got = place.place(
+          scheduler::placement_request{id, r.group_id, static_cast<std::int64_t>(prompt.size()), chain});
+      if (!got) throw std::logic_error(got.error);
+      share[*got.worker].push_back(r);
+    }
+  }
+
   std::vector<worker_run> runs(static_cast<std::size_t>(o.workers));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;

@@ -5,12 +5,14 @@
 # processes) or in one process (`sorl train`, --modes process), once per scheduler policy
 # (ARCHITECTURE.md §6 WAR, cache-aware scheduling):
 #
-#   bench/war/route_nodes.sh [--steps 5] [--groups 128] [--modes nodes]
+#   bench/war/route_nodes.sh [--steps 5] [--groups 128] [--modes nodes] [--trace uniform]
 #                            [--policies "round_robin least_loaded cache_aware sglang_cache_aware"]
 #
-# Each run trains a fresh tiny policy (configs/default.toml's model) for --steps steps of
-# --groups prompts x 4 rollouts, 16 new tokens, drawn from 16 families of 384-token prefixes;
-# every worker's prefix cache holds half the families, as in route_bench. Rewards are all 0
+# Each run trains a fresh tiny policy for --steps steps of --groups prompts x 4 rollouts, 16
+# new tokens, drawn from 16 families of shared prefixes; every worker's prefix cache holds half
+# the families, as in route_bench. --trace picks one of route.sh's traces: uniform (384-token
+# prefixes, 24-token questions, configs/default.toml's model) or long (1024-token prefixes,
+# 32-token questions, configs/agent.toml's 2k-context model shape, fresh weights). Rewards are all 0
 # (the trace has no answers to find), so the weights stay put and every step's rollouts are
 # drawn from the same policy; only placement differs between runs. The figures are the
 # step metrics of metrics.jsonl (README.md, "What a run writes") over the steps after the
@@ -20,32 +22,41 @@
 # in-process bench's worker threads do. --modes "process nodes" adds the one-process runs.
 # Every step also runs the learner's old-log-prob forward over all its rollouts (about 15 s of
 # the ~19 s a step takes here; with every advantage 0 it skips the update's forward and
-# backward), so a run is about 1.5 minutes and the defaults about 6 minutes on 2 cores.
+# backward), so a run is about 1.5 minutes and the defaults about 6 minutes on 2 cores. With
+# --trace long that forward covers 512 x 1,072 tokens (about 84 s a step): --steps 4 takes
+# about 50 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=5
 groups=128
 modes=nodes
 policies="round_robin least_loaded cache_aware sglang_cache_aware"
+trace=uniform
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
     --groups) groups=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
+    --trace) trace=$2; shift 2 ;;
     *) echo "route_nodes.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [[ $steps =~ ^[0-9]+$ && $steps -ge 2 ]] || { echo "route_nodes.sh: --steps must be >= 2" >&2; exit 2; }
+case $trace in
+  uniform) trace_config=configs/default.toml; trace_args=(); preset=tiny ;;
+  long) trace_config=configs/agent.toml; trace_args=(--prefix-tokens 1024 --question-tokens 32); preset=tiny-2k ;;
+  *) echo "route_nodes.sh: unknown --trace $trace (uniform, long)" >&2; exit 2 ;;
+esac
 sorl=build/sorl
 bench=build/bench/war/route_bench
 for b in $sorl $bench; do
   [[ -x $b ]] || { echo "route_nodes.sh: $b not built (run scripts/build)" >&2; exit 1; }
 done
-out=$PWD/runs/route-nodes
+out=$PWD/runs/route-nodes-$trace
 rm -rf "$out"
 mkdir -p "$out"
-cache_line=$($bench configs/default.toml --groups 2048 --write-trace "$out/trace.jsonl" 2>/dev/null)
+cache_line=$($bench $trace_config --groups 2048 "${trace_args[@]}" --write-trace "$out/trace.jsonl" 2>/dev/null)
 [[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
 port=$((20000 + RANDOM % 20000))
 
@@ -61,7 +72,7 @@ checkpoint_every = 0
 eval_every = 0
 
 [model]
-preset = "tiny"
+preset = "$preset"
 
 [task]
 name = "jsonl"

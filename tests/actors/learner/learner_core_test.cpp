@@ -354,14 +354,19 @@ TEST_CASE("a minibatch without signal skips its backward and steps AdamW bit for
     s.reward = 0.5f;
   // One epoch, one minibatch, one forward is the single pass; the other shapes reuse the old
   // log-probs for the first update or run a forward of their own.
+  // With SALT, the skipped minibatch skips K as well and reports the no-op K would give.
   for (const auto& [epochs, minibatches] :
        std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {2, 1}, {2, 2}}) {
-    for (const std::int64_t micro : {std::int64_t{0}, std::int64_t{40}}) {
-      INFO("epochs " << epochs << ", minibatches " << minibatches << ", micro_batch_tokens " << micro);
+    for (const std::int64_t micro : {std::int64_t{0}, std::int64_t{40}})
+    for (const bool salt : {false, true}) {
+      INFO("epochs " << epochs << ", minibatches " << minibatches << ", micro_batch_tokens " << micro
+                     << ", salt " << salt);
       learner_options o = test_options();
       o.epochs = epochs;
       o.minibatches = minibatches;
       o.micro_batch_tokens = micro;
+      o.salt_enabled = salt;
+      o.salt.c0 = 4.0; // amplifies on the first step's minibatches
       learner_options full = o;
       full.skip_zero_signal = false;
       ml::policy_model a(small_dims(), 41), b(small_dims(), 41);
@@ -386,6 +391,15 @@ TEST_CASE("a minibatch without signal skips its backward and steps AdamW bit for
         CHECK(ma.ratio_mean == mb.ratio_mean);
         CHECK(ma.clip_frac_low == mb.clip_frac_low);
         CHECK(ma.entropy == mb.entropy);
+        CHECK(ma.salt_updates == (salt ? epochs * minibatches : 0));
+        CHECK(ma.salt_updates == mb.salt_updates);
+        CHECK(ma.salt_noops == mb.salt_noops);
+        CHECK(ma.salt_noops == ma.salt_updates);
+        CHECK(ma.salt_gamma == mb.salt_gamma);
+        CHECK(ma.salt_rank == mb.salt_rank);
+        CHECK(ma.salt_cancellation == mb.salt_cancellation);
+        CHECK(ma.salt_norm_before == mb.salt_norm_before);
+        CHECK(ma.salt_norm_after == mb.salt_norm_after);
       }
       CHECK(same_weights(a, b));
       CHECK_FALSE(same_weights(a, before)); // momentum moved them: the check is not vacuous

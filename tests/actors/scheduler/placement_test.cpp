@@ -568,3 +568,78 @@ TEST_CASE("cache aware keeps a group's siblings on its home while another worker
   CHECK(p.in_flight("b") == 0);
   CHECK(p.stats().affinity_hits == 7);
 }
+
+TEST_CASE("cache aware balances a group's siblings once the prefill a move adds is at most a "
+          "rollout's generation", "[placement]") {
+  // One group of 8 with a 64-token prompt, nothing cached on b, default thresholds. With an
+  // estimate of 64 generated tokens, moving a sibling to b re-prefills 64 <= 64 tokens: the
+  // siblings balance as under least_loaded past imbalance_threshold (2). Hand trace of
+  // (load a, load b) before each placement: (0,0) a; (1,0) a; (2,0) a; (3,0) 3 > 2: b, which
+  // now holds the prompt; (3,1) a; (4,1) b; (4,2) a; (5,2) b.
+  auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  p.observe_generation(64);
+  const std::vector<std::string> split = {"a", "a", "a", "b", "a", "b", "a", "b"};
+  for (uint64_t id = 1; id <= 8; ++id)
+    CHECK(place_req(p, req(id, prompt(2, 4), 9)) == split[id - 1]);
+  CHECK(p.in_flight("a") == 5);
+  CHECK(p.in_flight("b") == 3);
+  CHECK(p.stats().affinity_overrides == 3);
+
+  // One token fewer expected than the move would prefill: the group stays home, as before
+  // any rollout finished (a long shared prompt with short answers: route_bench's traces).
+  for (const std::optional<int64_t> generated : {std::optional<int64_t>{63}, std::optional<int64_t>{}}) {
+    auto q = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+    if (generated)
+      q.observe_generation(*generated);
+    for (uint64_t id = 1; id <= 8; ++id)
+      CHECK(place_req(q, req(id, prompt(2, 4), 9)) == "a");
+    CHECK(q.stats().affinity_overrides == 0);
+  }
+
+  // What the other worker already caches counts. Both come to hold family 5's 96-token
+  // prefix: group 50 (3 siblings) on a, then group 51's first on b by idle relief (a runs
+  // 3 > 2) and its other 3 with it (a 3, b 4). Group 52's 112-token prompt (the prefix and 16
+  // tokens of its own) matches 6 blocks on both: the less loaded a is its home; siblings 2-4
+  // stay (a 7, b 4); the 5th, at 3 > 2, re-prefills only 16 tokens on b.
+  for (const int64_t generated : {int64_t{16}, int64_t{15}}) {
+    INFO("generation estimate " << generated);
+    auto c = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+    c.observe_generation(generated);
+    for (uint64_t id = 100; id < 103; ++id)
+      CHECK(place_req(c, req(id, prompt(5, 6), 50)) == "a");
+    for (uint64_t id = 110; id < 114; ++id)
+      CHECK(place_req(c, req(id, prompt(5, 6), 51)) == "b");
+    for (uint64_t id = 120; id < 124; ++id)
+      CHECK(place_req(c, req(id, prompt(5, 6, 52, 16), 52)) == "a");
+    CHECK(place_req(c, req(124, prompt(5, 6, 52, 16), 52)) == (generated == 16 ? "b" : "a"));
+  }
+}
+
+TEST_CASE("the generation estimate is a moving average that a restored placement keeps",
+          "[placement]") {
+  auto p = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  CHECK_FALSE(p.generation_estimate());
+  p.observe_generation(100);
+  CHECK(p.generation_estimate() == 100.0);
+  p.observe_generation(200);
+  CHECK(p.generation_estimate() == 106.25); // 100 + (200 - 100) / 16
+  CHECK_THROWS_AS(p.observe_generation(-1), std::invalid_argument);
+  CHECK(p.generation_estimate() == 106.25);
+
+  auto restored = make(placement_policy::cache_aware, {"a", "b"}, true, 2.0);
+  restore_placement_state(save_placement_state(p), restored);
+  CHECK(restored.generation_estimate() == 106.25);
+  // A state saved before any finish (or by an older build) carries no estimate.
+  restore_placement_state(
+    R"({"format":"sorl.scheduler","format_version":1,"round_robin_last":""})", restored);
+  CHECK_FALSE(restored.generation_estimate());
+  for (const std::string bad :
+       {R"({"format":"sorl.scheduler","format_version":1,"round_robin_last":"","generation_estimate":-2})",
+        R"({"format":"sorl.scheduler","format_version":1,"round_robin_last":"","generation_estimate":"9"})"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(restore_placement_state(bad, p),
+                      Catch::Contains("'generation_estimate'"));
+  }
+  CHECK(p.generation_estimate() == 106.25); // unchanged by the refused states
+  CHECK_THROWS_AS(p.restore_generation_estimate(-1.0), std::invalid_argument);
+}
