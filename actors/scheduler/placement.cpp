@@ -145,11 +145,13 @@ place_result placement::place(const placement_request& r) {
       // Under cache_aware the home holds the group's prompt as the cache decided it should: a
       // sibling sent elsewhere would prefill it again and spread the prefix over two caches,
       // which only pays where the sibling's own decoding outweighs that prefill.
-      const double threshold =
-        options_.policy == placement_policy::cache_aware && !cheap_to_move(r, workers_.at(least))
-          ? std::max(options_.imbalance_threshold, options_.cache_imbalance_threshold)
-          : options_.imbalance_threshold;
-      if (load_of(home) - load_of(workers_.at(least)) > threshold) {
+      // The prefix match behind that test runs only once the plain threshold is passed.
+      const double excess = load_of(home) - load_of(workers_.at(least));
+      const bool move =
+        excess > options_.imbalance_threshold
+        && (options_.policy != placement_policy::cache_aware
+            || excess > options_.cache_imbalance_threshold || cheap_to_move(r, workers_.at(least)));
+      if (move) {
         chosen = &least;
         ++stats_.affinity_overrides;
       } else {
