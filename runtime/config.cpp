@@ -675,6 +675,8 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
   r.number("detour_rate", c.detour_rate, 0.0, 1.0);
   r.choice("wrong_episodes", c.wrong_episodes, {"wander", "give_up"});
   r.number("wander_share", c.wander_share, 0.0, 1.0);
+  r.integer("preamble_bytes", c.preamble_bytes, 0, 1 << 16);
+  r.integer("preamble_families", c.preamble_families, 1, 1 << 16);
   r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
   r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
   r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);

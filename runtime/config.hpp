@@ -202,6 +202,11 @@ struct task_config {
   /// file_search with "give_up": share of the wrong demonstrations that wander instead
   /// (answering "not found" when they answer), [0, 1]; must be 0 with "wander"
   double wander_share = 0.0;
+  /// file_search: bytes of per-family documentation opening each episode's first
+  /// observation, 0..65536 (0 = none); the episode's seed picks one of preamble_families
+  /// texts (runtime/ml/tasks.hpp file_search_options)
+  int64_t preamble_bytes = 0;
+  int64_t preamble_families = 16;  ///< file_search: distinct preambles, 1..65536
   double eval_fraction = 0.1;      ///< share of the problem space held out
   int64_t max_new_tokens = 16;     ///< per turn, tokens
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation

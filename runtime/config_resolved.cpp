@@ -121,6 +121,8 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.number("detour_rate", c.task.detour_rate);
   e.str("wrong_episodes", c.task.wrong_episodes);
   e.number("wander_share", c.task.wander_share);
+  e.integer("preamble_bytes", c.task.preamble_bytes);
+  e.integer("preamble_families", c.task.preamble_families);
   e.number("eval_fraction", c.task.eval_fraction);
   e.integer("max_new_tokens", c.task.max_new_tokens);
   e.integer("eval_prompts", c.task.eval_prompts);

@@ -29,6 +29,8 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   o.file_search.detour_rate = t.detour_rate;
   o.file_search.wrong_episodes = t.wrong_episodes;
   o.file_search.wander_share = t.wander_share;
+  o.file_search.preamble_bytes = t.preamble_bytes;
+  o.file_search.preamble_families = t.preamble_families;
   o.jsonl.path = t.path;
   o.jsonl.eval_path = t.eval_path;
   switch (t.match) {

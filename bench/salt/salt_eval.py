@@ -79,7 +79,7 @@ def make_config(base, config_path, out, arm, g, seed, args):
     text = base
     # A checkpoint or data path relative to the config's folder becomes absolute.
     here = os.path.dirname(config_path)
-    text = re.sub(r'(?m)^(checkpoint|hf_dir|path) = "(?!/)([^"]+)"',
+    text = re.sub(r'(?m)^(checkpoint|hf_dir|path|eval_path) = "(?!/)([^"]+)"',
                   lambda m: f'{m.group(1)} = "{os.path.normpath(os.path.join(here, m.group(2)))}"', text)
     name = run_name(arm, g, seed)
     for key, value in (("name", f'"{name}"'), ("output_dir", f'"{out}"'), ("steps", str(args.steps)),

@@ -34,6 +34,20 @@ void validate(const file_search_options& o) {
   if (!(o.detour_rate >= 0.0 && o.detour_rate <= 1.0))
     throw std::invalid_argument("file_search: detour_rate must be in [0, 1], got "
                                 + std::to_string(o.detour_rate));
+  in("preamble_bytes", o.preamble_bytes, 0, 1 << 16);
+  in("preamble_families", o.preamble_families, 1, 1 << 16);
+  if (o.preamble_bytes > 0) {
+    // <|bos|>, then the first observation: its marker, the preamble, '\n', the reset text,
+    // <|end_turn|> and <|assistant|>; then room for a few turns.
+    const std::int64_t first = 1 + 3 + o.preamble_bytes + 1 + 18;
+    if (o.max_episode_tokens < first + 64)
+      throw std::invalid_argument("file_search: max_episode_tokens = "
+                                  + std::to_string(o.max_episode_tokens)
+                                  + " leaves less than 64 tokens past the first observation ("
+                                  + std::to_string(first) + " tokens with preamble_bytes = "
+                                  + std::to_string(o.preamble_bytes) + "); raise it to at least "
+                                  + std::to_string(first + 64));
+  }
   if (o.wrong_episodes != "wander" && o.wrong_episodes != "give_up")
     throw std::invalid_argument("file_search: wrong_episodes must be \"wander\" or \"give_up\", got \""
                                 + o.wrong_episodes + "\"");
@@ -64,6 +78,35 @@ std::int64_t observation_tokens(std::string_view text) {
 }
 
 } // namespace
+
+std::int64_t file_search_family(const file_search_options& options, std::uint64_t seed) {
+  // A stream of its own: the tree and the policies' draws stay what they are with or
+  // without a preamble.
+  detail::split_mix rng(detail::mix64(seed ^ 0x9E3779B97F4A7C15ULL));
+  return static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(options.preamble_families)));
+}
+
+std::string file_search_preamble(const file_search_options& options, std::int64_t family) {
+  if (family < 0 || family >= options.preamble_families)
+    throw std::invalid_argument("file_search_preamble: family " + std::to_string(family)
+                                + " is not in [0, " + std::to_string(options.preamble_families)
+                                + ")");
+  std::string text;
+  const auto bytes = static_cast<std::size_t>(options.preamble_bytes);
+  text.reserve(bytes + 16);
+  detail::split_mix rng(detail::mix64(static_cast<std::uint64_t>(family) ^ 0xD1B54A32D192ED03ULL));
+  while (text.size() < bytes) {
+    if (!text.empty())
+      text += ' ';
+    switch (rng.below(3)) {
+    case 0: text += dir_names[rng.below(dir_names.size())]; break;
+    case 1: text += file_names[rng.below(file_names.size())]; break;
+    default: text += decoys[rng.below(decoys.size())]; break;
+    }
+  }
+  text.resize(bytes);
+  return text;
+}
 
 file_search_environment::file_search_environment(const file_search_options& options)
   : options_(options) {
@@ -110,8 +153,11 @@ std::string file_search_environment::reset(std::uint64_t seed) {
   cwd_ = 0;
   turns_ = 0;
   running_ = true;
-  tokens_ = 1 + observation_tokens(reset_text); // <|bos|> first
-  return std::string{reset_text};
+  std::string first{reset_text};
+  if (options_.preamble_bytes > 0)
+    first = file_search_preamble(options_, file_search_family(options_, seed)) + "\n" + first;
+  tokens_ = 1 + observation_tokens(first); // <|bos|> first
+  return first;
 }
 
 std::string file_search_environment::observe(std::string_view action, std::string& reason) {

@@ -23,6 +23,16 @@ struct fs_directory {
   std::vector<std::string> contents; ///< what `cat` prints, one per file
 };
 
+/// The family of the episode with this seed, in [0, options.preamble_families): which
+/// preamble opens its first observation.
+std::int64_t file_search_family(const file_search_options& options, std::uint64_t seed);
+
+/// Preamble `family` of these options: exactly `options.preamble_bytes` bytes of lowercase
+/// words and spaces (the file names, directory names and decoy texts of the trees, in an order
+/// drawn from the family), the same on every machine. Empty when preamble_bytes is 0. Throws
+/// std::invalid_argument for a family outside [0, preamble_families).
+std::string file_search_preamble(const file_search_options& options, std::int64_t family);
+
 /// Find a key stored in one file of a small directory tree by moving around it.
 ///
 /// The tree (from the episode seed): every directory above level `depth` has 1..max_dirs
@@ -31,7 +41,8 @@ struct fs_directory {
 /// directory at level `depth`; every other file holds a fixed decoy text.
 ///
 /// Commands (the action, trimmed of ASCII whitespace) and observations:
-///   reset        → "find the key. in /"
+///   reset        → "find the key. in /", after the episode's preamble and a newline when
+///                  `preamble_bytes` > 0 (file_search_preamble)
 ///   ls           → the current directory: subdirectories as "name/", then files,
 ///                  space-separated, e.g. "src/ docs/ notes.txt"
 ///   cd NAME      → "in /src/lib"; "no such directory" when NAME is not a subdirectory

@@ -202,6 +202,16 @@ struct file_search_options {
   /// budget: a long tail of episode lengths (README.md, the agent's status, measures one).
   /// In [0, 1]; must be 0 with "wander".
   double wander_share = 0.0;
+  /// Bytes (= tokens with the byte tokenizer) of documentation that opens every episode's
+  /// first observation, in [0, 65536]; 0 = none. Each episode draws one of
+  /// `preamble_families` texts from its seed, the way an agent's prompt opens with the tool
+  /// or repository description of its task family: episodes of one family share that prefix
+  /// of their chat (and so its KV), those of different families share nothing past the first
+  /// block. The text says nothing about the episode's tree. With a preamble,
+  /// `max_episode_tokens` must leave at least 64 tokens past the first observation.
+  std::int64_t preamble_bytes = 0;
+  /// Distinct preambles, in [1, 65536] (file_search_preamble).
+  std::int64_t preamble_families = 16;
 };
 
 /// How a "jsonl" task compares a completion with the reference answer. The reasoning modes

@@ -371,3 +371,92 @@ TEST_CASE("warm-start demonstrations have a long tail of episode lengths") {
   CHECK(p50 <= 400);
   CHECK(static_cast<double>(p99) >= 4.0 * static_cast<double>(p50));
 }
+
+TEST_CASE("a file_search preamble opens the first observation and leaves the episode as it was") {
+  file_search_options plain;
+  file_search_options o;
+  o.preamble_bytes = 100;
+  o.preamble_families = 4;
+  file_search_environment env(o);
+  const std::string first = env.reset(seed7);
+  const std::string preamble = file_search_preamble(o, file_search_family(o, seed7));
+  REQUIRE(preamble.size() == 100);
+  CHECK(first == preamble + "\nfind the key. in /");
+  // <|bos|> + <|user|> + 100 + 1 + 18 bytes + <|end_turn|> + <|assistant|> = 123 tokens.
+  CHECK(env.tokens() == 123);
+  // The tree and the key are those of the episode without a preamble (the comment at the top).
+  CHECK(observe(env, "ls") == "etc/ docs/ todo.txt index.html");
+  CHECK(env.key() == "3001");
+  // The expert takes the same actions; only the first observation differs.
+  file_search_task with_preamble(o, 0), without(plain, 0);
+  const auto a = with_preamble.demonstrate(seed7, true);
+  const auto b = without.demonstrate(seed7, true);
+  CHECK(actions_of(a) == actions_of(b));
+  REQUIRE(a.size() == b.size());
+  CHECK(a.front().content == first);
+  for (std::size_t i = 1; i < a.size(); ++i)
+    CHECK(a[i].content == b[i].content);
+}
+
+TEST_CASE("file_search preambles: a text per family, the same for every episode of it") {
+  file_search_options o;
+  o.preamble_bytes = 512;
+  std::vector<std::string> texts;
+  for (std::int64_t f = 0; f < o.preamble_families; ++f) {
+    texts.push_back(file_search_preamble(o, f));
+    CHECK(texts.back().size() == 512);
+    CHECK(texts.back().find_first_not_of("abcdefghijklmnopqrstuvwxyz.: ") == std::string::npos);
+    CHECK(file_search_preamble(o, f) == texts.back());
+  }
+  // Different families share less than one 16-token KV block, so their prompts share no
+  // cached prefix past the chat's first block.
+  for (std::size_t i = 0; i < texts.size(); ++i)
+    for (std::size_t j = i + 1; j < texts.size(); ++j) {
+      const auto diff = std::mismatch(texts[i].begin(), texts[i].end(), texts[j].begin());
+      CHECK(diff.first - texts[i].begin() < 16);
+    }
+  // Episodes spread over the families: 1600 seeds, 100 expected each (sd ~9.7).
+  std::vector<int> count(static_cast<std::size_t>(o.preamble_families), 0);
+  for (std::uint64_t seed = 0; seed < 1600; ++seed) {
+    const auto f = file_search_family(o, seed);
+    REQUIRE(f >= 0);
+    REQUIRE(f < o.preamble_families);
+    ++count[static_cast<std::size_t>(f)];
+  }
+  CHECK(*std::min_element(count.begin(), count.end()) >= 70);
+  CHECK(*std::max_element(count.begin(), count.end()) <= 130);
+  // Two episodes of one family open alike; the rest of the observation follows.
+  std::uint64_t other = seed7 + 1;
+  while (file_search_family(o, other) != file_search_family(o, seed7))
+    ++other;
+  file_search_environment x(o), y(o);
+  CHECK(x.reset(seed7) == y.reset(other));
+  CHECK(x.key() != y.key());
+}
+
+TEST_CASE("file_search preamble options out of range are rejected by name") {
+  auto with = [](auto edit) {
+    file_search_options o;
+    edit(o);
+    return o;
+  };
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.preamble_bytes = -1; })),
+                    Catch::Contains("preamble_bytes"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.preamble_bytes = 70000; })),
+                    Catch::Contains("preamble_bytes"));
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.preamble_families = 0; })),
+                    Catch::Contains("preamble_families"));
+  // 1 + 3 + 1500 + 1 + 18 = 1523 tokens of first observation leave 13 of 1536.
+  CHECK_THROWS_WITH(file_search_environment(with([](auto& o) { o.preamble_bytes = 1500; })),
+                    Catch::Contains("max_episode_tokens = 1536") && Catch::Contains("1587"));
+  CHECK_NOTHROW(file_search_environment(with([](auto& o) {
+    o.preamble_bytes = 1500;
+    o.max_episode_tokens = 1587;
+  })));
+  file_search_options o;
+  o.preamble_bytes = 8;
+  CHECK_THROWS_WITH(file_search_preamble(o, 16), Catch::Contains("family 16"));
+  CHECK_THROWS_WITH(file_search_preamble(o, -1), Catch::Contains("family -1"));
+  o.preamble_bytes = 0;
+  CHECK(file_search_preamble(o, 3).empty());
+}
