@@ -9,7 +9,11 @@
 #   cache_aware+auto     both, with speculation switched per batch size by measurement
 #
 #   bench/war/load.sh [--config configs/agent.toml] [--loads "1x2 1x8 4x8 32x8"] [--repeats 5]
-#                     [--cache-imbalance R]
+#                     [--cache-imbalance R] [--arms LIST] [--out DIR]
+#
+# --arms replaces the four arms (comma-separated, round_robin first; route_bench's POLICY+MODE
+# names, e.g. adding least_loaded and sglang_cache_aware); --out is where the JSON goes
+# (default runs/war-load).
 #
 # A load NxG is N groups of G rollouts submitted at once (N alone: the config's group size, 8
 # for the agent), from 2 rollouts (one per worker under round robin) to 256 (128 per worker).
@@ -25,20 +29,22 @@ config=configs/agent.toml
 loads="1x2 1x8 4x8 32x8"
 repeats=5
 extra=()
+arms=round_robin,round_robin+on,cache_aware,cache_aware+auto
+out=runs/war-load
 while [[ $# -gt 0 ]]; do
   case $1 in
     --config) config=$2; shift 2 ;;
     --loads) loads=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --cache-imbalance) extra=(--cache-imbalance "$2"); shift 2 ;;
+    --arms) arms=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
     *) echo "load.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 bench=build/bench/war/route_bench
 [[ -x $bench ]] || { echo "load.sh: $bench not built (run scripts/build)" >&2; exit 1; }
-out=runs/war-load
 mkdir -p "$out"
-arms=round_robin,round_robin+on,cache_aware,cache_aware+auto
 for g in $loads; do
   [[ $g =~ ^([0-9]+)(x([0-9]+))?$ ]] || { echo "load.sh: load $g is not N or NxG" >&2; exit 2; }
   size=()
@@ -47,24 +53,34 @@ for g in $loads; do
   $bench "$config" --task config --groups "${BASH_REMATCH[1]}" "${size[@]}" --repeats "$repeats" \
     "${extra[@]}" --policies "$arms" --json "$out/load-$g.json"
 done
-python3 - "$out" $loads <<'EOF'
+python3 - "$out" "$arms" $loads <<'EOF'
 import json, statistics, sys
-out, loads = sys.argv[1], sys.argv[2:]
-arms = ["round_robin", "round_robin+on", "cache_aware", "cache_aware+auto"]
+out, arms, loads = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+med = statistics.median
 print("| groups x G submitted at once | " + " | ".join(arms) + " | best |")
 print("|---" * (len(arms) + 2) + "|")
+tables = {}
 for g in loads:
     rows = {r["policy"]: r for r in json.load(open(f"{out}/load-{g}.json"))["rows"]}
-    cells, best = [], max(arms, key=lambda a: statistics.median(rows[a]["tokens_per_s"]))
+    tables[g] = rows
+    cells, best = [], max(arms, key=lambda a: med(rows[a]["tokens_per_s"]))
     for a in arms:
         r = rows[a]
-        cell = f"{statistics.median(r['tokens_per_s']):.0f} ({statistics.median(r['speedup']):.2f}x"
-        if "+" in a:
-            cell += f", acc {statistics.median(r['acceptance']):.2f}"
-        if a.startswith("cache_aware"):
-            cell += f", hit {statistics.median(r['hit_rate']):.2f}"
+        cell = f"{med(r['tokens_per_s']):.0f} ({med(r['speedup']):.2f}x"
+        if "+" in a and not a.endswith("+off"):
+            cell += f", acc {med(r['acceptance']):.2f}"
+        cell += f", hit {med(r['hit_rate']):.2f}"
         cells.append(cell + ")")
     print(f"| {g} | " + " | ".join(cells) + f" | {best} |")
 print(f"tokens/s (speed-up over round_robin; draft acceptance; prefix hit rate), medians of the rounds; "
       f"JSON under {out}/")
+print()
+print("| groups x G | " + " | ".join(arms) + " |")
+print("|---" * (len(arms) + 1) + "|")
+for g in loads:
+    rows = tables[g]
+    cells = [f"{rows[a]['prefill_tokens']:,} / {med(rows[a]['p99_s']):.2f} s / "
+             + "-".join(str(n) for n in rows[a]["rollouts_per_worker"]) for a in arms]
+    print(f"| {g} | " + " | ".join(cells) + " |")
+print("prefill tokens computed (last round) / p99 rollout latency (median) / rollouts per worker")
 EOF
