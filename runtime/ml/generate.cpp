@@ -186,9 +186,13 @@ void generator::drop_request_kv(request& r) {
 generation_result generator::finish(sample& s, finish_reason reason) {
   generation_result r;
   if (s.seq >= 0 && cache_->contains(s.seq)) {
-    if (prefix_ && reason != finish_reason::abort && !s.tokens.empty()) {
+    if (prefix_ && !s.req->park && reason != finish_reason::abort && !s.tokens.empty()) {
       // What the sequence caches (every token but the last) is a prefix the next turn of a
-      // chat, or another prompt, may start with.
+      // chat, or another prompt, may start with. A parked turn is left out: its episode
+      // continues from the parked KV, no other request starts with its private chat, and
+      // each turn re-inserting the whole chat filled the tree with leaves nobody reads, which
+      // evicted the shared prompts (bench/war/load.sh on configs/agent-docs.toml: some 263,000
+      // blocks a step at 32 x 8).
       std::vector<std::int32_t> text = s.req->prompt;
       text.insert(text.end(), s.tokens.begin(), s.tokens.end() - 1);
       prefix_->insert(text, std::min<std::int64_t>(cache_->length(s.seq), static_cast<std::int64_t>(text.size())),
@@ -386,7 +390,9 @@ std::vector<generation_result> generator::step() {
     // Siblings forked the whole prompt; the first sample computed what was not cached.
     for (auto& f : fresh)
       if (f->req.get() == &q) f->cached = f->index == q.streams.front() ? q.base_len + q.hit_len : n;
-    if (prefix_) prefix_->insert(q.prompt, n, prefill[r]);
+    // A prompt continuing parked KV is its episode's own chat (see finish): only prompts
+    // prefilled from the start, which later prompts and groups may share, enter the tree.
+    if (prefix_ && q.base_len == 0) prefix_->insert(q.prompt, n, prefill[r]);
     q.base = -1;  // its first sample owns the sequence now
   }
   // What the live samples waited for this step: drafts, the forward pass(es), sampling.

@@ -262,6 +262,33 @@ TEST_CASE("a next turn served from a finished turn's blocks matches a fresh pref
   check_close(got.at(0).logprobs, ref.at(0).logprobs);
 }
 
+TEST_CASE("an episode's parked turns stay out of the tree: only its first prompt is shared", "[prefix_cache][generate]") {
+  const policy_model m(small_dims(), 43, small_init_std);
+  generator g(m, with_prefix_cache(1024));
+  const std::vector<std::int32_t> first = tokens(24, 40, 21);  // 1 whole block + 8 (max_seq 64)
+  g.submit(first, sampled(8, 8), 1, {}, kv_reuse{true, 0});
+  const auto turn1 = g.run_until_idle();
+  REQUIRE(turn1.size() == 1);
+  REQUIRE(turn1[0].parked != 0);
+  CHECK(g.take_prefill_stats().cached_blocks == 1);  // the prompt, not the parked turn
+  std::vector<std::int32_t> chat = first;
+  chat.insert(chat.end(), turn1[0].tokens.begin(), turn1[0].tokens.end());
+  const std::vector<std::int32_t> obs = tokens(6, 40, 22);
+  chat.insert(chat.end(), obs.begin(), obs.end());
+  g.submit(chat, sampled(9, 8), 1, {}, kv_reuse{true, turn1[0].parked});
+  const auto turn2 = g.run_until_idle();
+  REQUIRE(turn2.size() == 1);
+  prefill_stats st = g.take_prefill_stats();
+  CHECK(st.parked_tokens == static_cast<std::int64_t>(first.size() + turn1[0].tokens.size()) - 1);
+  REQUIRE(chat.size() >= 2 * bs);  // the chat holds 2 whole blocks...
+  CHECK(st.cached_blocks == 1);  // ...but it is the episode's own
+  // Another prompt that starts with the chat finds the first prompt's blocks, nothing more.
+  run_one(g, chat, sampled(10, 4));
+  st = g.take_prefill_stats();
+  CHECK(st.hit_tokens == bs);
+  CHECK(g.release(turn2[0].parked));
+}
+
 TEST_CASE("under a one-block budget every result stays that of plain generation", "[prefix_cache][generate]") {
   const policy_model m(small_dims(), 42, small_init_std);
   generator tiny(m, with_prefix_cache(bs));
