@@ -19,6 +19,13 @@ constexpr std::array<std::string_view, 8> file_names{"notes.txt", "readme.md", "
 constexpr std::array<std::string_view, 4> decoys{"nothing here", "todo: tidy up",
                                                  "see readme", "empty"};
 
+constexpr std::string_view reset_text = "find the key. in /";
+
+// Tokens an observation adds to the transcript: <|user|> bytes <|end_turn|> <|assistant|>.
+std::int64_t observation_tokens(std::string_view text) {
+  return static_cast<std::int64_t>(text.size()) + 3;
+}
+
 void validate(const file_search_options& o) {
   auto in = [](const char* key, std::int64_t v, std::int64_t lo, std::int64_t hi) {
     if (v < lo || v > hi)
@@ -37,9 +44,10 @@ void validate(const file_search_options& o) {
   in("preamble_bytes", o.preamble_bytes, 0, 1 << 16);
   in("preamble_families", o.preamble_families, 1, 1 << 16);
   if (o.preamble_bytes > 0) {
-    // <|bos|>, then the first observation: its marker, the preamble, '\n', the reset text,
-    // <|end_turn|> and <|assistant|>; then room for a few turns.
-    const std::int64_t first = 1 + 3 + o.preamble_bytes + 1 + 18;
+    // <|bos|> and the first observation (preamble, '\n', reset text), as reset() counts it;
+    // then room for a few turns.
+    const std::int64_t first =
+      1 + observation_tokens(reset_text) + o.preamble_bytes + 1;
     if (o.max_episode_tokens < first + 64)
       throw std::invalid_argument("file_search: max_episode_tokens = "
                                   + std::to_string(o.max_episode_tokens)
@@ -70,12 +78,6 @@ std::vector<std::size_t> pick(detail::split_mix& rng, std::size_t n, std::size_t
   return all;
 }
 
-constexpr std::string_view reset_text = "find the key. in /";
-
-// Tokens an observation adds to the transcript: <|user|> bytes <|end_turn|> <|assistant|>.
-std::int64_t observation_tokens(std::string_view text) {
-  return static_cast<std::int64_t>(text.size()) + 3;
-}
 
 } // namespace
 
