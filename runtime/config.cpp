@@ -708,7 +708,7 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
         r.conflict(key, why);
 }
 
-void parse_sft(table_reader& r, sft_config& c) {
+void parse_sft(table_reader& r, sft_config& c, const std::string& base) {
   r.integer("steps", c.steps, 1, 100'000'000);
   r.integer("batch_size", c.batch_size, 1, 1 << 20);
   r.number("lr", c.lr, 0.0, 1.0, true);
@@ -716,6 +716,13 @@ void parse_sft(table_reader& r, sft_config& c) {
   r.number("wrong_fraction", c.wrong_fraction, 0.0, 1.0);
   r.integer("eval_count", c.eval_count, 0, 1 << 24);
   r.integer("group_by_length", c.group_by_length, 0, 1 << 16);
+  r.string("init_checkpoint", c.init_checkpoint);
+  c.init_checkpoint = resolve(base, c.init_checkpoint);
+  // It may be written later (another config's warm start): only what could never be one is
+  // refused now; run_sft names it if it is still missing then.
+  if (!c.init_checkpoint.empty())
+    if (auto why = path_problem(c.init_checkpoint, path_role::directory_to_make); !why.empty())
+      r.conflict("init_checkpoint", why);
 }
 
 void parse_algorithm(table_reader& r, algorithm_config& c) {
@@ -1028,7 +1035,7 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
   section("run", [&](table_reader& r) { parse_run(r, cfg.run); });
   section("model", [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
   section("task", [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
-  section("sft", [&](table_reader& r) { parse_sft(r, cfg.sft); });
+  section("sft", [&](table_reader& r) { parse_sft(r, cfg.sft, base_dir); });
   section("algorithm", [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });
   section("sagc", [&](table_reader& r) { parse_sagc(r, cfg.sagc); });
   section("salt", [&](table_reader& r) { parse_salt(r, cfg.salt); });

@@ -223,6 +223,11 @@ struct sft_config {
   /// Batches of similar lengths from sorted windows of this many batches; 0 = off
   /// (runtime/ml/sft.hpp, sft_options::group_by_length).
   int64_t group_by_length = 0;
+  /// Start from the weights of this sorl checkpoint root (its `latest` step, as
+  /// `model.checkpoint` is laid out) instead of a fresh initialisation, e.g. to adapt a warm
+  /// start to a changed task; the optimizer starts fresh. Relative to the config file; ""
+  /// (default) = fresh weights. Must exist when `sorl sft` runs and match the preset's shapes.
+  std::string init_checkpoint;
 };
 
 /// [algorithm]: GRPO / DAPO hyper-parameters (ARCHITECTURE.md §6).

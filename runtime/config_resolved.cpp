@@ -143,6 +143,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.number("wrong_fraction", c.sft.wrong_fraction);
   e.integer("eval_count", c.sft.eval_count);
   e.integer("group_by_length", c.sft.group_by_length);
+  e.str("init_checkpoint", c.sft.init_checkpoint);
 
   const auto& a = c.algorithm;
   e.table = "algorithm";

@@ -89,6 +89,7 @@ ml::sft_options sft_options_from(const experiment_config& cfg) {
   o.seed = cfg.run.seed;
   o.eval_count = cfg.sft.eval_count;
   o.group_by_length = cfg.sft.group_by_length;
+  o.init_checkpoint = cfg.sft.init_checkpoint;
   o.eval_max_new_tokens = cfg.task.max_new_tokens;
   o.output_dir = cfg.model.checkpoint;
   o.threads = static_cast<int>(cfg.run.threads);

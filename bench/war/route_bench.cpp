@@ -47,7 +47,10 @@
 // that round's round_robin, the prefix hit rate the workers measured (cached / prompt tokens),
 // prefill tokens computed, prefix-cache evictions, p50 / p99 rollout latency (from the step's
 // start: every rollout is submitted then), the draft acceptance rate (accepted / drafted
-// tokens; 0 without speculation) and the rollouts each worker ran. Tokens are the same
+// tokens; 0 without speculation) and the rollouts each worker ran; the JSON adds the last
+// round's placement counters (siblings kept with or moved from their group's home, prompts
+// routed by a cached prefix or balanced away) and the generation estimate the siblings' moves
+// were weighed against (placement.hpp). Tokens are the same
 // under every policy (a rollout's tokens depend on its prompt, seed and stream only), so the
 // policies decode the same work.
 
@@ -200,6 +203,8 @@ struct measured {
          acceptance = 0;
   std::int64_t prefill_tokens = 0, evictions = 0;
   std::vector<std::int64_t> per_worker;
+  scheduler::placement_stats placement;  // how the policy decided (affinity kept or overridden, ...)
+  double generation_estimate = 0;        // tokens a rollout was expected to add, at placement
 };
 
 measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, const ml::named_tensors& weights,
@@ -319,6 +324,8 @@ measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, co
                      : 0.0;
   m.hit_rate = prompt > 0 ? static_cast<double>(hit) / static_cast<double>(prompt) : 0.0;
   const auto& st = place.stats();
+  m.placement = st;
+  m.generation_estimate = place.generation_estimate().value_or(0.0);
   m.estimated_hit_rate =
       st.prompt_tokens > 0 ? static_cast<double>(st.matched_tokens) / static_cast<double>(st.prompt_tokens) : 0.0;
   m.p50_s = sagc::nearest_rank_percentile(latency, 50);
@@ -366,7 +373,12 @@ int report(const experiment_config& cfg, const ml::model_dims& dims, const ml::n
                     {"p50_s", p50[p]},     {"p99_s", p99[p]},         {"makespan_s", wall[p]},
                     {"acceptance", acc[p]},
                     {"prefill_tokens", m.prefill_tokens},             {"evictions", m.evictions},
-                    {"rollouts_per_worker", m.per_worker}});
+                    {"rollouts_per_worker", m.per_worker},
+                    {"affinity_hits", m.placement.affinity_hits},
+                    {"affinity_overrides", m.placement.affinity_overrides},
+                    {"cache_routed", m.placement.cache_routed},
+                    {"cache_balanced", m.placement.cache_balanced},
+                    {"generation_estimate", m.generation_estimate}});
   }
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);

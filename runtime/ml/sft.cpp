@@ -332,6 +332,15 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
   rep.preset = o.dims ? "custom" : o.preset;
   rep.task = std::string(task.name());
   const byte_tokenizer tok;
+  // Before the pool is built: a missing starting checkpoint should cost no time.
+  std::optional<std::filesystem::path> init_dir;
+  if (!o.init_checkpoint.empty()) {
+    init_dir = latest_checkpoint(o.init_checkpoint);
+    if (!init_dir)
+      throw std::invalid_argument(fmt::format(
+          "run_sft: init_checkpoint {} holds no checkpoint (no 'latest' file); write it first "
+          "(`sorl sft` on the config whose model.checkpoint it is)", o.init_checkpoint));
+  }
 
   // -- the demonstration pool ------------------------------------------------------------
   std::vector<sft_sequence> pool;
@@ -367,6 +376,8 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
 
   // -- model, optimiser, evaluation ------------------------------------------------------
   policy_model model(rep.dims, o.seed, o.init_std);
+  // load_checkpoint checks every tensor's name, dtype and shape before it copies any.
+  if (init_dir) load_checkpoint(*init_dir, model.parameters());
   model.set_requires_grad(true);
   adamw opt(model.parameters(), o);
   batch_order order(pool.size(), o.seed);
@@ -469,6 +480,7 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
     md["sorl.sft.batch_size"] = std::to_string(o.batch_size);
     md["sorl.sft.lr"] = format_double(o.lr);
     md["sorl.sft.pool_size"] = std::to_string(rep.pool_size);
+    if (init_dir) md["sorl.sft.init_checkpoint"] = init_dir->string();
     md["sorl.sft.final_loss"] = format_double(rep.losses.empty() ? 0.0 : rep.losses.back());
     if (rep.after) {
       md["sorl.sft.eval_accuracy"] = format_double(rep.after->accuracy);

@@ -119,6 +119,13 @@ struct sft_options {
   /// Sequences decoded at once during evaluation, >= 1.
   std::int64_t eval_batch = 64;
 
+  // -- starting point ------------------------------------------------------------------------
+  /// A checkpoint root (checkpoint.hpp layout) whose `latest` step's weights replace the
+  /// fresh initialisation; the optimizer state starts fresh. Empty = fresh weights. run_sft
+  /// raises std::invalid_argument naming it when it holds no checkpoint, and checkpoint_error
+  /// when its tensors are not the model's (another preset) or it is corrupt.
+  std::string init_checkpoint;
+
   // -- output --------------------------------------------------------------------------------
   /// Checkpoint root (checkpoint.hpp layout; created if needed). Empty = write nothing.
   std::string output_dir;

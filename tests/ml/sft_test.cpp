@@ -435,6 +435,61 @@ TEST_CASE("run_sft lowers the loss and writes a checkpoint that loads back bit-e
   CHECK(c.state.metadata.count("sorl.sft.eval_accuracy") == 1);
 }
 
+TEST_CASE("run_sft starts from init_checkpoint's weights and refuses a missing or mismatched one",
+          "[sft]") {
+  const any_task task = memorise_task("init");
+  sft_options first = small_options();
+  first.steps = 40;
+  first.eval_count = 0;
+  first.output_dir = (scratch("init_first") / "ckpt").string();
+  const sft_report a = run_sft(first, task);
+  REQUIRE_FALSE(a.checkpoint.empty());
+
+  // Another seed (another fresh initialisation) and a learning rate too small to move an fp32
+  // weight of this size: what the run ends with is what it started from.
+  sft_options next = small_options();
+  next.seed = 99;
+  next.steps = 1;
+  next.lr = 1e-12;
+  next.warmup_steps = 0;
+  next.eval_count = 0;
+  next.init_checkpoint = first.output_dir;
+  next.output_dir = (scratch("init_next") / "ckpt").string();
+  const sft_report b = run_sft(next, task);
+  const auto& want = a.model->parameters();
+  const auto& got = b.model->parameters();
+  REQUIRE(want.size() == got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO(want[i].first);
+    CHECK(at::allclose(want[i].second, got[i].second, /*rtol=*/0.0, /*atol=*/1e-9));
+  }
+  // Its first loss is the memorised one, not a fresh model's ~log(272) = 5.6.
+  REQUIRE(b.losses.size() == 1);
+  CHECK(b.losses[0] < 0.5 * a.losses[0]);
+  CHECK(b.losses[0] < 2.0 * mean(a.losses, 35, 5));
+  policy_model reread(test_dims(), 1);
+  CHECK(load_checkpoint(b.checkpoint, reread.parameters()).state.metadata.at("sorl.sft.init_checkpoint")
+        == a.checkpoint.string());
+
+  // A root without a checkpoint: named, before any demonstration is built.
+  sft_options missing = next;
+  missing.init_checkpoint = (scratch("init_missing") / "nothing").string();
+  try {
+    run_sft(missing, task);
+    FAIL("a missing init_checkpoint was accepted");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("init_checkpoint") != std::string::npos);
+    CHECK(what.find(missing.init_checkpoint) != std::string::npos);
+  }
+  // Another model's checkpoint: refused, nothing trained.
+  sft_options other = next;
+  model_dims wide = test_dims();
+  wide.d_model = 48;
+  other.dims = wide;
+  CHECK_THROWS_AS(run_sft(other, task), checkpoint_error);
+}
+
 TEST_CASE("all-wrong demonstrations give measurably lower accuracy than all-right ones", "[sft]") {
   // Tolerance: the right-trained model must answer at least 6 of the 8 memorised problems and
   // the wrong-trained one at most 2 (it learns a wrong answer for each; in practice 8 vs 0).

@@ -635,6 +635,7 @@ TEST_CASE("a path component longer than 255 bytes is a config error at its key")
          site{"[task]\nname = \"jsonl\"\npath = \"" + longname + "/x.jsonl\"\n", "task.path", 3},
          site{"[task]\neval_path = \"" + longname + "\"\n", "task.eval_path", 2},
          site{"[model]\ncheckpoint = \"ckpt/" + longname + "\"\n", "model.checkpoint", 2},
+         site{"[sft]\ninit_checkpoint = \"ckpt/" + longname + "\"\n", "sft.init_checkpoint", 2},
          site{"[run]\noutput_dir = \"" + longname + "\"\n", "run.output_dir", 2},
          site{"[run]\nname = \"" + longname + "\"\n", "run.name", 2},
          site{"[network]\ntls_certificate = \"" + longname + "\"\ntls_key = \"k\"\n"
@@ -797,6 +798,21 @@ TEST_CASE("model.hf_dir is resolved against the config file and must hold a conf
   CHECK(missing.line == 2);
   CHECK(missing.message.find("config.json\" does not exist") != std::string::npos);
   CHECK(missing.message.find("scripts/fetch-model") != std::string::npos);
+}
+
+TEST_CASE("sft.init_checkpoint is resolved against the config file and need not exist yet") {
+  scratch_dir dir{"config_sft_init"};
+  CHECK(parse_config(minimal, "test.toml", roles, dir.path.string()).sft.init_checkpoint.empty());
+  // Another config's warm start, written later by its own `sorl sft`.
+  auto cfg = parse_config("[sft]\ninit_checkpoint = \"../warm/agent\"\n" + std::string{minimal},
+                          "test.toml", roles, dir.path.string());
+  CHECK(cfg.sft.init_checkpoint == (dir.path / ".." / "warm" / "agent").lexically_normal().string());
+  std::ofstream{dir.path / "plain"} << "x";
+  auto e = only_error("[sft]\nsteps = 5\ninit_checkpoint = \"plain/ckpt\"\n" + std::string{minimal},
+                      dir.path.string());
+  CHECK(e.key == "sft.init_checkpoint");
+  CHECK(e.line == 3);
+  CHECK(e.message == "cannot access \"" + dir.path.string() + "/plain/ckpt\": Not a directory");
 }
 
 TEST_CASE("a model from hf_dir conflicts with a preset, the warm start and multi-turn tasks") {
