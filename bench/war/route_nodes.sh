@@ -7,6 +7,16 @@
 #
 #   bench/war/route_nodes.sh [--steps 5] [--groups 128] [--modes nodes] [--trace uniform]
 #                            [--policies "round_robin least_loaded cache_aware sglang_cache_aware"]
+#                            [--config FILE]
+#
+# --config FILE trains FILE's own task and model instead of a trace (the agentic workload:
+# bench/war/route_nodes.sh --config configs/agent-docs.toml --groups 32): its sections as
+# written, with --groups prompts per step, --steps steps, no held-out evaluation or
+# checkpoints, and the topology and scheduler policy below; FILE's warm start must exist.
+# Unlike the trace, such a task has rewards, so the weights move from step to step; every
+# policy starts from the same weights and seed, and the policies' steps differ only where
+# their weights have come to differ (bit for bit they do not: a batch's composition changes
+# the last bits of its log-probs, README.md "Prefix KV cache").
 #
 # Each run trains a fresh tiny policy for --steps steps of --groups prompts x 4 rollouts, 16
 # new tokens, drawn from 16 families of shared prefixes; every worker's prefix cache holds half
@@ -32,6 +42,7 @@ groups=128
 modes=nodes
 policies="round_robin least_loaded cache_aware sglang_cache_aware"
 trace=uniform
+own_config=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -39,6 +50,7 @@ while [[ $# -gt 0 ]]; do
     --modes) modes=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
     --trace) trace=$2; shift 2 ;;
+    --config) own_config=$2; trace=config; shift 2 ;;
     *) echo "route_nodes.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +58,7 @@ done
 case $trace in
   uniform) trace_config=configs/default.toml; trace_args=(); preset=tiny ;;
   long) trace_config=configs/agent.toml; trace_args=(--prefix-tokens 1024 --question-tokens 32); preset=tiny-2k ;;
+  config) [[ -f $own_config ]] || { echo "route_nodes.sh: --config $own_config: no such file" >&2; exit 2; } ;;
   *) echo "route_nodes.sh: unknown --trace $trace (uniform, long)" >&2; exit 2 ;;
 esac
 sorl=build/sorl
@@ -54,14 +67,62 @@ for b in $sorl $bench; do
   [[ -x $b ]] || { echo "route_nodes.sh: $b not built (run scripts/build)" >&2; exit 1; }
 done
 out=$PWD/runs/route-nodes-$trace
+[[ $trace == config ]] && out=$PWD/runs/route-nodes-$(basename "$own_config" .toml)
 rm -rf "$out"
 mkdir -p "$out"
-cache_line=$($bench $trace_config --groups 2048 "${trace_args[@]}" --write-trace "$out/trace.jsonl" 2>/dev/null)
-[[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
+if [[ $trace != config ]]; then
+  cache_line=$($bench $trace_config --groups 2048 "${trace_args[@]}" --write-trace "$out/trace.jsonl" 2>/dev/null)
+  [[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
+else
+  $sorl check "$own_config" > "$out/check.txt" || { echo "route_nodes.sh: $own_config does not load" >&2; exit 2; }
+  if grep -q "^warm start: none" "$out/check.txt"; then
+    echo "route_nodes.sh: $own_config's warm start is missing (build/sorl sft $own_config)" >&2
+    exit 1
+  fi
+fi
 port=$((20000 + RANDOM % 20000))
+
+# FILE's sections with its paths made absolute (the copy lives under $out), without [[node]]
+# and [scheduler], and with the [run] keys, step size and evaluation this script sets.
+own_sections() { # NAME
+  python3 - "$own_config" "$1" "$steps" "$out" "$groups" <<'PY'
+import json, os, sys, tomllib
+path, name, steps, out, groups = sys.argv[1:]
+cfg = tomllib.load(open(path, "rb"))
+base = os.path.dirname(os.path.abspath(path))
+paths = {("model", "checkpoint"), ("model", "hf_dir"), ("task", "path"), ("task", "eval_path"),
+         ("sft", "init_checkpoint")}
+cfg.pop("node", None)
+cfg.pop("scheduler", None)
+cfg["run"] = {**cfg.get("run", {}), "name": name, "steps": int(steps), "output_dir": out,
+              "checkpoint_every": 0, "eval_every": 0}
+cfg.setdefault("task", {})["eval_prompts"] = 0
+cfg.setdefault("algorithm", {})["prompts_per_step"] = int(groups)
+def value(v):
+    if isinstance(v, bool): return "true" if v else "false"
+    if isinstance(v, (int, float)): return repr(v)
+    if isinstance(v, str): return json.dumps(v)
+    if isinstance(v, list): return "[" + ", ".join(value(x) for x in v) + "]"
+    sys.exit(f"route_nodes.sh: {path}: cannot copy a value of type {type(v).__name__}")
+for section, keys in cfg.items():
+    if not isinstance(keys, dict):
+        sys.exit(f"route_nodes.sh: {path}: top-level key {section} is not a table")
+    print(f"[{section}]")
+    for k, v in keys.items():
+        if (section, k) in paths and v and not os.path.isabs(v):
+            v = os.path.normpath(os.path.join(base, v))
+        print(f"{k} = {value(v)}")
+    print()
+PY
+}
 
 config() { # MODE POLICY -> the config's path
   local mode=$1 policy=$2 file="$out/$1-$2.toml"
+  if [[ $trace == config ]]; then
+    { own_sections "$mode-$policy"
+      printf '[scheduler]\npolicy = "%s"\n\n[network]\nconnect_timeout_ms = 60000\n' "$policy"
+    } > "$file"
+  else
   cat > "$file" <<EOF
 [run]
 name = "$mode-$policy"
@@ -100,6 +161,7 @@ policy = "$policy"
 [network]
 connect_timeout_ms = 60000
 EOF
+  fi
   if [[ $mode == process ]]; then
     cat >> "$file" <<EOF
 
