@@ -159,19 +159,20 @@ void print_warm_start(const sorl::experiment_config& cfg) {
   if (!cfg.model.warm_start || cfg.count_role(sorl::role::learner) == 0)
     return;
   try {
-    if (auto p = sorl::ml::latest_checkpoint(cfg.model.checkpoint))
+    if (auto p = sorl::ml::latest_checkpoint(cfg.model.checkpoint)) {
       fmt::print("warm start: {}\n", p->string());
-    else
-      fmt::print("warm start: none under {} yet; `sorl train` makes it first with `sorl sft`\n",
-                 cfg.model.checkpoint);
-    // The warm start that one starts from must exist before it can be made.
-    if (!cfg.sft.init_checkpoint.empty() && !sorl::ml::latest_checkpoint(cfg.model.checkpoint)) {
-      if (auto p = sorl::ml::latest_checkpoint(cfg.sft.init_checkpoint))
-        fmt::print("warm start from: {}\n", p->string());
-      else
-        fmt::print("warm start from: none under {} yet (sft.init_checkpoint); write it first\n",
-                   cfg.sft.init_checkpoint);
+      return;
     }
+    fmt::print("warm start: none under {} yet; `sorl train` makes it first with `sorl sft`\n",
+               cfg.model.checkpoint);
+    // The warm start that one starts from must exist before it can be made.
+    if (cfg.sft.init_checkpoint.empty())
+      return;
+    if (auto p = sorl::ml::latest_checkpoint(cfg.sft.init_checkpoint))
+      fmt::print("warm start from: {}\n", p->string());
+    else
+      fmt::print("warm start from: none under {} yet (sft.init_checkpoint); write it first\n",
+                 cfg.sft.init_checkpoint);
   } catch (const std::exception& e) {
     fmt::print("warm start: {}: {}\n", cfg.model.checkpoint, e.what());
   }
