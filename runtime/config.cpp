@@ -758,6 +758,15 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
                                           c.temperature, ml::min_temperature));
   r.number("top_p", c.top_p, 0.0, 1.0);
   r.integer("top_k", c.top_k, 0, 1 << 30);
+  r.choice("learner_weights", c.learner_weights);
+  r.choice("old_logprobs", c.old_logprobs);
+  r.number("tis_cap", c.tis_cap, 0.0, 1e6);
+  if (c.tis_cap > 0.0 && c.tis_cap < 1.0)
+    r.conflict("tis_cap", fmt::format("{} is out of range: 0 (off) or [1, 1e6]", c.tis_cap));
+  if (c.tis_cap > 0.0 && c.old_logprobs == old_logprobs_kind::rollout)
+    r.conflict("tis_cap", "truncated IS needs old_logprobs = \"recompute\" (with the rollout's "
+                          "log-probs as pi_old every weight is 1)");
+  r.number("mismatch_warn", c.mismatch_warn, 0.0, inf, true);
   // "dapo" means DAPO's defaults (Yu et al. 2025): clip-higher, dynamic sampling, soft
   // overlong punishment, token-level loss; any of them can still be set explicitly.
   if (c.name == algorithm_kind::dapo) {

@@ -64,6 +64,8 @@ enum class algorithm_kind { grpo, dapo };               ///< [algorithm].name
 enum class overlong_kind { none, filter, shape };       ///< [algorithm].overlong
 enum class reward_failure_kind { mask, fail };          ///< [algorithm].on_reward_failure
 enum class loss_norm_kind { token, sequence };          ///< [algorithm].loss_norm
+enum class learner_weights_kind { bf16, fp32 };         ///< [algorithm].learner_weights
+enum class old_logprobs_kind { rollout, recompute };    ///< [algorithm].old_logprobs
 enum class group_policy_kind { fixed, sagc, deadline }; ///< [sagc].policy; `fixed` is "static"
 enum class sync_kind { full, sparse };                  ///< [sync].mode
 /// [scheduler].policy (actors/scheduler/placement.hpp placement_policy).
@@ -87,6 +89,10 @@ SORL_CONFIG_NAMES(reward_failure_kind, 2, {reward_failure_kind::mask, "mask"},
                   {reward_failure_kind::fail, "fail"})
 SORL_CONFIG_NAMES(loss_norm_kind, 2, {loss_norm_kind::token, "token"},
                   {loss_norm_kind::sequence, "sequence"})
+SORL_CONFIG_NAMES(learner_weights_kind, 2, {learner_weights_kind::bf16, "bf16"},
+                  {learner_weights_kind::fp32, "fp32"})
+SORL_CONFIG_NAMES(old_logprobs_kind, 2, {old_logprobs_kind::rollout, "rollout"},
+                  {old_logprobs_kind::recompute, "recompute"})
 SORL_CONFIG_NAMES(group_policy_kind, 3, {group_policy_kind::fixed, "static"},
                   {group_policy_kind::sagc, "sagc"}, {group_policy_kind::deadline, "deadline"})
 SORL_CONFIG_NAMES(sync_kind, 2, {sync_kind::full, "full"}, {sync_kind::sparse, "sparse"})
@@ -268,6 +274,29 @@ struct algorithm_config {
   double temperature = 1.0;
   double top_p = 1.0;             ///< nucleus mass in [0, 1]; 1 = off
   int64_t top_k = 0;              ///< 0 = off
+  /// Which weights the learner's forward and backward see: "bf16" = the bf16 image of the
+  /// fp32 master that the rollout workers sample with, bit for bit, the gradient applied to
+  /// the master (exactly on-policy); "fp32" = the master itself, which drifts below half a
+  /// bf16 ulp from what the rollouts sample: kept only to measure that drift
+  /// (actors/learner/learner_core.hpp forward_weights).
+  learner_weights_kind learner_weights = learner_weights_kind::bf16;
+  /// π_old of the importance ratio: "recompute" (default) = a no-grad learner forward over the
+  /// batch before the first update, skipped when the one update's forward doubles as it;
+  /// "rollout" = the worker's own sampling log-probs, for every epoch and minibatch, with no
+  /// recompute pass. With learner_weights = "bf16" the two agree to ~1e-5 nats, but the
+  /// rollout's last bits depend on the workers' batching, so "rollout" gives up bit-for-bit
+  /// reproducible runs (resume, TLS or sparse sync against full) to save that pass
+  /// (actors/learner/learner_core.hpp old_logprob_source; README.md, "Exactly on-policy").
+  old_logprobs_kind old_logprobs = old_logprobs_kind::recompute;
+  /// Truncated importance sampling for rollout kernels that differ from the learner's (a GPU
+  /// build, say): each token's policy-gradient term weighted by min(π_old / π_rollout,
+  /// tis_cap); 0 = off (default), else >= 1 (2 is veRL's and slime's default); needs
+  /// old_logprobs = "recompute".
+  double tis_cap = 0.0;
+  /// A step whose mean |learner − rollout log-prob| (metric mismatch_mean) exceeds this many
+  /// nats logs a warning (the first time) and is counted (metric mismatch_alarms); > 0.
+  /// Exact rollouts sit near 1e-5; peers' GPU kernels near 1e-2.
+  double mismatch_warn = 1e-3;
   /// Not a key: the keys `name`'s preset set because the file does not (runtime/
   /// config_resolved.hpp, preset_summary, reports them at start).
   std::vector<std::string> preset_keys;

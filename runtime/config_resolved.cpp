@@ -168,6 +168,10 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.number("temperature", a.temperature);
   e.number("top_p", a.top_p);
   e.integer("top_k", a.top_k);
+  e.str("learner_weights", to_string(a.learner_weights));
+  e.str("old_logprobs", to_string(a.old_logprobs));
+  e.number("tis_cap", a.tis_cap);
+  e.number("mismatch_warn", a.mismatch_warn);
 
   e.table = "sagc";
   e.str("policy", to_string(c.sagc.policy));

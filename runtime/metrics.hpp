@@ -110,9 +110,17 @@ namespace sorl {
   X(clip_frac_high, "clip_frac_high", learner, number, "", "fraction of trained tokens clipped at 1 + eps_high, mean over updates") \
   X(ratio_max,     "ratio_max",     learner, number, "", "largest importance ratio of any update") \
   X(grad_norm,     "grad_norm",     learner, number, "", "global L2 gradient norm before clipping, mean over updates") \
-  X(mismatch_mean, "mismatch_mean", learner, number, "nats", "mean over trained tokens of |sampling log-prob - learner log-prob| before any update") \
-  X(mismatch_max,  "mismatch_max",  learner, number, "nats", "max over trained tokens of the same mismatch") \
-  X(entropy,       "entropy",       learner, number, "nats", "mean token entropy of the old policy over trained tokens") \
+  X(mismatch_mean, "mismatch_mean", learner, number, "nats", "mean over mismatch_tokens of |learner log-prob - rollout sampling log-prob| at the weights the rollouts sampled with (every mismatch_ key: actors/learner/learner_core.hpp step_metrics)") \
+  X(mismatch_max,  "mismatch_max",  learner, number, "nats", "max over the same tokens of the same gap") \
+  X(mismatch_k3,   "mismatch_k3",   learner, number, "nats", "mean k3 = exp(d) - d - 1, d = learner - rollout log-prob: KL(rollout || learner) estimated from the rollout's samples") \
+  X(token_mult_prob_error, "token_mult_prob_error", learner, number, "", "mean of exp|d| over the same tokens (NeMo-RL's figure; 1 = none)") \
+  X(mismatch_bitwise, "mismatch_bitwise", learner, number, "", "share of the same tokens whose learner and rollout log-probs are bitwise equal") \
+  X(mismatch_tokens, "mismatch_tokens", learner, count, "tokens", "trained tokens the mismatch figures cover: all with algorithm.old_logprobs = recompute or one minibatch, else the first minibatch's") \
+  X(mismatch_alarms, "mismatch_alarms", learner, count, "", "steps so far (since the job started or resumed) whose mismatch_mean exceeded algorithm.mismatch_warn") \
+  X(tis_weight_mean, "tis_weight_mean", learner, number, "", "mean truncated-IS weight min(pi_old / pi_rollout, algorithm.tis_cap) over trained tokens (tis_cap > 0 only)") \
+  X(tis_capped_frac, "tis_capped_frac", learner, number, "", "share of trained tokens whose pi_old / pi_rollout exceeded algorithm.tis_cap (tis_cap > 0 only)") \
+  X(learner_forwards, "learner_forwards", learner, count, "", "forward passes the learner ran this step, a micro-batch counting one: recompute, reference, updates and SALT's own") \
+  X(entropy,       "entropy",       learner, number, "nats", "mean token entropy of the pre-update policy over mismatch_tokens") \
   X(advantage_abs_mean, "advantage_abs_mean", learner, number, "", "mean |A_i| over the batch's samples") \
   X(zero_signal_groups, "zero_signal_groups", learner, count, "", "batch groups whose (shaped) rewards are all equal, or G = 1") \
   X(tokens_trained, "tokens_trained", learner, count, "tokens", "trained tokens in the batch (counted once, not per epoch)") \

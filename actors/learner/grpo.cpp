@@ -103,7 +103,8 @@ void loss_options::validate() const {
 
 loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
                        const at::Tensor& advantages, const at::Tensor& mask,
-                       const at::Tensor& ref_logp, const loss_options& opt) {
+                       const at::Tensor& ref_logp, const loss_options& opt,
+                       const at::Tensor& token_weights) {
   opt.validate();
   if (!new_logp.defined() || new_logp.dim() != 2)
     throw std::invalid_argument("policy_loss: new_logp must be a defined [N, T] tensor");
@@ -122,6 +123,10 @@ loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
   } else if (opt.kl_coef > 0.0) {
     throw std::invalid_argument(
       fmt::format("policy_loss: kl_coef is {} but ref_logp is undefined", opt.kl_coef));
+  }
+  if (token_weights.defined()) {
+    require_same_shape(token_weights, new_logp, "token_weights");
+    require_float(token_weights, "token_weights");
   }
 
   const at::Tensor trained = mask.ne(0);            // [N, T] bool
@@ -146,7 +151,9 @@ loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
   const at::Tensor bound =
     at::where(clipped_high, at::full_like(ratio, hi), at::full_like(ratio, lo));
   const at::Tensor surrogate = at::where(clipped, bound * adv, ratio * adv);
-  const at::Tensor pg_tok = -surrogate; // [N, T]
+  // Untrained positions' weights may be anything: they are zeroed with the mask below.
+  const at::Tensor pg_tok =
+    token_weights.defined() ? -surrogate * at::where(trained, token_weights.detach(), zeros) : -surrogate; // [N, T]
 
   const at::Tensor tokens = weight.sum();
   auto aggregate = [&](const at::Tensor& per_token) -> at::Tensor {
@@ -188,6 +195,16 @@ loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
     out.ratio_max = 1.0;
   }
   return out;
+}
+
+at::Tensor tis_weights(const at::Tensor& old_logp, const at::Tensor& rollout_logp, double cap) {
+  if (!old_logp.defined() || !rollout_logp.defined() || old_logp.sizes() != rollout_logp.sizes())
+    throw std::invalid_argument("tis_weights: old_logp and rollout_logp must be defined tensors of one shape");
+  if (!(cap >= 1.0) || !std::isfinite(cap))
+    throw std::invalid_argument(fmt::format("tis_weights: cap must be >= 1 and finite, got {}", cap));
+  at::NoGradGuard no_grad;
+  // An overflowing exp is +inf, which the cap brings back to exactly `cap`.
+  return (old_logp.detach() - rollout_logp.detach()).exp().clamp_max(cap);
 }
 
 } // namespace sorl::learner

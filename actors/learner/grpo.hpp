@@ -114,11 +114,24 @@ struct loss_terms {
 /// or non-finite number: they are replaced before exp, so they never reach the loss or its
 /// gradient. With finite inputs the loss and its gradient are finite (max_log_ratio). With no trained token at all the loss is an exact 0 that still backpropagates
 /// (to zero gradients).
+/// token_weights: [N, T] fp32, or undefined (every weight 1): a constant factor on each
+/// token's policy-gradient term ℓ (not on the KL term), treated as detached; truncated
+/// importance sampling passes min(π_old / π_rollout, C) here (tis_weights). The aggregation's
+/// denominators (trained tokens, sequences) do not change with it.
 ///
 /// Throws std::invalid_argument for mismatched shapes or dtypes, invalid options, or
 /// kl_coef > 0 without ref_logp.
 loss_terms policy_loss(const at::Tensor& new_logp, const at::Tensor& old_logp,
                        const at::Tensor& advantages, const at::Tensor& mask,
-                       const at::Tensor& ref_logp, const loss_options& opt);
+                       const at::Tensor& ref_logp, const loss_options& opt,
+                       const at::Tensor& token_weights = at::Tensor());
+
+/// Truncated importance-sampling weights (Yao et al. 2025, "Your efficient RL framework
+/// secretly brings you off-policy RL training"; veRL `rollout_is_threshold`, slime
+/// `--tis-clip`): w = min(exp(old_logp − rollout_logp), cap) per token (an exp that
+/// overflows gives exactly cap). old_logp, rollout_logp:
+/// [N, T] fp32 → [N, T] fp32, detached. Throws std::invalid_argument for mismatched shapes or
+/// cap < 1 (a cap below 1 would shrink even tokens that both sides score alike).
+at::Tensor tis_weights(const at::Tensor& old_logp, const at::Tensor& rollout_logp, double cap);
 
 } // namespace sorl::learner

@@ -283,6 +283,47 @@ at::Tensor chunked_logprobs(const ml::policy_model& model, const packed_batch& p
   return out;
 }
 
+/// Running sums of the mismatch figures of step_metrics over the tokens measured so far.
+struct mismatch_sums {
+  double tokens = 0.0, abs = 0.0, max = 0.0, k3 = 0.0, mult = 0.0, equal = 0.0, entropy = 0.0;
+
+  /// Adds the trained tokens (mask ≠ 0) of `learner` [k, T] fp32 against `rollout` [k, T]
+  /// fp32 and, when defined, their entropy [k, T]. Differences are taken in fp64: k3 of a
+  /// 1e-6 nat gap is ~5e-13, far below fp32's resolution of exp(Δ) − 1.
+  void add(const at::Tensor& learner, const at::Tensor& rollout, const at::Tensor& mask, const at::Tensor& ent) {
+    at::NoGradGuard no_grad;
+    const at::Tensor trained = mask.ne(0);
+    const double n = trained.sum().item<double>();
+    if (n == 0.0)
+      return;
+    const at::Tensor lp = learner.detach();
+    const at::Tensor zeros = at::zeros(lp.sizes(), lp.options().dtype(at::kDouble));
+    // Untrained positions may hold anything; where() keeps them out.
+    const at::Tensor d = at::where(trained, lp.to(at::kDouble) - rollout.to(at::kDouble), zeros);
+    const at::Tensor a = d.abs();
+    tokens += n;
+    abs += a.sum().item<double>();
+    max = std::max(max, a.max().item<double>());
+    k3 += (at::expm1(d) - d).sum().item<double>();
+    mult += at::where(trained, a.exp(), zeros).sum().item<double>();
+    equal += lp.eq(rollout).logical_and(trained).sum().item<double>();
+    if (ent.defined())
+      entropy += at::where(trained, ent.to(at::kDouble), zeros).sum().item<double>();
+  }
+
+  void write(step_metrics& m) const {
+    if (tokens == 0.0)
+      return;
+    m.mismatch_tokens = static_cast<std::int64_t>(tokens);
+    m.mismatch_mean = abs / tokens;
+    m.mismatch_max = max;
+    m.mismatch_k3 = k3 / tokens;
+    m.token_mult_prob_error = mult / tokens;
+    m.mismatch_bitwise = equal / tokens;
+    m.entropy = entropy / tokens;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // SALT's Gram matrix
 
@@ -440,6 +481,10 @@ learner_options learner_options_from(const experiment_config& cfg) {
   o.salt_gram = cfg.salt.gram == salt_gram_kind::ghost          ? gram_method::ghost
                 : cfg.salt.gram == salt_gram_kind::materialized ? gram_method::materialized
                                                                 : gram_method::automatic;
+  o.weights = a.learner_weights == learner_weights_kind::fp32 ? forward_weights::fp32 : forward_weights::bf16;
+  o.old_logprobs =
+    a.old_logprobs == old_logprobs_kind::recompute ? old_logprob_source::recompute : old_logprob_source::rollout;
+  o.tis_cap = a.tis_cap;
   return o;
 }
 
@@ -480,6 +525,12 @@ void learner_options::validate() const {
   if (micro_batch_tokens < 0)
     fail("micro_batch_tokens", static_cast<double>(micro_batch_tokens), ">= 0");
   salt.validate();
+  if (!(std::isfinite(tis_cap) && (tis_cap == 0.0 || tis_cap >= 1.0)))
+    fail("tis_cap", tis_cap, "0 (off) or finite and >= 1");
+  if (tis_cap > 0.0 && old_logprobs == old_logprob_source::rollout)
+    throw std::invalid_argument(
+      "learner_options.tis_cap needs old_logprobs = recompute: with the rollout's log-probs as "
+      "pi_old every truncated-IS weight is 1");
   if (salt_layers < -1)
     fail("salt_layers", static_cast<double>(salt_layers), ">= -1 (-1 = every decoder layer)");
 }
@@ -593,6 +644,7 @@ learner_core::learner_core(ml::policy_model& model, learner_options options, std
                                             "weights, got {}",
                                             c10::toString(model_.weight_dtype())));
   model_.set_requires_grad(true);
+  model_.set_bf16_compute(options_.weights == forward_weights::bf16);
   if (options_.loss.kl_coef > 0.0)
     reference_ = std::make_unique<ml::policy_model>(model_.clone(at::kFloat));
   at::NoGradGuard no_grad;
@@ -646,10 +698,13 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   std::iota(all_rows.begin(), all_rows.end(), std::int64_t{0});
   const auto whole = plan_micro_batches(all_rows, p.seq_len, options_.micro_batch_tokens);
   // With one epoch of one minibatch in one forward, the only update's forward runs on the
-  // pre-update weights and the very same tensors: its log-probs *are* the old ones, bit for
-  // bit, so the separate no-grad pass is skipped (a quarter of the step's compute).
+  // pre-update weights and the very same tensors: its log-probs *are* the recomputed old
+  // ones, bit for bit, so the separate no-grad pass is skipped (a quarter of the step's
+  // compute). With the rollout's log-probs as π_old that pass never runs.
   const bool single_pass = options_.epochs == 1 && n_mb == 1 && whole.size() == 1;
-  at::Tensor old_logp, ref_logp, first_new_logp, entropy;
+  const bool from_rollout = options_.old_logprobs == old_logprob_source::rollout;
+  mismatch_sums mismatch;
+  at::Tensor old_logp, ref_logp, first_new_logp, entropy, tis_w;
   // SALT reads the single pass's forward too, with its linear layers recorded (the same logits).
   std::unique_ptr<recorded_pass> recorded;
   if (single_pass) {
@@ -659,25 +714,37 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     }
     first_new_logp = token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature,
                                     &entropy, recorded ? &recorded->capture : nullptr);
-    old_logp = first_new_logp.detach();
+    ++m.forwards;
+    old_logp = from_rollout ? p.sampling : first_new_logp.detach();
+    mismatch.add(first_new_logp, p.sampling, p.mask, entropy);
     if (recorded)
       recorded->logp = first_new_logp;
   }
   {
     at::NoGradGuard no_grad;
-    if (!single_pass)
+    if (!single_pass && from_rollout) {
+      old_logp = p.sampling;
+    } else if (!single_pass) {
       old_logp = chunked_logprobs(model_, p, whole, options_.temperature, &entropy);
-    if (reference_)
+      m.forwards += static_cast<std::int64_t>(whole.size());
+      mismatch.add(old_logp, p.sampling, p.mask, entropy);
+    }
+    if (reference_) {
       ref_logp = chunked_logprobs(*reference_, p, whole, options_.temperature, nullptr);
+      m.forwards += static_cast<std::int64_t>(whole.size());
+    }
     const at::Tensor trained = p.mask.ne(0);
     m.tokens_trained = static_cast<std::int64_t>(p.mask.sum().item<double>());
-    if (m.tokens_trained > 0) {
-      const auto n_tok = static_cast<double>(m.tokens_trained);
-      const at::Tensor gap =
-        at::where(trained, (p.sampling - old_logp).abs(), at::zeros_like(old_logp));
-      m.mismatch_mean = gap.sum().item<double>() / n_tok;
-      m.mismatch_max = gap.max().item<double>();
-      m.entropy = (entropy * p.mask).sum().item<double>() / n_tok;
+    if (options_.tis_cap > 0.0) {
+      tis_w = tis_weights(old_logp, p.sampling, options_.tis_cap);
+      if (m.tokens_trained > 0) {
+        const auto n_tok = static_cast<double>(m.tokens_trained);
+        m.tis_weight_mean = at::where(trained, tis_w, at::zeros_like(tis_w)).sum().item<double>() / n_tok;
+        // The ratio passed the cap where its log passed log(cap), compared in fp64.
+        const at::Tensor log_ratio = old_logp.to(at::kDouble) - p.sampling.to(at::kDouble);
+        m.tis_capped_frac =
+          log_ratio.gt(std::log(options_.tis_cap)).logical_and(trained).sum().item<double>() / n_tok;
+      }
     }
   }
 
@@ -711,6 +778,10 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         ++m.skipped_updates;
         continue;
       }
+      // With the rollout's log-probs as π_old, the forwards that run before the step's first
+      // update are the learner's view of the rollout's weights: they give the mismatch figures
+      // (and the entropy) that a recompute pass would have.
+      const bool measure = from_rollout && !single_pass && epoch == 0 && m.updates == 0;
       // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
       // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
       // two thirds of the update's compute, would only produce zeros. The forward still runs
@@ -738,9 +809,15 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           const micro_batch& mb = parts.front();
           mb_recorded = std::make_unique<recorded_pass>();
           mb_recorded->capture.last_blocks = options_.salt_layers;
+          at::Tensor ent;
           mb_recorded->logp = token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
                                              mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
-                                             options_.temperature, nullptr, &mb_recorded->capture);
+                                             options_.temperature, measure ? &ent : nullptr, &mb_recorded->capture);
+          ++m.forwards;
+          if (measure)
+            mismatch.add(mb_recorded->logp, mb.rows_of(p.sampling, mb.T), mb.mask, ent);
+        } else if (!single_pass) {
+          m.forwards += static_cast<std::int64_t>(parts.size()); // salt_gram's own forwards
         }
         // SALT's own time: a forward the update reuses is the update's, not SALT's.
         const auto ts = std::chrono::steady_clock::now();
@@ -778,18 +855,28 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           no_graph.emplace();
         // The step's first update without signal runs on the weights and micro-batches of the
         // old-log-prob pass: its forward would recompute those very values.
-        const bool reuse_old = no_signal && epoch == 0 && b == 0 && n_mb == 1;
-        const at::Tensor new_logp =
-          single_pass   ? first_new_logp
-          : mb_recorded ? mb_recorded->logp
-          : reuse_old   ? mb.rows_of(old_logp, mb.T)
-                        : token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
-                                       mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T),
-                                       options_.temperature);
+        const bool reuse_old = !from_rollout && no_signal && epoch == 0 && b == 0 && n_mb == 1;
+        at::Tensor new_logp;
+        if (single_pass) {
+          new_logp = first_new_logp;
+        } else if (mb_recorded) {
+          new_logp = mb_recorded->logp;
+        } else if (reuse_old) {
+          new_logp = mb.rows_of(old_logp, mb.T);
+        } else {
+          at::Tensor ent;
+          new_logp = token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
+                                    mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T), options_.temperature,
+                                    measure ? &ent : nullptr);
+          ++m.forwards;
+          if (measure)
+            mismatch.add(new_logp, mb.rows_of(p.sampling, mb.T), mb.mask, ent);
+        }
         const loss_terms terms = policy_loss(
           new_logp, mb.rows_of(old_logp, mb.T),
           mb.idx.defined() ? mb_advantages.index_select(0, mb.idx) : mb_advantages, mb.mask,
-          ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss);
+          ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss,
+          tis_w.defined() ? mb.rows_of(tis_w, mb.T) : at::Tensor());
         const double value = terms.loss.item<double>();
         if (!std::isfinite(value)) {
           finite = false;
@@ -875,6 +962,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     m.ratio_mean = ratio_sum / u;
     m.grad_norm = gnorm_sum / u;
   }
+  mismatch.write(m);
   if (m.salt_updates > 0) {
     const auto u = static_cast<double>(m.salt_updates);
     m.salt_cancellation /= u;

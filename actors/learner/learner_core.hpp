@@ -8,14 +8,22 @@
 //   1. group samples by group_id and compute group-relative advantages (grpo.hpp), after DAPO's
 //      soft overlong punishment when enabled;
 //   2. pack the batch into right-padded [N, L] ids with an attention mask;
-//   3. recompute the log-probs of every response token with the current weights, before any
-//      update: these are the "old" log-probs of the importance ratio. The rollout's own sampling
-//      log-probs only measure train/inference mismatch (bf16 weights, other kernels);
+//   3. the "old" log-probs π_old of the importance ratio: the rollout's own sampling log-probs
+//      (old_logprob_source::rollout), or a no-grad recompute of every response token with the
+//      current weights before any update (recompute). Either way the learner's log-probs at
+//      the pre-update weights are compared with the rollout's (the mismatch metrics);
 //   4. with kl_coef > 0, log-probs of the frozen reference model;
 //   5. epochs × minibatches of forward, policy_loss, backward, gradient-norm clipping, AdamW.
 //      With SALT on, each minibatch's advantages are first reweighted from the Gram matrix of
 //      its rollouts' gradients (salt.hpp, grad_gram.hpp) and the loss uses those.
 // After the first minibatch update the ratio leaves 1, so clipping can engage in later ones.
+//
+// Exactly on-policy (ARCHITECTURE.md §6, "GRPO / DAPO"): the rollout workers sample with the
+// bf16 round-to-nearest-even image of the fp32 master, so by default every forward of the
+// learner runs on that same image (policy_model::set_bf16_compute) and the gradient passes
+// straight through to the master, which AdamW steps. The learner then scores the policy the
+// rollouts came from; its log-probs differ from the rollout's only by the kernels' rounding
+// (the cached decode against the full forward).
 
 #include "actors/learner/grpo.hpp"
 #include "actors/learner/grad_gram.hpp"
@@ -45,6 +53,30 @@ enum class overlong_mode {
   /// (max_new_tokens), so a multi-turn episode is shaped by its longest turn, i.e. the
   /// smallest (most negative) penalty over its turns; many short turns are never overlong.
   shape,
+};
+
+/// Which weights the learner's forward and backward passes see.
+enum class forward_weights {
+  /// The bf16 image of the fp32 master that the rollout workers hold, bit for bit, with the
+  /// gradient applied to the master (straight-through; policy_model::set_bf16_compute).
+  bf16,
+  /// The fp32 master itself. The rollouts then come from a policy the learner never scores
+  /// (the master drifts below half a bf16 ulp); kept only to measure that drift.
+  fp32,
+};
+
+/// Where π_old of the importance ratio comes from.
+enum class old_logprob_source {
+  /// The rollout's own sampling log-probs, for every epoch and minibatch; no separate pass.
+  /// Unbiased when rollout and learner score the same weights (forward_weights::bf16), but
+  /// their last bits depend on how the worker batched the rollout (sampler.hpp, "Batch
+  /// independence"), so a run is no longer bit-for-bit reproducible (a resumed run drifts
+  /// from the uninterrupted one in the last bits).
+  rollout,
+  /// A no-grad forward of the learner over the batch before any update: reproducible bit for
+  /// bit, and free when one update's forward doubles as it (epochs = minibatches = 1 within
+  /// micro_batch_tokens).
+  recompute,
 };
 
 /// Hyper-parameters of the learner. Plain data: the TOML `[algorithm]` section is parsed into
@@ -97,6 +129,13 @@ struct learner_options {
   /// for the decoder's linear layers (README.md, SALT, has the measured overheads).
   std::int64_t salt_layers = 0;
   gram_method salt_gram = gram_method::automatic; ///< how K is computed (grad_gram.hpp)
+  forward_weights weights = forward_weights::bf16;       ///< see forward_weights
+  old_logprob_source old_logprobs = old_logprob_source::recompute; ///< see old_logprob_source
+  /// Truncated importance sampling against inexact rollout kernels (Yao et al. 2025, "Your
+  /// efficient RL framework secretly brings you off-policy RL training"): each trained
+  /// token's policy-gradient term is weighted by min(π_old / π_rollout, tis_cap), detached.
+  /// 0 = off; otherwise >= 1 and old_logprobs must be recompute (with rollout the weight is 1).
+  double tis_cap = 0.0;
   /// A minibatch whose advantages (coefficients) are all exactly 0, without a KL term, skips
   /// its backward pass: its gradient is exactly 0, so AdamW steps with zero gradients instead,
   /// bit for bit the same weights and moments (and the step's first such update takes its
@@ -127,11 +166,30 @@ struct step_metrics {
   double ratio_max = 0.0;      ///< largest importance ratio seen in any update
   double grad_norm = 0.0;      ///< global L2 gradient norm before clipping, mean over updates
   double grad_norm_max = 0.0;  ///< largest pre-clip gradient norm of any update
-  /// Train/inference mismatch: mean and max over trained tokens of |sampling logprob − old
-  /// logprob| (nats), the rollout's log-prob against the learner's recompute before any update.
-  double mismatch_mean = 0.0;
-  double mismatch_max = 0.0;
-  double entropy = 0.0;     ///< mean token entropy (nats) of the old policy over trained tokens
+  /// Train/inference mismatch, over the trained tokens of mismatch_tokens: the rollout's
+  /// sampling log-prob against the learner's at the same (pre-update) weights, Δ = learner −
+  /// rollout. With old_logprobs recompute the learner's are the recompute over the whole
+  /// batch; with rollout, those of the forwards run before the step's first update (the whole
+  /// batch with one minibatch, the first minibatch otherwise), at no extra cost.
+  double mismatch_mean = 0.0;    ///< mean |Δ|, nats
+  double mismatch_max = 0.0;     ///< max |Δ|, nats
+  /// Mean of k3 = exp(Δ) − Δ − 1 (Schulman 2020), an unbiased estimate of KL(π_rollout ‖
+  /// π_learner) from the rollout's own samples, nats; computed in fp64.
+  double mismatch_k3 = 0.0;
+  /// NeMo-RL's token_mult_prob_error: mean of exp|Δ| (1 = no mismatch).
+  double token_mult_prob_error = 0.0;
+  double mismatch_bitwise = 0.0;      ///< share of the tokens whose two log-probs are bitwise equal
+  std::int64_t mismatch_tokens = 0;   ///< trained tokens the mismatch figures cover
+  /// Mean token entropy (nats) of the pre-update policy over the same tokens.
+  double entropy = 0.0;
+  /// Truncated IS (tis_cap > 0): mean weight min(π_old / π_rollout, cap) over trained tokens,
+  /// and the share of trained tokens whose ratio exceeded the cap. 0 when off.
+  double tis_weight_mean = 0.0;
+  double tis_capped_frac = 0.0;
+  /// Forward passes over the batch's rows this step (micro-batches count one each): the
+  /// old-log-prob recompute, the reference, the updates' and SALT's own. A cost figure for
+  /// tests and benchmarks.
+  std::int64_t forwards = 0;
   double reward_mean = 0.0; ///< mean task reward of samples with one, before overlong shaping
   double overlong_penalty_mean = 0.0;  ///< mean shaping term over samples with a reward
   std::int64_t overlong_shaped = 0;    ///< samples whose shaping term is < 0 (mode shape)
@@ -202,7 +260,8 @@ std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
                                     const learner_options& options);
 
 /// Log-prob (natural log, at `temperature`) of every response token of every sample under
-/// `model`, computed exactly as train_step computes the old log-probs (one right-padded batch
+/// `model` (its compute weights: the bf16 image once a learner_core with forward_weights::bf16
+/// holds it), computed exactly as train_step computes the old log-probs (one right-padded batch
 /// forward, no grad), so rollouts that report these as sampling_logprobs show zero mismatch.
 /// Result [i][t] pairs with batch[i].response[t]. Throws std::invalid_argument for a malformed
 /// batch (see learner_core::train_step).
@@ -249,8 +308,10 @@ std::vector<std::vector<std::int64_t>> plan_micro_batches(const std::vector<std:
 /// (seed, step, epoch), so it needs no state beyond the step count.
 class learner_core {
 public:
-  /// Takes `model` for training (sets requires_grad on its parameters) and, when
-  /// options.loss.kl_coef > 0, clones it into a frozen reference. `model` must outlive this.
+  /// Takes `model` for training (sets requires_grad on its parameters and, with
+  /// forward_weights::bf16, makes its forwards see the bf16 image of its weights; with fp32,
+  /// the weights themselves) and, when options.loss.kl_coef > 0, clones it into a frozen
+  /// reference scored the same way. `model` must outlive this.
   /// Throws std::invalid_argument for invalid options or a model whose weights are not fp32.
   learner_core(ml::policy_model& model, learner_options options, std::uint64_t seed);
   ~learner_core();
@@ -264,10 +325,10 @@ public:
   /// reward_failed); otherwise
   /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
   /// response token t is read from the logits at position prompt.size() + t − 1.
-  /// Cost: epochs × (forward + backward) over the batch, plus one no-grad forward for the old
-  /// log-probs unless epochs = minibatches = 1 and the batch fits micro_batch_tokens (then the
-  /// update's own forward provides them, bit-identically), plus one no-grad forward of the
-  /// reference when kl_coef > 0. Each pass runs in micro-batches of at most micro_batch_tokens
+  /// Cost: epochs × (forward + backward) over the batch, plus, with old_logprobs recompute,
+  /// one no-grad forward for the old log-probs unless epochs = minibatches = 1 and the batch
+  /// fits micro_batch_tokens (then the update's own forward provides them, bit-identically),
+  /// plus one no-grad forward of the reference when kl_coef > 0. Each pass runs in micro-batches of at most micro_batch_tokens
   /// padded tokens; micro-batches without a trained token are skipped in the updates.
   /// An exception from libtorch midway may leave a partial update. Throws training_stalled
   /// (after the step) when training has stopped happening (see there).

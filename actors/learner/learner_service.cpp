@@ -50,7 +50,8 @@ std::string name_requests(const std::vector<uint64_t>& ids) {
   return out;
 }
 
-/// The learner metrics of a step, in the schema's order: 19, and SALT's 8 when it ran.
+/// The learner metrics of a step, in the schema's order: 25, truncated IS's 2 when on, and
+/// SALT's 8 when it ran.
 std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
   std::vector<std::pair<const char*, double>> out{
     {metric::loss.key, m.loss},
@@ -62,6 +63,11 @@ std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
     {metric::grad_norm.key, m.grad_norm},
     {metric::mismatch_mean.key, m.mismatch_mean},
     {metric::mismatch_max.key, m.mismatch_max},
+    {metric::mismatch_k3.key, m.mismatch_k3},
+    {metric::token_mult_prob_error.key, m.token_mult_prob_error},
+    {metric::mismatch_bitwise.key, m.mismatch_bitwise},
+    {metric::mismatch_tokens.key, static_cast<double>(m.mismatch_tokens)},
+    {metric::learner_forwards.key, static_cast<double>(m.forwards)},
     {metric::entropy.key, m.entropy},
     {metric::advantage_abs_mean.key, m.advantage_abs_mean},
     {metric::zero_signal_groups.key, static_cast<double>(m.zero_signal_groups)},
@@ -74,6 +80,9 @@ std::vector<std::pair<const char*, double>> metrics_of(const step_metrics& m) {
     {metric::nonfinite_updates.key, static_cast<double>(m.nonfinite_updates)},
     {metric::zero_signal_updates.key, static_cast<double>(m.zero_signal_updates)},
   };
+  if (m.tis_weight_mean > 0.0) // tis_cap > 0 (a weight is never 0)
+    out.insert(out.end(), {{metric::tis_weight_mean.key, m.tis_weight_mean},
+                           {metric::tis_capped_frac.key, m.tis_capped_frac}});
   if (m.salt_updates > 0) {
     out.insert(out.end(), {
       {metric::salt_cancellation.key, m.salt_cancellation},

@@ -35,6 +35,7 @@ driver_options driver_options_from(const experiment_config& cfg,
   o.top_p = cfg.algorithm.top_p;
   o.top_k = static_cast<uint32_t>(cfg.algorithm.top_k);
   o.task_size = task_size;
+  o.mismatch_warn = cfg.algorithm.mismatch_warn;
   return o;
 }
 
@@ -533,6 +534,7 @@ void step_driver::on(out& o, const ev::train_result& r) {
     fail(o, fmt::format("step {}: the learner's result: {}", step_ + 1, e.what()));
     return;
   }
+  note_mismatch(o);
   version_ = r.version;
   phase_ = phase::sync;
   if (early_ready_) {
@@ -544,6 +546,31 @@ void step_driver::on(out& o, const ev::train_result& r) {
       o.push_back(cmd::log{cmd::log_level::warn,
                            fmt::format("unexpected version {} ready", early.version)});
   }
+}
+
+void step_driver::note_mismatch(out& o) {
+  const auto mean = record_.extra.find(metric::mismatch_mean.key);
+  if (mean == record_.extra.end())
+    return;
+  const auto max = record_.extra.find(metric::mismatch_max.key);
+  mismatch_mean_sum_ += mean->second;
+  ++mismatch_steps_;
+  if (max != record_.extra.end())
+    mismatch_max_ = std::max(mismatch_max_, max->second);
+  if (mean->second > opts_.mismatch_warn) {
+    if (++mismatch_alarms_ == 1)
+      o.push_back(cmd::log{
+        cmd::log_level::warn,
+        fmt::format("step {}: the learner's log-probs differ from the rollouts' by {:.3g} nats "
+                    "per token on average (max {:.3g}), above algorithm.mismatch_warn = {:g}: "
+                    "the rollouts are off-policy by that much. Exact rollouts sit near 1e-5 "
+                    "(algorithm.learner_weights = \"bf16\"); a larger gap means the two sides "
+                    "score different weights or kernels (README.md, \"Exactly on-policy\"). "
+                    "Counted in mismatch_alarms; not repeated",
+                    step_ + 1, mean->second, max != record_.extra.end() ? max->second : 0.0,
+                    opts_.mismatch_warn)});
+  }
+  record_.set(metric::mismatch_alarms, mismatch_alarms_);
 }
 
 void step_driver::on(out& o, const ev::version_ready& r) {
@@ -759,6 +786,12 @@ void step_driver::finish(out& o) {
     summary += fmt::format("; held-out accuracy {} → {}",
                            acc_before_ ? fmt::format("{:.3f}", *acc_before_) : "n/a",
                            acc_after_ ? fmt::format("{:.3f}", *acc_after_) : "n/a");
+  if (mismatch_steps_ > 0)
+    summary += fmt::format("; log-prob mismatch mean {:.2g} nats, max {:.2g}{}",
+                           mismatch_mean_sum_ / static_cast<double>(mismatch_steps_), mismatch_max_,
+                           mismatch_alarms_ > 0 ? fmt::format(" ({} steps above {:g})", mismatch_alarms_,
+                                                              opts_.mismatch_warn)
+                                                : "");
   summary += fmt::format("; {:.1f} s", (now_ns_ - run_start_ns_) / 1e9);
   o.push_back(cmd::finish_job{std::move(summary)});
 }

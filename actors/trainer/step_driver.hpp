@@ -74,6 +74,9 @@ struct driver_options {
   double top_p = 1.0;                 ///< algorithm.top_p
   uint32_t top_k = 0;                 ///< algorithm.top_k, 0 = off
   std::optional<uint64_t> task_size;  ///< training prompts (single-turn tasks); nullopt = unbounded
+  /// algorithm.mismatch_warn, nats: a step whose learner metric mismatch_mean exceeds it is
+  /// counted (metric mismatch_alarms) and the first such step logs a warning.
+  double mismatch_warn = 1e-3;
 
   /// The watchdog period in ns, rounded toward zero as the shell's timer is.
   int64_t watchdog_ns() const {
@@ -492,6 +495,9 @@ private:
   void try_cut(out& o);
   void end_rollouts(out& o);
   void end_step(out& o, const ev::version_ready& ready);
+  /// Reads the learner's mismatch figures off record_: the summary's sums, the alarm count
+  /// (metric mismatch_alarms) and the one warning.
+  void note_mismatch(out& o);
   void start_checkpoint(out& o);
   void send_checkpoint(out& o);
   void stop_on_request(out& o, const std::string& where);
@@ -523,6 +529,13 @@ private:
   int64_t learn_end_ns_ = 0;
   metrics_record record_;
   std::vector<double> reward_history_;
+  /// Train/inference mismatch over the steps since the job started (or resumed): the sum of
+  /// the steps' mismatch_mean, how many steps reported one, the largest mismatch_max, and
+  /// the steps whose mean passed opts_.mismatch_warn.
+  double mismatch_mean_sum_ = 0.0;
+  int64_t mismatch_steps_ = 0;
+  double mismatch_max_ = 0.0;
+  int64_t mismatch_alarms_ = 0;
   std::optional<double> acc_before_;
   std::optional<double> acc_after_;
   std::string eval_tag_;      ///< the tag of the evaluation awaited; "" while none

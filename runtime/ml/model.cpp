@@ -4,6 +4,7 @@
 
 #include "runtime/ml/torch_compat.hpp"
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -250,6 +251,20 @@ at::Tensor decode_mlp(bool onednn, const layer_weights& w, const at::Tensor& x) 
                        w.down_w);
 }
 
+// The bf16 image of an fp32 weight with a straight-through gradient (set_bf16_compute): the
+// forward is the round-to-nearest-even cast a rollout copy holds, the backward the identity,
+// so the update lands on the fp32 master. Nothing is saved for backward, so one image serves
+// every forward and backward until the next optimizer update.
+struct bf16_round_ste : torch::autograd::Function<bf16_round_ste> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& w) {
+    return w.to(at::kBFloat16).to(at::kFloat);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grad) {
+    return {grad[0]};
+  }
+};
+
 void check_ids(const at::Tensor& ids, std::int64_t vocab) {
   if (ids.numel() == 0) return;
   const std::int64_t lo = ids.min().item<std::int64_t>();
@@ -267,6 +282,7 @@ struct policy_model::impl {
   model_dims dims;
   c10::Device device = c10::kCPU;
   c10::ScalarType dtype = c10::kFloat;
+  bool bf16_view = false;  // set_bf16_compute, fp32 models only
   std::vector<named_tensor> params;
 
   // fp32 compute image: aliases of params for fp32 models, casts for bf16 ones.
@@ -284,7 +300,17 @@ struct policy_model::impl {
 void policy_model::impl::bind() {
   std::vector<at::Tensor> w;
   w.reserve(params.size());
-  for (const auto& p : params) w.push_back(dtype == c10::kFloat ? p.second : p.second.to(c10::kFloat));
+  if (bf16_view) {
+    // The image must carry its link to the parameters even when the first forward after an
+    // update is a no-grad one (the old log-probs, an evaluation): a later differentiable
+    // forward reuses it.
+    at::AutoGradMode grad(true);
+    for (const auto& p : params)
+      w.push_back(p.second.requires_grad() ? bf16_round_ste::apply(p.second)
+                                           : p.second.to(c10::kBFloat16).to(c10::kFloat));
+  } else {
+    for (const auto& p : params) w.push_back(dtype == c10::kFloat ? p.second : p.second.to(c10::kFloat));
+  }
   std::size_t i = 0;
   embed = w[i++];
   layers.assign(static_cast<std::size_t>(dims.n_layers), layer_weights{});
@@ -311,7 +337,7 @@ void policy_model::impl::bind() {
 }
 
 void policy_model::impl::bind_if_stale() {
-  if (dtype == c10::kFloat) return;  // the compute image is the parameters themselves
+  if (dtype == c10::kFloat && !bf16_view) return;  // the compute image is the parameters themselves
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto& t = params[i].second;
     if (!t.is_inference() && t._version() != seen_versions[i]) {
@@ -381,6 +407,17 @@ void policy_model::set_requires_grad(bool requires_grad) {
   TORCH_CHECK(impl_->dtype == c10::kFloat,
               "set_requires_grad: only fp32 models train; this one holds ", impl_->dtype);
   for (auto& p : impl_->params) p.second.set_requires_grad(requires_grad);
+  if (impl_->bf16_view) impl_->bind();  // the image's link to the parameters follows
+}
+
+void policy_model::set_bf16_compute(bool on) {
+  if (impl_->dtype != c10::kFloat) return;  // a bf16 model computes from its bf16 weights
+  impl_->bf16_view = on;
+  impl_->bind();
+}
+
+bool policy_model::bf16_compute() const noexcept {
+  return impl_->dtype == c10::kBFloat16 || impl_->bf16_view;
 }
 
 policy_model policy_model::clone(c10::ScalarType weight_dtype) const {
@@ -390,6 +427,7 @@ policy_model policy_model::clone(c10::ScalarType weight_dtype) const {
   p->dims = impl_->dims;
   p->device = impl_->device;
   p->dtype = weight_dtype;
+  p->bf16_view = impl_->bf16_view && weight_dtype == c10::kFloat;
   at::NoGradGuard no_grad;
   for (const auto& [name, t] : impl_->params)
     p->params.emplace_back(name, t.detach().to(weight_dtype).clone());

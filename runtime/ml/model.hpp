@@ -127,7 +127,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 /// Decoder-only transformer, HF Llama semantics (and Qwen2 with qkv_bias). Weights are held in
 /// `weight_dtype()` (fp32 for training, bf16 for a rollout copy); arithmetic is always fp32,
-/// from an fp32 image of bf16 weights that is rebuilt when the weights change.
+/// from an fp32 image of bf16 weights that is rebuilt when the weights change (and, with
+/// set_bf16_compute, from the bf16 rounding of fp32 weights).
 /// Move-only: copying would silently share parameters; use clone().
 class policy_model {
  public:
@@ -168,6 +169,20 @@ class policy_model {
   void copy_weights_from(const policy_model& source);
   /// Rebuilds the fp32 compute image of bf16 weights; needed only after raw pointer writes.
   void refresh_compute_weights();
+  /// For an fp32 (training) model: every forward (forward, forward_rows, forward_cached) runs
+  /// on the round-to-nearest-even bf16 image of the weights, held in fp32, which is bit for bit
+  /// what a bf16 rollout copy of this model (clone(kBFloat16), or a worker fed by the weight
+  /// sync) computes with. Gradients pass straight through the rounding to the fp32
+  /// parameters: ∂L/∂w = ∂L/∂bf16(w) (the mixed-precision rule of FSDP's
+  /// `param_dtype = bf16`: the master keeps the optimizer's small steps, the forward sees
+  /// only what the rollouts sample with). The image is rebuilt lazily, by the first forward
+  /// after a parameter changed (once per optimizer update), in grad mode when the parameters
+  /// require grad. Costs one fp32 copy of the weights. Off by default; a no-op for a bf16
+  /// model (whose image is already its weights). clone(kFloat) keeps the setting.
+  void set_bf16_compute(bool on);
+  /// Whether forwards see the bf16 image of the weights: set_bf16_compute on an fp32 model,
+  /// or a bf16 model.
+  bool bf16_compute() const noexcept;
   /// Chooses forward_cached's GEMM backend (default decode_gemm::automatic). The backends
   /// round differently in the last bits (|Δlogit| ~1e-6), never more.
   void set_decode_gemm(decode_gemm g) noexcept;

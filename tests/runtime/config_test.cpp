@@ -277,6 +277,37 @@ TEST_CASE("the rollout watchdog and the reward-failure policy are read and check
   CHECK(e.message == "\"zero\" is not one of \"mask\", \"fail\"");
 }
 
+TEST_CASE("the learner's weights, pi_old, truncated IS and the mismatch threshold are read and checked") {
+  auto cfg = parse_config(minimal, "test.toml", roles);
+  CHECK(cfg.algorithm.learner_weights == learner_weights_kind::bf16);
+  CHECK(cfg.algorithm.old_logprobs == old_logprobs_kind::recompute);
+  CHECK(cfg.algorithm.tis_cap == 0.0);
+  CHECK(cfg.algorithm.mismatch_warn == 1e-3);
+  cfg = parse_config("[algorithm]\nlearner_weights = \"fp32\"\nold_logprobs = \"rollout\"\n"
+                     "mismatch_warn = 0.01\n" + std::string{minimal},
+                     "test.toml", roles);
+  CHECK(cfg.algorithm.learner_weights == learner_weights_kind::fp32);
+  CHECK(cfg.algorithm.old_logprobs == old_logprobs_kind::rollout);
+  CHECK(cfg.algorithm.tis_cap == 0.0);
+  CHECK(cfg.algorithm.mismatch_warn == 0.01);
+  auto e = only_error("[algorithm]\nlearner_weights = \"fp16\"\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.learner_weights");
+  CHECK_THAT(e.message, Catch::StartsWith("\"fp16\" is not one of \"bf16\", \"fp32\""));
+  // Truncated IS weighs by pi_old / pi_rollout: with the rollout's own log-probs as pi_old
+  // every weight would be 1.
+  cfg = parse_config("[algorithm]\ntis_cap = 2\n" + std::string{minimal}, "test.toml", roles);
+  CHECK(cfg.algorithm.tis_cap == 2.0);
+  e = only_error("[algorithm]\nold_logprobs = \"rollout\"\ntis_cap = 2.0\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "algorithm.tis_cap");
+  CHECK_THAT(e.message, Catch::Contains("needs old_logprobs = \"recompute\""));
+  e = only_error("[algorithm]\ntis_cap = 0.5\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.tis_cap");
+  CHECK_THAT(e.message, Catch::Contains("0 (off) or [1, 1e6]"));
+  e = only_error("[algorithm]\nmismatch_warn = 0\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.mismatch_warn");
+}
+
 TEST_CASE("inconsistent group bounds are an error") {
   auto e = only_error("[sagc]\ng_min = 16\ng_max = 8\n" + std::string{minimal});
   CHECK(e.key == "sagc.g_min");

@@ -359,7 +359,7 @@ TEST_CASE("the metrics table of README.md is the one generated from the schema",
   const std::string table = sorl::metric::markdown();
   CHECK(readme.substr(b + begin.size(), e - b - begin.size()) == table);
   // A pipe inside a meaning is escaped, so that each row keeps its five cells.
-  CHECK(table.find("\\|sampling log-prob - learner log-prob\\|") != std::string::npos);
+  CHECK(table.find("\\|learner log-prob - rollout sampling log-prob\\|") != std::string::npos);
   CHECK(table.find("| `sync_bytes` | sync | number | bytes | payload per worker (averaged over "
                    "workers) |\n")
         != std::string::npos);

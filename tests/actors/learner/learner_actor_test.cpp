@@ -182,7 +182,9 @@ TEST_CASE("trajectories then the batch naming them are trained on and answered w
       names.emplace_back(n.cStr());
     CHECK(names == std::vector<std::string>{
                      "loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_max",
-                     "grad_norm", "mismatch_mean", "mismatch_max", "entropy",
+                     "grad_norm", "mismatch_mean", "mismatch_max", "mismatch_k3",
+                     "token_mult_prob_error", "mismatch_bitwise", "mismatch_tokens",
+                     "learner_forwards", "entropy",
                      "advantage_abs_mean", "zero_signal_groups", "tokens_trained",
                      "overlong_filtered", "overlong_penalty_mean", "overlong_shaped", "updates",
                      "skipped_updates", "nonfinite_updates", "zero_signal_updates"});

@@ -93,8 +93,11 @@ bool same_weights(const ml::policy_model& a, const ml::policy_model& b) {
   return true;
 }
 
+/// The batches here carry made-up sampling log-probs (0), so π_old is the learner's recompute;
+/// tests/actors/learner/on_policy_test.cpp covers π_old from the rollout.
 learner_options test_options() {
   learner_options o;
+  o.old_logprobs = old_logprob_source::recompute;
   o.lr = 1e-3;
   o.weight_decay = 0.01;
   o.max_grad_norm = 1.0;
@@ -142,10 +145,11 @@ TEST_CASE("the mismatch is zero when sampling log-probs equal the model's") {
   at::set_num_threads(1);
   ml::policy_model model(small_dims(), 3);
   auto batch = synthetic_batch(2, 3, small_dims().vocab);
+  // The learner first: it decides which weights the model's forwards see (the bf16 image).
+  learner_core learner(model, test_options(), 1);
   const auto lp = response_logprobs(model, batch);
   for (std::size_t i = 0; i < batch.size(); ++i)
     batch[i].sampling_logprobs = lp[i];
-  learner_core learner(model, test_options(), 1);
   const step_metrics m = learner.train_step(batch);
   CHECK(m.mismatch_mean == 0.0);
   CHECK(m.mismatch_max == 0.0);
@@ -774,6 +778,10 @@ TEST_CASE("learner options come from [algorithm] and the turn budget, with the c
   CHECK(d.temperature == plain.temperature);
   CHECK(d.epochs == plain.epochs);
   CHECK(d.minibatches == plain.minibatches);
+  CHECK(d.weights == plain.weights);
+  CHECK(d.weights == forward_weights::bf16);
+  CHECK(d.old_logprobs == plain.old_logprobs);
+  CHECK(d.tis_cap == plain.tis_cap);
 
   auto& a = cfg.algorithm;
   a.lr = 3e-5;
@@ -789,6 +797,8 @@ TEST_CASE("learner options come from [algorithm] and the turn budget, with the c
   a.temperature = 0.7;
   a.epochs = 2;
   a.minibatches = 4;
+  a.learner_weights = sorl::learner_weights_kind::fp32;
+  a.old_logprobs = sorl::old_logprobs_kind::rollout;
   cfg.task.max_new_tokens = 32;
   const learner_options o = learner_options_from(cfg);
   CHECK(o.lr == 3e-5);
@@ -805,12 +815,19 @@ TEST_CASE("learner options come from [algorithm] and the turn budget, with the c
   CHECK(o.temperature == 0.7);
   CHECK(o.epochs == 2);
   CHECK(o.minibatches == 4);
+  CHECK(o.weights == forward_weights::fp32);
+  CHECK(o.old_logprobs == old_logprob_source::rollout);
+  CHECK(o.tis_cap == 0.0);
 
   a.overlong = sorl::overlong_kind::filter;
   a.temperature = 0.0; // greedy rollouts are scored at temperature 1
+  a.old_logprobs = sorl::old_logprobs_kind::recompute;
+  a.tis_cap = 2.0;
   const learner_options g = learner_options_from(cfg);
   CHECK(g.overlong == overlong_mode::filter);
   CHECK(g.temperature == 1.0);
+  CHECK(g.old_logprobs == old_logprob_source::recompute);
+  CHECK(g.tis_cap == 2.0);
 }
 
 TEST_CASE("response_logprobs_tensor is response_logprobs with gradients to the model") {

@@ -589,6 +589,46 @@ TEST_CASE("a VersionReady that overtakes its TrainResult ends the step when the 
   }
 }
 
+TEST_CASE("a step whose log-prob mismatch passes mismatch_warn warns once, every such step is "
+          "counted, and the summary gives the run's mismatch") {
+  auto o = two_steps();
+  o.mismatch_warn = 1e-3;
+  harness h{o};
+  to_learn(h);
+  // Step 1 above the threshold: one warning, counted.
+  auto out = h.at(4 * sec, ev::train_result{1, {"mismatch_mean", "mismatch_max"}, {2e-3, 0.5}});
+  REQUIRE(out.size() == 1);
+  CHECK_THAT(out[0], Catch::StartsWith("log warn: step 1: the learner's log-probs differ from the "
+                                       "rollouts' by 0.002 nats per token on average (max 0.5), "
+                                       "above algorithm.mismatch_warn = 0.001"));
+  CHECK(h.at(5 * sec, ready(1)) == lines{"write_metrics step 1"});
+  CHECK(h.record().extra.at("mismatch_alarms") == 1.0);
+  int64_t t = 5 * sec;
+  REQUIRE(h.at(t, ev::metrics_written{}).size() == 3); // progress line, watchdog, next G
+  // Step 2 above it too: counted, not repeated.
+  REQUIRE(h.at(t += sec, static_g(1, 2)).size() == 1);
+  for (uint64_t i = 0; i < 4; ++i)
+    h.at(t += sec, rollout(4 + i, 2 + i / 2, static_cast<uint32_t>(i % 2), i % 2 == 0 ? 1.0 : 0.0));
+  CHECK(h.at(t += sec, ev::train_result{2, {"mismatch_mean", "mismatch_max"}, {5e-3, 0.1}}).empty());
+  CHECK(h.at(t += sec, ready(2)) == lines{"write_metrics step 2"});
+  CHECK(h.record().extra.at("mismatch_alarms") == 2.0);
+  REQUIRE(h.at(t, ev::metrics_written{}).size() == 3); // progress line, two role-state queries
+  h.at(t, ev::role_state{2, "sagc_controller", "{}", true, ""});
+  h.at(t, ev::role_state{2, "scheduler", "{}", true, ""});
+  const auto done = h.at(t + sec, ev::checkpoint_done{2, "p", true, ""});
+  REQUIRE(done.size() == 2);
+  // The mean of the steps' means, (2e-3 + 5e-3) / 2, and the largest max.
+  CHECK_THAT(done[1], Catch::Contains("; log-prob mismatch mean 0.0035 nats, max 0.5 (2 steps above 0.001); "));
+}
+
+TEST_CASE("a step below mismatch_warn neither warns nor counts") {
+  harness h{two_steps()};
+  to_learn(h);
+  CHECK(h.at(4 * sec, ev::train_result{1, {"mismatch_mean", "mismatch_max"}, {4e-6, 2.5e-5}}).empty());
+  CHECK(h.at(5 * sec, ready(1)) == lines{"write_metrics step 1"});
+  CHECK(h.record().extra.at("mismatch_alarms") == 0.0);
+}
+
 TEST_CASE("the step's checksum says what the publisher verified") {
   harness h{two_steps()};
   to_learn(h);
@@ -1482,4 +1522,5 @@ TEST_CASE("the driver's defaults are the config's") {
   CHECK(d.temperature == plain.temperature);
   CHECK(d.top_p == plain.top_p);
   CHECK(d.top_k == plain.top_k);
+  CHECK(d.mismatch_warn == plain.mismatch_warn);
 }

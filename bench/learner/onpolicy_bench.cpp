@@ -1,0 +1,264 @@
+// Train/inference mismatch and the learner's cost, per way of choosing the learner's weights
+// and π_old, on a config's own model and single-turn task, without actors:
+//
+//   BUILD/bench/learner/onpolicy_bench CONFIG [--steps K] [--prompts B] [--group G]
+//                                             [--arms LIST] [--gemm automatic|aten]
+//
+// Each arm starts from the config's weights (bench/war/source_weights.hpp) and runs K steps of
+// the synchronous loop in one thread: the bf16 rollout copy of the learner's master (cast as
+// the sync publishes it) samples B prompts × G rollouts of the training split through the
+// batched generator with the config's sampling settings, the task scores them, and one
+// learner_core::train_step learns from them. Arms (comma-separated, all by default):
+//   bf16-rollout    the default: forwards on the bf16 image, π_old = the rollout's log-probs
+//   bf16-recompute  forwards on the bf16 image, π_old recomputed by a no-grad pass
+//   fp32-recompute  forwards on the fp32 master, π_old recomputed (the previous learner)
+// Per step it prints the learner's seconds and forwards and the mismatch figures of the step
+// (runtime/metrics.hpp), and, before the update, where the bitwise share is lost: for each
+// trained token, the learner's log-prob (fp32 log_softmax of its batched full forward), the
+// worker's (the sampler's fp64 formula over its cached-decode logits, runtime/ml/sampler.hpp
+// training_logprob) and the sampler's formula over the learner's logits. Equal formula-over-
+// learner and worker values mean the two passes' logits agree to that float; equal learner
+// and formula-over-learner values mean the two formulas agree on identical logits.
+// --gemm aten decodes with at::linear (the learner's BLAS) instead of oneDNN.
+
+#include "actors/common/train_setup.hpp"
+#include "actors/learner/learner_core.hpp"
+#include "actors/roles.hpp"
+#include "bench/war/source_weights.hpp"
+#include "runtime/config.hpp"
+#include "runtime/ml/generate.hpp"
+#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/torch_compat.hpp"
+#include "runtime/role_names.hpp"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace sorl;
+
+struct bench_options {
+  int steps = 3;
+  std::int64_t prompts = 0; ///< 0 = the config's prompts_per_step
+  std::int64_t group = 0;   ///< 0 = the config's sagc.group_size
+  std::vector<std::string> arms{"bf16-rollout", "bf16-recompute", "fp32-recompute"};
+  ml::decode_gemm gemm = ml::decode_gemm::automatic;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  throw std::invalid_argument(why + "\nusage: onpolicy_bench CONFIG [--steps K] [--prompts B] [--group G] "
+                                    "[--arms bf16-rollout,bf16-recompute,fp32-recompute] [--gemm automatic|aten]");
+}
+
+std::int64_t positive(const std::string& flag, const char* text) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || v < 1)
+    usage(fmt::format("{} needs a positive integer, got '{}'", flag, text));
+  return v;
+}
+
+bench_options parse(int argc, char** argv) {
+  if (argc < 2)
+    usage("missing CONFIG");
+  bench_options o;
+  for (int i = 2; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc)
+      usage(flag + " needs a value");
+    const char* value = argv[++i];
+    if (flag == "--steps") {
+      o.steps = static_cast<int>(positive(flag, value));
+    } else if (flag == "--prompts") {
+      o.prompts = positive(flag, value);
+    } else if (flag == "--group") {
+      o.group = positive(flag, value);
+    } else if (flag == "--gemm") {
+      const std::string g = value;
+      if (g != "automatic" && g != "aten")
+        usage("--gemm is automatic or aten, got '" + g + "'");
+      o.gemm = g == "aten" ? ml::decode_gemm::aten : ml::decode_gemm::automatic;
+    } else if (flag == "--arms") {
+      o.arms.clear();
+      std::string list = value;
+      for (std::size_t b = 0; b <= list.size();) {
+        const std::size_t e = std::min(list.find(',', b), list.size());
+        const std::string arm = list.substr(b, e - b);
+        if (arm != "bf16-rollout" && arm != "bf16-recompute" && arm != "fp32-recompute")
+          usage("unknown arm '" + arm + "'");
+        o.arms.push_back(arm);
+        b = e + 1;
+      }
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
+/// Where the bitwise share is lost, over a batch's trained tokens (see the file comment).
+struct bitwise_sources {
+  double tokens = 0, learner_eq_worker = 0, formula_eq_worker = 0, learner_eq_formula = 0;
+};
+
+/// The learner's batched full forward over `batch` (right-padded as learner_core packs it),
+/// then, per response token, its fp32 log_softmax log-prob (what train_step computes) and the
+/// sampler's formula over the same logits row.
+bitwise_sources sources_of(const ml::policy_model& model, const std::vector<learner::rollout_sample>& batch,
+                           double temperature) {
+  at::NoGradGuard no_grad;
+  const auto n = static_cast<std::int64_t>(batch.size());
+  std::int64_t L = 0, T = 0;
+  for (const auto& s : batch) {
+    L = std::max<std::int64_t>(L, static_cast<std::int64_t>(s.prompt.size() + s.response.size()));
+    T = std::max<std::int64_t>(T, static_cast<std::int64_t>(s.response.size()));
+  }
+  at::Tensor ids = at::zeros({n, L}, at::kLong), att = at::zeros({n, L}, at::kLong), rows = at::zeros({n, T}, at::kLong);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& s = batch[static_cast<std::size_t>(i)];
+    std::int64_t col = 0;
+    for (const auto tok : s.prompt) {
+      ids[i][col] = tok;
+      att[i][col++] = 1;
+    }
+    for (std::size_t t = 0; t < s.response.size(); ++t) {
+      ids[i][col] = s.response[t];
+      att[i][col++] = 1;
+      rows[i][static_cast<std::int64_t>(t)] = static_cast<std::int64_t>(s.prompt.size() + t) - 1;
+    }
+  }
+  at::Tensor picked = model.forward_rows(ids, att, rows); // [n, T, V] fp32
+  const at::Tensor raw = picked.contiguous();
+  if (temperature != 1.0)
+    picked = (picked.to(at::kDouble) / temperature).to(at::kFloat);
+  const at::Tensor lsm = at::log_softmax(picked, -1).contiguous();
+  const std::int64_t V = raw.size(2);
+  bitwise_sources out;
+  const float* logits = raw.data_ptr<float>();
+  const float* logp = lsm.data_ptr<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& s = batch[static_cast<std::size_t>(i)];
+    for (std::size_t t = 0; t < s.response.size(); ++t) {
+      if (s.loss_mask[t] == 0)
+        continue;
+      const std::int64_t row = (i * T + static_cast<std::int64_t>(t)) * V;
+      const float learner = logp[row + s.response[t]];
+      const auto formula = static_cast<float>(ml::training_logprob(logits + row, V, temperature, s.response[t]));
+      const float worker = s.sampling_logprobs[t];
+      out.tokens += 1;
+      out.learner_eq_worker += learner == worker ? 1 : 0;
+      out.formula_eq_worker += formula == worker ? 1 : 0;
+      out.learner_eq_formula += learner == formula ? 1 : 0;
+    }
+  }
+  return out;
+}
+
+int run_bench(const experiment_config& cfg, const bench_options& o) {
+  const ml::any_task task = make_task_from(cfg);
+  if (task.is_multi_turn())
+    throw std::invalid_argument("onpolicy_bench runs single-turn tasks only");
+  const ml::prompt_format format = prompt_format_from(cfg);
+  const ml::named_tensors source = bench::source_weights(cfg);
+  const std::int64_t B = o.prompts > 0 ? o.prompts : cfg.algorithm.prompts_per_step;
+  const std::int64_t G = o.group > 0 ? o.group : cfg.sagc.group_size;
+  const double temperature = cfg.algorithm.temperature > 0 ? cfg.algorithm.temperature : 1.0;
+  std::printf("%-15s %4s %8s %8s %6s %10s %10s %10s %9s %9s %9s %9s %7s\n", "arm", "step", "reward", "learn_s",
+              "fwd", "mis_mean", "mis_max", "k3", "bitwise", "formula", "logits", "tokens", "gen_s");
+  for (const std::string& arm : o.arms) {
+    ml::policy_model master(model_dims_from(cfg), cfg.run.seed);
+    {
+      at::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < source.size(); ++i)
+        master.parameters()[i].second.copy_(source[i].second);
+    }
+    learner::learner_options lo = learner::learner_options_from(cfg);
+    lo.weights = arm.rfind("fp32", 0) == 0 ? learner::forward_weights::fp32 : learner::forward_weights::bf16;
+    lo.old_logprobs = arm.find("rollout") != std::string::npos ? learner::old_logprob_source::rollout
+                                                                : learner::old_logprob_source::recompute;
+    lo.tis_cap = 0.0;
+    learner::learner_core core(master, lo, cfg.run.seed);
+    double learn_sum = 0.0;
+    for (int step = 0; step < o.steps; ++step) {
+      ml::policy_model worker = master.clone(at::kBFloat16);
+      worker.set_decode_gemm(o.gemm);
+      ml::generator_options go;
+      go.max_batch = std::max<std::int64_t>(cfg.rollout.max_batch, G);
+      ml::generator gen(worker, go);
+      std::map<std::uint64_t, ml::task_prompt> prompts;
+      std::map<std::uint64_t, std::vector<std::int32_t>> encoded;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const ml::task_prompt tp = task.single_turn->prompt(ml::task_split::train, static_cast<std::uint64_t>(step * B + b));
+        ml::sampling_params sp;
+        sp.temperature = cfg.algorithm.temperature;
+        sp.top_p = cfg.algorithm.top_p;
+        sp.top_k = cfg.algorithm.top_k;
+        sp.max_new_tokens = cfg.task.max_new_tokens;
+        sp.eos_token_ids = format.stop_ids();
+        sp.seed = cfg.run.seed * 1000003u + static_cast<std::uint64_t>(step * B + b);
+        auto ids = format.single_turn(tp.prompt);
+        const std::uint64_t id = gen.submit(ids, sp, G);
+        prompts[id] = tp;
+        encoded[id] = std::move(ids);
+      }
+      const auto t_gen = std::chrono::steady_clock::now();
+      const auto results = gen.run_until_idle();
+      const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_gen).count();
+      std::vector<learner::rollout_sample> batch;
+      double reward_sum = 0.0;
+      for (const auto& r : results) {
+        learner::rollout_sample s;
+        s.group_id = r.request_id;
+        s.prompt = encoded.at(r.request_id);
+        s.response = r.tokens;
+        s.loss_mask.assign(r.tokens.size(), 1);
+        s.sampling_logprobs = r.logprobs;
+        s.truncated = r.reason == ml::finish_reason::length;
+        s.reward = static_cast<float>(
+          task.single_turn->score(prompts.at(r.request_id), format.tok().decode(r.tokens, ml::decode_specials::skip)).reward);
+        reward_sum += s.reward;
+        batch.push_back(std::move(s));
+      }
+      const bitwise_sources src = sources_of(master, batch, temperature);
+      const learner::step_metrics m = core.train_step(batch);
+      learn_sum += m.seconds;
+      std::printf("%-15s %4d %8.3f %8.2f %6lld %10.3g %10.3g %10.3g %9.4f %9.4f %9.4f %9.0f %7.1f\n", arm.c_str(),
+                  step + 1, reward_sum / static_cast<double>(batch.size()), m.seconds,
+                  static_cast<long long>(m.forwards), m.mismatch_mean, m.mismatch_max, m.mismatch_k3,
+                  src.learner_eq_worker / src.tokens, src.learner_eq_formula / src.tokens,
+                  src.formula_eq_worker / src.tokens, src.tokens, gen_s);
+      std::fflush(stdout);
+    }
+    std::printf("%-15s mean learner time %.2f s over %d steps\n", arm.c_str(), learn_sum / o.steps, o.steps);
+  }
+  std::printf("bitwise: learner == worker; formula: learner == the sampler's formula on the learner's logits;\n"
+              "logits: the sampler's formula on the learner's logits == worker (the passes' logits agree)\n");
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const bench_options o = parse(argc, argv);
+    const experiment_config cfg = load_config(argv[1], role_names(builtin_roles()));
+    at::set_num_threads(static_cast<int>(cfg.run.threads > 0 ? cfg.run.threads : 1));
+    return run_bench(cfg, o);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "onpolicy_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "onpolicy_bench: %s\n", e.what());
+    return 1;
+  }
+}
