@@ -145,6 +145,8 @@ int run_warm_start(const sorl::experiment_config& cfg) {
                report.after ? fmt::format("{:.3f}", report.after->accuracy) : "n/a",
                report.total_seconds, report.wrong_in_pool, report.pool_size,
                report.checkpoint.string());
+    for (const auto& dir : report.removed_stale)
+      fmt::print("sorl sft: removed {}, left by a checkpoint write that did not finish\n", dir.string());
     std::fflush(stdout); // ahead of the log lines (stderr) of what runs next
   } catch (const std::exception& e) {
     std::cerr << "sorl sft: " << e.what() << '\n';
