@@ -309,6 +309,8 @@ ml::eval_report learner_service::evaluate(uint32_t count) const {
   ml::eval_options o;
   o.count = count;
   o.max_new_tokens = cfg_.task.max_new_tokens;
+  // A failed reward is the rollouts' rule here too: masked and counted, or the job's end.
+  o.fail_on_reward_failure = cfg_.algorithm.on_reward_failure == reward_failure_kind::fail;
   return ml::evaluate(*model_, *format_, task_, o);
 }
 
