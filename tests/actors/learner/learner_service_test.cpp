@@ -191,7 +191,7 @@ TEST_CASE("a learner started from a model directory holds its weights and evalua
   const auto dir = scratch.path / "model";
   ml::model_dims dims = ml::preset("tiny");
   const ml::policy_model source{dims, 21};
-  ml::save_hf_byte_model(source, dir, at::kFloat);
+  ml::save_hf_byte_model(source, dir, ml::sorl_prompt_format::chat, at::kFloat);
   experiment_config exp;
   exp.run.output_dir = scratch.path.string();
   exp.run.name = "run";
