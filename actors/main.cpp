@@ -145,6 +145,8 @@ int run_warm_start(const sorl::experiment_config& cfg) {
                report.after ? fmt::format("{:.3f}", report.after->accuracy) : "n/a",
                report.total_seconds, report.wrong_in_pool, report.pool_size,
                report.checkpoint.string());
+    for (const auto& dir : report.removed_stale)
+      fmt::print("sorl sft: removed {}, left by a checkpoint write that did not finish\n", dir.string());
     std::fflush(stdout); // ahead of the log lines (stderr) of what runs next
   } catch (const std::exception& e) {
     std::cerr << "sorl sft: " << e.what() << '\n';
@@ -509,8 +511,8 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand(
     "eval", "Score a Hugging Face model directory, or a run's policy, on a JSONL held-out set\n"
             "(scripts/fetch-data): accuracy, pass@k, mean length; each prompt is one user message\n"
-            "of the model's chat template (sorl's byte format for a preset), answers scored by a\n"
-            "built-in checker");
+            "of the model's chat template (sorl's byte format for a preset and for the export of a\n"
+            "single-turn sorl policy), answers scored by a built-in checker");
   eval->add_option("model", eval_model,
                    "Hugging Face model directory (sorl export-hf writes one), or an experiment TOML:\n"
                    "its run's latest checkpoint (else model.checkpoint, else model.hf_dir) in its\n"
@@ -590,8 +592,15 @@ int main(int argc, char** argv) {
     try {
       auto [model, from] = load_config_policy(cfg, export_checkpoint);
       const auto dtype = export_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+      std::string trained_in; // the prompt format recorded; an hf_dir's export keeps its source's
       if (cfg.model.hf_dir.empty()) {
-        sorl::ml::save_hf_byte_model(model, export_out, dtype);
+        // The format the policy was trained in, so that `sorl eval OUT` and `[model] hf_dir =
+        // OUT` prompt it as its checkpoint is prompted (runtime/ml/prompt_format.hpp).
+        const auto trained_as = sorl::ml::is_multi_turn_task(cfg.task.name)
+                                  ? sorl::ml::sorl_prompt_format::chat
+                                  : sorl::ml::sorl_prompt_format::byte;
+        sorl::ml::save_hf_byte_model(model, export_out, trained_as, dtype);
+        trained_in = fmt::format(", prompt format '{}'", sorl::ml::to_string(trained_as));
       } else {
         // The source directory's tokenizer and token ids, with the trained weights.
         const auto src = sorl::ml::read_hf_config(cfg.model.hf_dir);
@@ -608,9 +617,9 @@ int main(int argc, char** argv) {
             fs::copy_file(fs::path{cfg.model.hf_dir} / f, fs::path{export_out} / f,
                           fs::copy_options::overwrite_existing);
       }
-      fmt::print("{}: {} model from {} ({} parameters, {})\n", export_out,
+      fmt::print("{}: {} model from {} ({} parameters, {}{})\n", export_out,
                  cfg.model.hf_dir.empty() ? cfg.model.preset : cfg.model.hf_dir, from,
-                 model.dims().parameter_count(), export_dtype);
+                 model.dims().parameter_count(), export_dtype, trained_in);
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "sorl export-hf: " << e.what() << '\n';

@@ -102,6 +102,7 @@ struct EvalResult {
   meanReward @3 :Float64;
   meanLength @4 :Float64;    # response tokens
   seconds @5 :Float64;
+  rewardFailures @6 :UInt32; # of the count, prompts whose reward failed: out of accuracy, meanReward
 }
 
 # Learner → trainer once its model is loaded and version `version` is being published.

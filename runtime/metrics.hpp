@@ -155,6 +155,7 @@ namespace sorl {
   X(heldout_accuracy, "heldout_accuracy", heldout, number, "", "greedy held-out accuracy (share of task.eval_prompts prompts with reward 1) of the weights published after the step; steps that are a multiple of run.eval_every, before the last, only") \
   X(heldout_reward, "heldout_reward", heldout, number, "", "mean reward of the same greedy held-out evaluation") \
   X(heldout_len,   "heldout_len",   heldout, number, "tokens", "mean response length of the same greedy held-out evaluation") \
+  X(heldout_reward_failures, "heldout_reward_failures", heldout, count, "", "prompts of the same evaluation whose reward failed (algorithm.on_reward_failure = \"mask\"), left out of heldout_accuracy and heldout_reward") \
   X(eval_s,        "eval_s",        heldout, number, "s", "wall time of that evaluation, from its request to its result; not part of wall_s")
 // clang-format on
 

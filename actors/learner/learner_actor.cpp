@@ -104,7 +104,8 @@ caf::behavior learner_actor(learner_actor_t* self, role_context ctx) {
             self->send(st.peers.trainer,
                        to_msg(ev::eval_result{req.tag, static_cast<uint32_t>(rep.count),
                                               rep.accuracy, rep.mean_reward,
-                                              rep.mean_response_tokens, rep.seconds}));
+                                              rep.mean_response_tokens, rep.seconds,
+                                              static_cast<uint32_t>(rep.reward_failures)}));
           }))
         return;
       if (handle_as<msg::CheckpointRequest>(e, st.me, [&](msg::CheckpointRequest::Reader r) {

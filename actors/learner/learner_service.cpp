@@ -39,6 +39,13 @@ fs::path checkpoint_root(const experiment_config& cfg) {
   return fs::path{cfg.run.run_dir()} / "checkpoints";
 }
 
+/// Logs the temporary directories of crashed checkpoint writes removed from the run's root.
+void log_removed_temporaries(const std::string& me, const std::vector<fs::path>& removed) {
+  for (const auto& dir : removed)
+    spdlog::warn("{}: removed {}, left by a checkpoint write that did not finish", me,
+                 dir.string());
+}
+
 /// "request 4", "requests 4, 5" or "requests 0, 1, …, 9 and 3 more".
 std::string name_requests(const std::vector<uint64_t>& ids) {
   constexpr size_t shown = 10;
@@ -201,6 +208,7 @@ loaded_policy learner_service::load_policy() {
   std::optional<fs::path> dir;
   loaded_policy out;
   if (cfg_.run.resume) {
+    log_removed_temporaries(me_, ml::remove_stale_checkpoint_temporaries(checkpoint_root(cfg_)));
     dir = ml::latest_checkpoint(checkpoint_root(cfg_));
     if (!dir) {
       // `latest` lost (deleted by hand, or a crash before the first one was written):
@@ -310,6 +318,8 @@ ml::eval_report learner_service::evaluate(uint32_t count) const {
   ml::eval_options o;
   o.count = count;
   o.max_new_tokens = cfg_.task.max_new_tokens;
+  // A failed reward is the rollouts' rule here too: masked and counted, or the job's end.
+  o.fail_on_reward_failure = cfg_.algorithm.on_reward_failure == reward_failure_kind::fail;
   return ml::evaluate(*model_, *format_, task_, o);
 }
 
@@ -325,8 +335,11 @@ saved_checkpoint learner_service::save_checkpoint(const std::string& trainer_sta
       cs.metadata["sorl.preset"] = cfg_.model.preset;
     else
       cs.metadata["sorl.hf_dir"] = cfg_.model.hf_dir;
-    out.path =
-      ml::save_checkpoint(checkpoint_root(cfg_), model_->parameters(), os.tensors, cs).string();
+    std::vector<fs::path> removed;
+    out.path = ml::save_checkpoint(checkpoint_root(cfg_), model_->parameters(), os.tensors, cs,
+                                   &removed)
+                 .string();
+    log_removed_temporaries(me_, removed);
     spdlog::info("{}: checkpoint step {}: weights {:016x} optimizer {:016x}", me_, step_,
                  fingerprint(model_->parameters()), fingerprint(os.tensors));
   } catch (const std::exception& ex) {

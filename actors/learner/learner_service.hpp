@@ -131,7 +131,10 @@ public:
   train_outcome train(uint64_t step, const std::vector<uint64_t>& request_ids);
 
   /// Greedy accuracy of the current policy on `count` held-out prompts (or episodes), at most
-  /// task.max_new_tokens tokens each. Raises what ml::evaluate raises.
+  /// task.max_new_tokens tokens each. A reward that cannot be computed follows
+  /// algorithm.on_reward_failure, as in rollouts: counted in the report's reward_failures and
+  /// left out of accuracy and mean reward ("mask"), or ml::eval_reward_failed naming the
+  /// prompt ("fail"). Raises what ml::evaluate raises.
   ml::eval_report evaluate(uint32_t count) const;
 
   /// Saves weights, optimizer state and step under RUN_DIR/checkpoints with `trainer_state`

@@ -150,10 +150,13 @@ void step_driver::on(out& o, const ev::eval_result& r) {
     return;
   }
   eval_tag_.clear();
-  o.push_back(cmd::print_line{fmt::format("held-out accuracy ({}, greedy, {} prompts): {:.3f}  "
+  // Prompts whose reward failed are left out of accuracy and mean reward, as in training.
+  const std::string failed =
+    r.reward_failures == 0 ? "" : fmt::format(", {} without a reward", r.reward_failures);
+  o.push_back(cmd::print_line{fmt::format("held-out accuracy ({}, greedy, {} prompts{}): {:.3f}  "
                                           "mean reward {:.3f}  mean length {:.1f} tokens  "
                                           "({:.1f} s)",
-                                          r.tag, r.count, r.accuracy, r.mean_reward,
+                                          r.tag, r.count, failed, r.accuracy, r.mean_reward,
                                           r.mean_length, r.seconds)});
   if (phase_ == phase::eval_before) {
     acc_before_ = r.accuracy;
@@ -162,6 +165,7 @@ void step_driver::on(out& o, const ev::eval_result& r) {
     record_.set(metric::heldout_accuracy, r.accuracy);
     record_.set(metric::heldout_reward, r.mean_reward);
     record_.set(metric::heldout_len, r.mean_length);
+    record_.set(metric::heldout_reward_failures, r.reward_failures);
     record_.set(metric::eval_s, static_cast<double>(now_ns_ - eval_start_ns_) / 1e9);
     write_record(o);
   } else {

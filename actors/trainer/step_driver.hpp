@@ -124,10 +124,12 @@ struct version_ready {
 struct eval_result {
   std::string tag;
   uint32_t count = 0;       ///< prompts
-  double accuracy = 0;      ///< fraction with reward 1
-  double mean_reward = 0;
+  double accuracy = 0;      ///< fraction with reward 1 of the prompts with a reward
+  double mean_reward = 0;   ///< over the prompts with a reward
   double mean_length = 0;   ///< tokens
   double seconds = 0;
+  /// Of `count`, prompts whose reward failed (algorithm.on_reward_failure = "mask").
+  uint32_t reward_failures = 0;
 };
 
 /// [GroupSizeDecision] G_t for `step` (0-based) and what the record says about it.

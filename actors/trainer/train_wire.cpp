@@ -75,6 +75,7 @@ envelope to_msg(const ev::eval_result& r) {
     b.setMeanReward(r.mean_reward);
     b.setMeanLength(r.mean_length);
     b.setSeconds(r.seconds);
+    b.setRewardFailures(r.reward_failures);
   });
 }
 
@@ -92,8 +93,8 @@ ev::learner_ready from_msg(msg::LearnerReady::Reader r) {
 }
 
 ev::eval_result from_msg(msg::EvalResult::Reader r) {
-  return {r.getTag().cStr(), r.getCount(),      r.getAccuracy(),
-          r.getMeanReward(), r.getMeanLength(), r.getSeconds()};
+  return {r.getTag().cStr(), r.getCount(),      r.getAccuracy(),      r.getMeanReward(),
+          r.getMeanLength(),  r.getSeconds(),    r.getRewardFailures()};
 }
 
 ev::group_size_decision from_msg(msg::GroupSizeDecision::Reader d) {

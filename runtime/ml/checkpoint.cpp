@@ -2,12 +2,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <system_error>
 #include <type_traits>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 namespace sorl::ml {
@@ -89,6 +95,52 @@ private:
   fs::path dir_;
 };
 
+constexpr std::string_view tmp_prefix = ".tmp-step-";
+
+// The temporary directories this process's saves are writing now (absolute, normalised):
+// a save's cleanup of stale ones must not take a concurrent save's directory.
+std::mutex in_flight_mutex;
+std::set<fs::path> in_flight;
+
+fs::path in_flight_key(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path abs = fs::absolute(dir, ec);
+  return (ec ? dir : abs).lexically_normal();
+}
+
+/// Marks a temporary directory as being written by this process while it lives.
+class in_flight_mark {
+public:
+  explicit in_flight_mark(const fs::path& dir) : key_(in_flight_key(dir)) {
+    const std::lock_guard lock(in_flight_mutex);
+    in_flight.insert(key_);
+  }
+  in_flight_mark(const in_flight_mark&) = delete;
+  in_flight_mark& operator=(const in_flight_mark&) = delete;
+  ~in_flight_mark() {
+    const std::lock_guard lock(in_flight_mutex);
+    in_flight.erase(key_);
+  }
+
+private:
+  fs::path key_;
+};
+
+// Whether `name` (".tmp-step-0000000123-<pid>") ends in the pid of another process that is
+// alive on this host. A name without a pid, or with this process's own (a crashed process's,
+// recycled), is nobody else's.
+bool another_live_process_writes(const std::string& name) {
+  const auto dash = name.rfind('-');
+  if (dash == std::string::npos || dash + 1 >= name.size() || dash < tmp_prefix.size()) return false;
+  long pid = 0;
+  const char* first = name.data() + dash + 1;
+  const char* last = name.data() + name.size();
+  const auto [end, err] = std::from_chars(first, last, pid);
+  if (err != std::errc{} || end != last || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
+  if (pid > static_cast<long>(std::numeric_limits<pid_t>::max())) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
 bool valid_dir_name(const std::string& name) {
   if (name.size() != 15 || name.compare(0, 5, "step-") != 0)
     return false;
@@ -106,8 +158,31 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return buf;
 }
 
+std::vector<fs::path> remove_stale_checkpoint_temporaries(const fs::path& root) {
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (name.compare(0, tmp_prefix.size(), tmp_prefix) != 0 || !it->is_directory(type_ec)) continue;
+    if (another_live_process_writes(name)) continue;
+    stale.push_back(it->path());
+  }
+  std::sort(stale.begin(), stale.end());
+  std::vector<fs::path> removed;
+  const std::lock_guard lock(in_flight_mutex);
+  for (const auto& dir : stale) {
+    if (in_flight.count(in_flight_key(dir)) != 0) continue;
+    std::error_code rm_ec;
+    // Nothing removed: a concurrent save of this process renamed it into place meanwhile.
+    if (fs::remove_all(dir, rm_ec) > 0 && !rm_ec) removed.push_back(dir);
+  }
+  return removed;
+}
+
 fs::path save_checkpoint(const fs::path& root, const named_tensors& model,
-                         const named_tensors& optimizer, const checkpoint_state& state) {
+                         const named_tensors& optimizer, const checkpoint_state& state,
+                         std::vector<fs::path>* removed_stale) {
   if (state.step < 0 || state.step > 9'999'999'999LL)
     throw std::invalid_argument("save_checkpoint: step must be in [0, 9999999999], got "
                                 + std::to_string(state.step));
@@ -119,6 +194,11 @@ fs::path save_checkpoint(const fs::path& root, const named_tensors& model,
   const std::string name = checkpoint_dir_name(state.step);
   const std::string tag = std::to_string(::getpid());
   const fs::path tmp = root / (".tmp-" + name + "-" + tag);
+  // Marked before the sweep, so that a concurrent save's sweep leaves this one alone too.
+  const in_flight_mark writing(tmp);
+  auto removed = remove_stale_checkpoint_temporaries(root);
+  if (removed_stale != nullptr)
+    removed_stale->insert(removed_stale->end(), removed.begin(), removed.end());
   fs::remove_all(tmp, ec); // left over by a crashed process with a recycled pid
   if (!fs::create_directory(tmp, ec) || ec)
     throw checkpoint_error(tmp.string(), "", "cannot create: " + ec.message());

@@ -18,16 +18,24 @@
 //              "optimizer.safetensors": {...}}}
 //
 // Crash safety: a checkpoint is written completely into a temporary directory under the
-// root (every file fsync'd), renamed to its step directory, and only then does `latest`
-// move to it (temporary file + rename). A crash at any point leaves `latest` naming the
-// previous complete checkpoint. Loading verifies the sidecar, each file's size and
-// checksum, and every tensor before anything is copied into the caller's tensors.
+// root (`.tmp-step-0000000123-<pid>`, every file fsync'd), renamed to its step directory,
+// and only then does `latest` move to it (temporary file + rename). A crash at any point
+// leaves `latest` naming the previous complete checkpoint. Loading verifies the sidecar,
+// each file's size and checksum, and every tensor before anything is copied into the
+// caller's tensors.
+//
+// A crash while writing leaves its model-sized temporary directory behind. The next save
+// under the root removes such stale ones (remove_stale_checkpoint_temporaries), and so does a
+// resume from the root (actors/learner/learner_service.cpp). A `.tmp-step-*` directory is
+// stale unless a save in this process is writing it, or its name ends in the pid of another
+// live process on this host (which may be saving into the same root right now).
 
 #include "runtime/ml/safetensors.hpp"
 
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <vector>
 
 namespace sorl::ml {
 
@@ -58,10 +66,21 @@ std::string checkpoint_dir_name(std::int64_t step);
 /// returns its directory. Saving a step that already exists replaces it (the old one is
 /// kept until `latest` has moved). Tensors as for save_safetensors; the model file gets
 /// metadata {"format": "pt", "sorl.step": "<step>"} so Hugging Face loaders accept it.
+/// First removes the stale temporary directories of crashed saves under `root`
+/// (remove_stale_checkpoint_temporaries) and, when `removed_stale` is given, appends their
+/// paths to it for the caller's log.
 /// Throws std::invalid_argument for a negative step or a bad tensor list, and
 /// checkpoint_error for I/O failures (then `latest` is unchanged).
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const named_tensors& model,
-                                      const named_tensors& optimizer, const checkpoint_state& state);
+                                      const named_tensors& optimizer, const checkpoint_state& state,
+                                      std::vector<std::filesystem::path>* removed_stale = nullptr);
+
+/// Removes the `.tmp-step-*` directories under `root` that crashed saves left behind: every
+/// one but those a save in this process is writing and those whose name ends in the pid of
+/// another live process on this host (see the file comment). Returns the paths removed, in
+/// name order; one that cannot be removed is left out and left in place (the next call tries
+/// again). A missing or unreadable root removes nothing. Never throws but std::bad_alloc.
+std::vector<std::filesystem::path> remove_stale_checkpoint_temporaries(const std::filesystem::path& root);
 
 /// The checkpoint `<root>/latest` names, or nullopt when there is no `latest` file.
 /// Throws checkpoint_error if `latest` is unreadable, malformed, or names a missing

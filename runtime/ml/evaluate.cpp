@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -68,22 +69,44 @@ std::string completion_text(const tokenizer& tok, const generation_result& r) {
 
 bool truncated(const generation_result& r) { return r.reason == finish_reason::length; }
 
+// A reward that could not be computed for `item` ("prompt 3 of split eval"): masked out of
+// the report's reward figures, or the end of the evaluation (eval_options).
+void reward_failed(eval_sample& s, std::string why, const eval_options& o, const std::string& item) {
+  if (o.fail_on_reward_failure)
+    throw eval_reward_failed(fmt::format("evaluate: the reward of {} failed: {}", item, why));
+  s.reward_failed = true;
+  s.reward = 0.0;
+  s.reason = std::move(why);
+}
+
+// Why `reward` is no reward, or nothing when it is one (finite).
+std::optional<std::string> not_finite(double reward, const std::string& reason) {
+  if (std::isfinite(reward)) return std::nullopt;
+  return fmt::format("reward {} is not finite ({})", reward, reason);
+}
+
 void finish_report(eval_report& rep, const std::vector<eval_sample>& all, std::int64_t keep,
                    std::int64_t generated, clock_type::time_point start) {
   rep.count = static_cast<std::int64_t>(all.size());
   double reward = 0.0, tokens = 0.0, turns = 0.0;
   for (const auto& s : all) {
-    reward += s.reward;
     tokens += static_cast<double>(s.response_tokens);
     turns += s.turns;
+    if (s.reward_failed) {
+      ++rep.reward_failures;
+      continue;
+    }
+    reward += s.reward;
     if (s.reward == 1.0) ++rep.correct;
   }
   if (rep.count > 0) {
     const double n = static_cast<double>(rep.count);
-    rep.accuracy = static_cast<double>(rep.correct) / n;
-    rep.mean_reward = reward / n;
     rep.mean_response_tokens = tokens / n;
     rep.mean_turns = turns / n;
+  }
+  if (const std::int64_t scored = rep.count - rep.reward_failures; scored > 0) {
+    rep.accuracy = static_cast<double>(rep.correct) / static_cast<double>(scored);
+    rep.mean_reward = reward / static_cast<double>(scored);
   }
   rep.seconds = seconds_since(start);
   rep.tokens_per_second = rep.seconds > 0.0 ? static_cast<double>(generated) / rep.seconds : 0.0;
@@ -140,9 +163,18 @@ eval_report evaluate_single_turn(const policy_model& model, const tokenizer& tok
     s.index = prompts[i].index;
     s.prompt = prompts[i].prompt;
     s.completion = completion_text(tok, r);
-    const reward_result score = task.score(prompts[i], s.completion);
-    s.reward = score.reward;
-    s.reason = score.reason;
+    std::optional<std::string> failure;
+    try {
+      const reward_result score = task.score(prompts[i], s.completion);
+      s.reward = score.reward;
+      s.reason = score.reason;
+      failure = not_finite(score.reward, score.reason);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (failure)
+      reward_failed(s, std::move(*failure), opts,
+                    fmt::format("prompt {} of split {}", s.index, to_string(opts.split)));
     s.turns = 1;
     s.response_tokens = static_cast<std::int64_t>(r.tokens.size());
     generated += s.response_tokens;
@@ -244,7 +276,25 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const mult
       e.result.response_tokens += static_cast<std::int64_t>(r.tokens.size());
       generated += static_cast<std::int64_t>(r.tokens.size());
       if (truncated(r)) ++cut;
-      const env_step step = e.env->step(action);
+      env_step step;
+      std::optional<std::string> failure;
+      try {
+        step = e.env->step(action);
+        failure = not_finite(step.reward, step.reason);
+      } catch (const std::exception& ex) {
+        failure = ex.what();
+      }
+      if (failure) {
+        // The episode ends here: its environment is in no state to go on.
+        reward_failed(e.result, std::move(*failure), opts,
+                      fmt::format("episode {} of split {} (turn {})", e.result.index,
+                                  to_string(opts.split), turn + 1));
+        e.result.turns = turn + 1;
+        e.actions.push_back(std::move(action));
+        e.done = true;
+        gen.release(std::exchange(e.kv, 0));
+        continue;
+      }
       e.result.turns = e.env->turns();
       e.result.reward += step.reward;
       e.result.reason = step.reason;

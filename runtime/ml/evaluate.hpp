@@ -18,6 +18,7 @@
 #include "runtime/ml/tokenizer.hpp"
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,20 @@ struct eval_options {
   /// How many of the evaluated prompts to keep verbatim in eval_report::samples (the first
   /// ones, in index order), >= 0.
   std::int64_t keep_samples = 0;
+  /// What a reward that cannot be computed does: the task's score (or the environment's
+  /// step) throws, as a reward process's failed item does (runtime/ml/reward_process.hpp), or
+  /// returns a reward that is not finite. false: the prompt counts in
+  /// eval_report::reward_failures and is left out of accuracy and mean reward, as training
+  /// masks it out ([algorithm] on_reward_failure = "mask"). true: evaluate throws
+  /// eval_reward_failed naming the prompt ("fail").
+  bool fail_on_reward_failure = false;
+};
+
+/// Thrown by evaluate when a reward cannot be computed and eval_options::fail_on_reward_failure
+/// is set; what() names the prompt (or episode), its split and why.
+class eval_reward_failed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// One evaluated prompt or episode, for display and debugging.
@@ -58,8 +73,9 @@ struct eval_sample {
   /// Single-turn: the decoded completion (special tokens skipped). Multi-turn: the actions
   /// joined by " | ".
   std::string completion;
-  double reward = 0.0;       ///< in [0, 1]
-  std::string reason;        ///< the task's reason for the reward
+  double reward = 0.0;       ///< in [0, 1]; 0 when reward_failed
+  std::string reason;        ///< the task's reason for the reward, or why it failed
+  bool reward_failed = false;  ///< no reward: the task's score or environment failed
   int turns = 1;             ///< actions taken (1 for single-turn)
   std::int64_t response_tokens = 0;  ///< generated tokens, stop tokens included
 };
@@ -67,9 +83,13 @@ struct eval_sample {
 /// Summary of one evaluate() call.
 struct eval_report {
   std::int64_t count = 0;            ///< prompts / episodes evaluated (0: empty split block)
-  std::int64_t correct = 0;          ///< those with reward == 1
-  double accuracy = 0.0;             ///< correct / count, in [0, 1] (0 when count is 0)
-  double mean_reward = 0.0;          ///< mean reward, in [0, 1] (0 when count is 0)
+  /// Of them, those whose reward could not be computed (see
+  /// eval_options::fail_on_reward_failure); the others are the scored ones.
+  std::int64_t reward_failures = 0;
+  std::int64_t correct = 0;          ///< scored ones with reward == 1
+  /// correct / scored ones, in [0, 1] (0 when none was scored).
+  double accuracy = 0.0;
+  double mean_reward = 0.0;          ///< mean reward of the scored ones, in [0, 1] (0 when none)
   /// Mean generated tokens per prompt (single-turn) or per episode, summed over its turns
   /// (multi-turn); stop tokens included.
   double mean_response_tokens = 0.0;
@@ -84,10 +104,12 @@ struct eval_report {
 
 /// Evaluates `model` on `count` prompts of `task` starting at `first_index` of `split`: one
 /// completion per prompt, decoded with the tokenizer (special tokens skipped) and scored by
-/// task.score. Malformed outputs score 0 (the task's rule). Runs under no-grad; the model's
+/// task.score. Malformed outputs score 0 (the task's rule); a score that throws is a reward
+/// failure (eval_options::fail_on_reward_failure). Runs under no-grad; the model's
 /// weights must not change during the call. Throws std::invalid_argument for bad options
 /// (count < 0, max_new_tokens < 1, batch < 1, temperature < min_temperature when sampling) or
-/// a prompt that does not fit the model's context (max_seq), and what task.prompt throws.
+/// a prompt that does not fit the model's context (max_seq), what task.prompt throws, and
+/// eval_reward_failed.
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const single_turn_task& task,
                      const eval_options& opts = {});
 
@@ -97,8 +119,8 @@ eval_report evaluate(const policy_model& model, const tokenizer& tok, const sing
 /// the assistant turn's decoded text and the observation comes back as the next user turn,
 /// until the environment says done or after task.max_turns() actions. An episode whose chat
 /// no longer fits the context (max_seq - 1 tokens before an action) ends unsuccessfully there.
-/// The episode's reward is the sum of its step rewards (1 when the goal was reached).
-/// Same errors as the single-turn overload.
+/// The episode's reward is the sum of its step rewards (1 when the goal was reached); a step
+/// that throws ends the episode as a reward failure. Same errors as the single-turn overload.
 eval_report evaluate(const policy_model& model, const tokenizer& tok, const multi_turn_task& task,
                      const eval_options& opts = {});
 

@@ -2,8 +2,10 @@
 
 // Scoring a Hugging Face model directory (runtime/ml/hf_model.hpp) on a held-out set of
 // reasoning problems: each prompt rendered with the model's chat template as one user
-// message, k completions sampled (or one greedy), each scored by a built-in checker
-// (runtime/ml/reasoning_checks.hpp) on the answer it gives. `sorl eval` is the command line.
+// message (or as `<|bos|>` + text for a single-turn sorl policy's export,
+// runtime/ml/prompt_format.hpp), k completions sampled (or one greedy), each scored by a
+// built-in checker (runtime/ml/reasoning_checks.hpp) on the answer it gives. `sorl eval` is
+// the command line.
 
 #include "runtime/ml/chat_template.hpp"
 #include "runtime/ml/hf_model.hpp"

@@ -20,6 +20,10 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// tokenizer_config.json's record of the format a sorl byte model was trained in; transformers
+// keeps unknown keys of the file as they are.
+constexpr const char* sorl_prompt_format_key = "sorl_prompt_format";
+
 [[noreturn]] void field_error(const std::string& label, std::string_view field, const std::string& what) {
   throw checkpoint_error(label, "", fmt::format("field '{}': {}", field, what));
 }
@@ -164,6 +168,16 @@ bool ignored_tensor(const std::string& name, const model_dims& d) {
 
 std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+// A JSON file's document. Throws checkpoint_error naming the file when it cannot be read or
+// is not valid JSON.
+json read_json(const fs::path& path) {
+  try {
+    return json::parse(read_file_bytes(path));
+  } catch (const json::exception& e) {
+    throw checkpoint_error(path.string(), "", fmt::format("not valid JSON: {}", e.what()));
+  }
+}
+
 // The shard files a model directory's weights live in, with the tensors each must hold
 // (empty for the single-file layout: whatever the file holds is checked against the model).
 std::vector<std::pair<fs::path, std::set<std::string>>> weight_files(const fs::path& dir) {
@@ -173,12 +187,7 @@ std::vector<std::pair<fs::path, std::set<std::string>>> weight_files(const fs::p
   if (!fs::exists(index))
     throw checkpoint_error(dir.string(), "", "no model.safetensors or model.safetensors.index.json");
   const std::string label = index.string();
-  json j;
-  try {
-    j = json::parse(read_file_bytes(index));
-  } catch (const json::exception& e) {
-    throw checkpoint_error(label, "", fmt::format("not valid JSON: {}", e.what()));
-  }
+  const json j = read_json(index);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     field_error(label, "weight_map", "required: an object from tensor name to shard file");
   std::map<std::string, std::set<std::string>> by_file;
@@ -468,7 +477,26 @@ void save_hf_model(const policy_model& model, const fs::path& dir, const hf_save
   write_file_atomically(dir / "generation_config.json", (g.empty() ? std::string("{}") : g.dump(2)) + "\n");
 }
 
-void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::ScalarType dtype) {
+std::string_view to_string(sorl_prompt_format format) noexcept {
+  return format == sorl_prompt_format::chat ? "chat" : "byte";
+}
+
+std::optional<sorl_prompt_format> read_sorl_prompt_format(const fs::path& dir) {
+  const fs::path path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  const std::string label = path.string();
+  const json j = read_json(path);
+  if (!j.is_object()) throw checkpoint_error(label, "", "expected a JSON object");
+  const auto value = fields(j, label).opt_string(sorl_prompt_format_key);
+  if (!value) return std::nullopt;
+  for (const auto f : {sorl_prompt_format::byte, sorl_prompt_format::chat})
+    if (*value == to_string(f)) return f;
+  field_error(label, sorl_prompt_format_key, fmt::format("'{}' is not a prompt format (\"byte\" or \"chat\")", *value));
+}
+
+void save_hf_byte_model(const policy_model& model, const fs::path& dir, sorl_prompt_format trained_as,
+                        at::ScalarType dtype) {
   if (model.dims().vocab != byte_tokenizer::size)
     throw std::invalid_argument(fmt::format("save_hf_byte_model: the model's vocabulary is {}, byte_tokenizer's {}",
                                             model.dims().vocab, byte_tokenizer::size));
@@ -492,6 +520,7 @@ void save_hf_byte_model(const policy_model& model, const fs::path& dir, at::Scal
   t["model_max_length"] = model.dims().max_seq;
   t["tokenizer_class"] = "PreTrainedTokenizerFast";
   t["chat_template"] = std::string(sorl_chat_template_source());
+  t[sorl_prompt_format_key] = std::string(to_string(trained_as));
   write_file_atomically(dir / "tokenizer_config.json", t.dump(2) + "\n");
 }
 

@@ -115,15 +115,38 @@ struct hf_save_options {
 void save_hf_model(const policy_model& model, const std::filesystem::path& dir,
                    const hf_save_options& options = {});
 
+/// How a sorl byte model was trained to read a single-turn prompt. A sorl policy trained on a
+/// single-turn task only ever saw `<|bos|>` + text; one trained on a multi-turn task only ever
+/// saw chats in sorl's turn format. Its exported directory records which in
+/// `tokenizer_config.json` as "sorl_prompt_format" (save_hf_byte_model), and
+/// prompt_format::hugging_face reads it back, so that `sorl eval DIR` and `[model] hf_dir`
+/// prompt the policy as it was trained (runtime/ml/prompt_format.hpp).
+enum class sorl_prompt_format {
+  byte,  ///< "byte": sorl's byte format, a single-turn prompt is `<|bos|>` + its text
+  chat,  ///< "chat": a single-turn prompt is one user turn of the chat template
+};
+
+/// "byte" or "chat", the values of tokenizer_config.json's "sorl_prompt_format".
+std::string_view to_string(sorl_prompt_format format) noexcept;
+
+/// The "sorl_prompt_format" `<dir>/tokenizer_config.json` records; nullopt when the file or
+/// the key is absent (a directory sorl did not export, or one exported before the key
+/// existed: it reads as "chat", the chat template it carries). Throws checkpoint_error naming
+/// the file (and the field) for a file that is not a JSON object or a value other than "byte"
+/// and "chat".
+std::optional<sorl_prompt_format> read_sorl_prompt_format(const std::filesystem::path& dir);
+
 /// Writes a model that speaks byte_tokenizer (every sorl preset) as a Hugging Face
 /// directory: save_hf_model (Llama family, `dtype`, bos and pad = byte_tokenizer's, eos =
 /// `<|eos|>` and `<|end_turn|>`, so that generation stops at the end of a turn too),
 /// then `tokenizer.json` (byte_tokenizer_json, runtime/ml/hf_tokenizer.hpp) and a
 /// `tokenizer_config.json` naming its specials, with sorl's turn format as chat_template
-/// (sorl_chat_template_source, runtime/ml/chat_template.hpp). transformers loads the
-/// directory unchanged and tokenizes as sorl does. Throws as save_hf_model, and
-/// std::invalid_argument when the model's vocabulary is not byte_tokenizer's (272).
+/// (sorl_chat_template_source, runtime/ml/chat_template.hpp) and `trained_as` as
+/// "sorl_prompt_format" (the format the policy was trained in; see sorl_prompt_format).
+/// transformers loads the directory unchanged and tokenizes as sorl does. Throws as
+/// save_hf_model, and std::invalid_argument when the model's vocabulary is not
+/// byte_tokenizer's (272).
 void save_hf_byte_model(const policy_model& model, const std::filesystem::path& dir,
-                        at::ScalarType dtype = at::kBFloat16);
+                        sorl_prompt_format trained_as, at::ScalarType dtype = at::kBFloat16);
 
 }  // namespace sorl::ml

@@ -1,5 +1,7 @@
 #include "runtime/ml/prompt_format.hpp"
 
+#include "runtime/ml/hf_model.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,9 +17,40 @@ prompt_format prompt_format::byte_level() {
   return f;
 }
 
+namespace {
+
+// Throws unless `model_dir`'s tokenizer.json gives byte_tokenizer's vocabulary and specials:
+// a directory that says it was trained in the byte format is read with byte_tokenizer.
+void require_byte_tokenizer(const std::filesystem::path& model_dir) {
+  const auto tok = hf_tokenizer::load(model_dir / "tokenizer.json");
+  const byte_tokenizer bytes;
+  std::string why;
+  if (tok.vocab_size() != byte_tokenizer::size)
+    why = fmt::format("its vocabulary is {}, the byte tokenizer's {}", tok.vocab_size(), byte_tokenizer::size);
+  for (token_id id = byte_tokenizer::bos; why.empty() && id < byte_tokenizer::first_reserved; ++id)
+    if (tok.token_to_id(bytes.token_text(id)) != id)
+      why = fmt::format("'{}' is not id {}", bytes.token_text(id), id);
+  if (!why.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: tokenizer_config.json records sorl_prompt_format \"byte\", but tokenizer.json is not sorl's byte "
+        "tokenizer ({})",
+        model_dir.string(), why));
+}
+
+}  // namespace
+
 prompt_format prompt_format::hugging_face(const std::filesystem::path& model_dir,
                                           const std::vector<std::int64_t>& eos_token_ids,
                                           std::string system_prompt) {
+  if (read_sorl_prompt_format(model_dir) == sorl_prompt_format::byte) {
+    require_byte_tokenizer(model_dir);
+    if (!system_prompt.empty())
+      throw std::invalid_argument(fmt::format(
+          "{}: a system prompt needs a chat template; this single-turn sorl policy was trained in the byte "
+          "format, which has no system turn",
+          model_dir.string()));
+    return byte_level();
+  }
   prompt_format f;
   f.chat_ = chat_template::from_tokenizer_config(model_dir);
   auto tok = std::make_shared<const hf_tokenizer>(hf_tokenizer::load(model_dir / "tokenizer.json"));

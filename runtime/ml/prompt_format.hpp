@@ -7,6 +7,12 @@
 // single-turn prompt is one user message, after an optional system message. Everything that
 // encodes prompts for a policy (rollout workers, the learner's recomputation, evaluation)
 // goes through one of these, so that training and scoring see the same ids.
+//
+// A sorl policy exported by `sorl export-hf` is a Hugging Face directory that records the
+// format it was trained in (tokenizer_config.json "sorl_prompt_format", runtime/ml/hf_model.hpp
+// sorl_prompt_format): "byte" for a single-turn policy, which reads back as the byte format
+// itself, so that its checkpoint and its export are prompted with the same ids; "chat" for a
+// multi-turn one, which reads back through the chat template like any Hugging Face model.
 
 #include "runtime/ml/chat_template.hpp"
 #include "runtime/ml/hf_tokenizer.hpp"
@@ -30,8 +36,13 @@ class prompt_format {
   /// A Hugging Face model directory's tokenizer.json and tokenizer_config.json chat
   /// template; stops at the template's end-of-turn token and at `eos_token_ids` (the
   /// config's). `system_prompt`, when not empty, precedes every single-turn prompt.
-  /// Throws tokenizer_error / chat_template_error as loading them does, and
-  /// std::invalid_argument when the end-of-turn text is not one token of the vocabulary.
+  /// A directory whose tokenizer_config.json records "sorl_prompt_format": "byte" (a
+  /// single-turn sorl policy's export) is byte_level() instead: its tokenizer must be sorl's
+  /// byte tokenizer, and it takes no system prompt.
+  /// Throws tokenizer_error / chat_template_error as loading them does, checkpoint_error as
+  /// read_sorl_prompt_format, and std::invalid_argument when the end-of-turn text is not one
+  /// token of the vocabulary, or for a "byte" directory whose tokenizer is not the byte
+  /// tokenizer or with a system prompt (naming the directory).
   static prompt_format hugging_face(const std::filesystem::path& model_dir,
                                     const std::vector<std::int64_t>& eos_token_ids,
                                     std::string system_prompt = {});

@@ -499,7 +499,7 @@ sft_report run_sft(const sft_options& o, const any_task& task, const sft_progres
     md["sorl.model.norm_eps"] = format_double(d.norm_eps);
     md["sorl.model.tie_embeddings"] = d.tie_embeddings ? "true" : "false";
     md["sorl.model.qkv_bias"] = d.qkv_bias ? "true" : "false";
-    rep.checkpoint = save_checkpoint(o.output_dir, model.parameters(), rep.optimizer_state, st);
+    rep.checkpoint = save_checkpoint(o.output_dir, model.parameters(), rep.optimizer_state, st, &rep.removed_stale);
   }
   rep.model = std::make_unique<policy_model>(std::move(model));
   rep.total_seconds = seconds_since(start);

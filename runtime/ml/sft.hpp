@@ -189,6 +189,9 @@ struct sft_report {
   double tokens_per_second = 0.0;      ///< train_tokens / train_seconds
   /// The checkpoint directory written (empty when output_dir is empty).
   std::filesystem::path checkpoint;
+  /// Temporary directories of crashed checkpoint writes that saving it removed
+  /// (remove_stale_checkpoint_temporaries, runtime/ml/checkpoint.hpp).
+  std::vector<std::filesystem::path> removed_stale;
   /// The trained fp32 model (never null on return).
   std::unique_ptr<policy_model> model;
   /// Final AdamW state, as saved in the checkpoint's optimizer file: for each trained

@@ -35,6 +35,10 @@ std::vector<std::string> task_names() {
   return {"arithmetic", "number_guess", "file_search", "jsonl"};
 }
 
+bool is_multi_turn_task(std::string_view name) noexcept {
+  return name == "number_guess" || name == "file_search";
+}
+
 any_task make_task(std::string_view name, const task_options& options) {
   if (!(options.eval_fraction >= 0.0 && options.eval_fraction < 1.0))
     throw std::invalid_argument("task option eval_fraction must be in [0, 1), got "

@@ -286,6 +286,11 @@ any_task make_task(std::string_view name, const task_options& options);
 /// The names `make_task` accepts.
 std::vector<std::string> task_names();
 
+/// Whether `make_task(name, ...)` builds a multi-turn task ("number_guess", "file_search"),
+/// known without building it (which reads a jsonl task's data); false for the single-turn
+/// tasks and for names make_task does not know.
+bool is_multi_turn_task(std::string_view name) noexcept;
+
 // -- answer format ----------------------------------------------------------------------
 
 /// Result of `parse_integer_answer`: a value, or the reason there is none.

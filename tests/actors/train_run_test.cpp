@@ -142,6 +142,17 @@ struct three_process_job {
   }
 };
 
+/// Runs `sorl export-hf cfg out --dtype fp32` (the checkpoint's exact weights) into a fresh
+/// `out` and returns its output.
+std::string export_fp32(const std::string& cfg, const fs::path& out) {
+  fs::remove_all(out);
+  child_process e{{SORL_BIN, "export-hf", cfg, out.string(), "--dtype", "fp32"}};
+  auto rc = e.wait_exit(120s);
+  INFO(e.output());
+  REQUIRE(rc == 0);
+  return e.output();
+}
+
 /// A checkpoint's step directory name: "step-" and the step in ten digits.
 std::string step_dir(const std::string& step) {
   return "step-" + std::string(10 - step.size(), '0') + step;
@@ -812,15 +823,14 @@ actors = ["trainer", "learner"]
 }
 
 TEST_CASE("a Hugging Face model directory trains, evaluates and exports in its own prompt format") {
-  // The warm start exported as a Hugging Face directory: its chat template is sorl's turn
-  // format, so the worker's prompts are <|user|> A <|end_turn|> <|assistant|>, not the byte
-  // format's <|bos|> A. Nothing asks it to learn here; the run checks the path end to end.
+  // The warm start exported as a Hugging Face directory: a single-turn policy, so the export
+  // records the byte format it was trained in and the worker's prompts stay <|bos|> A, not
+  // its chat template's <|user|> A <|end_turn|> <|assistant|>. Nothing asks it to learn here;
+  // the run checks the path end to end.
   sorl::test::require_warm_start(data_dir());
   const auto hf = data_dir() / "hf-warm-start";
-  fs::remove_all(hf);
-  child_process e{{SORL_BIN, "export-hf", write("hf_export_warm.toml", sorl::test::warm_start_config(data_dir())),
-                   hf.string(), "--dtype", "fp32"}};
-  REQUIRE(e.wait_exit(120s) == 0);
+  CHECK_THAT(export_fp32(write("hf_export_warm.toml", sorl::test::warm_start_config(data_dir())), hf),
+             Catch::Contains("prompt format 'byte'"));
   fs::remove_all(data_dir() / "runs" / "hfrun");
   auto text = small_config("hfrun", 2, one_node, 2);
   const std::string fresh = "[model]\npreset = \"tiny\"\n[task]\nname = \"arithmetic\"\n";
@@ -841,19 +851,55 @@ TEST_CASE("a Hugging Face model directory trains, evaluates and exports in its o
   }
   // The run's checkpoint exports with the directory's tokenizer, and scores in its format.
   const auto out = data_dir() / "hf-trained";
-  fs::remove_all(out);
-  child_process x{{SORL_BIN, "export-hf", cfg, out.string(), "--dtype", "fp32"}};
-  REQUIRE(x.wait_exit(120s) == 0);
-  INFO(x.output());
-  CHECK(x.wait_for("step-0000000002", 1s));
+  CHECK_THAT(export_fp32(cfg, out), Catch::Contains("step-0000000002"));
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
     CHECK(fs::exists(out / f));
   child_process v{{SORL_BIN, "eval", cfg, sorl::test::warm_start_prompts(data_dir()).string(), "--limit", "4",
                    "--max-new-tokens", "4"}};
   REQUIRE(v.wait_exit(120s) == 0);
   INFO(v.output());
-  CHECK(v.wait_for("step-0000000002 in prompt format 'sorl'", 1s));
+  CHECK(v.wait_for("step-0000000002 in prompt format 'byte'", 1s));
   CHECK(v.wait_for("(first_number): 4 prompts x 1  accuracy", 1s)); // task.match is its checker
   fs::remove_all(hf);
   fs::remove_all(out);
+}
+
+TEST_CASE("a single-turn policy scores through its export exactly as through its checkpoint") {
+  // The warm start answers some of its four prompts right. Exported in fp32 (the same
+  // weights), `sorl eval DIR` must prompt it as `sorl eval CONFIG` does, <|bos|> + text: the
+  // same greedy completions, so the same figures. Prompted through its chat template
+  // instead, the policy never saw that layout and its answers fall apart.
+  sorl::test::require_warm_start(data_dir());
+  const auto cfg = write("export_eval_warm.toml", sorl::test::warm_start_config(data_dir()));
+  const auto hf = data_dir() / "hf-export-eval";
+  CHECK_THAT(export_fp32(cfg, hf), Catch::Contains("prompt format 'byte'"));
+  const auto prompts = sorl::test::warm_start_prompts(data_dir()).string();
+  struct scored {
+    std::string summary; ///< accuracy, pass@1, mean score, mean length, truncated
+    std::string items;   ///< every item's scores, lengths and completion, as --out writes them
+  };
+  const auto eval = [&](const std::string& model, const std::string& name) {
+    const auto report = data_dir() / (name + ".json");
+    child_process v{{SORL_BIN, "eval", model, prompts, "--limit", "8", "--max-new-tokens", "4", "--checker",
+                     "first_number", "--out", report.string()}};
+    REQUIRE(v.wait_exit(120s) == 0);
+    INFO(v.output());
+    CHECK(v.wait_for(" in prompt format 'byte'", 1s));
+    std::smatch m;
+    const std::string out = v.output();
+    REQUIRE(std::regex_search(out, m, std::regex{"8 prompts x 1  (accuracy [0-9.]+ .* truncated [0-9.]+)"}));
+    std::ifstream in{report};
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string json = text.str();
+    REQUIRE(json.find("\"items\"") != std::string::npos);
+    return scored{m[1], json.substr(json.find("\"items\""))};
+  };
+  const scored checkpoint = eval(cfg, "export_eval_checkpoint");
+  const scored exported = eval(hf.string(), "export_eval_exported");
+  INFO(checkpoint.summary);
+  CHECK(checkpoint.summary.rfind("accuracy 0.000", 0) != 0); // the policy learned something
+  CHECK(exported.summary == checkpoint.summary);
+  CHECK(exported.items == checkpoint.items);
+  fs::remove_all(hf);
 }

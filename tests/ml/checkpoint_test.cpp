@@ -8,6 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+
+#include <unistd.h>
 
 using namespace sorl::ml;
 namespace fs = std::filesystem;
@@ -386,6 +389,76 @@ TEST_CASE("latest moves to each new checkpoint and re-saving a step replaces it"
   for (const auto& entry : fs::directory_iterator(root))
     names.insert(entry.path().filename().string());
   CHECK(names == std::set<std::string>{"latest", "step-0000000001", "step-0000000002"});
+}
+
+TEST_CASE("the next save removes the temporary directories crashed writes left and names them",
+          "[checkpoint]") {
+  const fs::path root = scratch("ckpt_stale_tmp");
+  const auto make_dir = [&](const std::string& name) {
+    fs::create_directories(root / name);
+    write_bytes(root / name / "model.safetensors", std::string(4096, 'w'));
+    return root / name;
+  };
+  // Stale: no pid in the name, and this process's own pid on a directory no save of it is
+  // writing (a crashed process's, the pid since recycled).
+  const fs::path crashed = make_dir(".tmp-step-7");
+  const fs::path recycled = make_dir(".tmp-step-0000000005-" + std::to_string(::getpid()));
+  // Kept: another live process's (pid 1 is always alive), and what is not a save's temporary.
+  const fs::path other = make_dir(".tmp-step-0000000009-1");
+  const fs::path old = make_dir(".old-step-0000000003-1234");
+  write_bytes(root / ".tmp-step-notes", "a file, not a directory");
+
+  checkpoint_state s;
+  s.step = 8;
+  std::vector<fs::path> removed;
+  const fs::path dir = save_checkpoint(root, model_tensors(), {}, s, &removed);
+  CHECK(removed == std::vector<fs::path>{recycled, crashed});  // in name order
+  CHECK_FALSE(fs::exists(crashed));
+  CHECK_FALSE(fs::exists(recycled));
+  CHECK(fs::exists(other / "model.safetensors"));
+  CHECK(fs::exists(old / "model.safetensors"));
+  CHECK(fs::exists(root / ".tmp-step-notes"));
+  // The checkpoint itself is whole.
+  CHECK(latest_checkpoint(root) == dir);
+  const named_tensors model = fresh_model();
+  CHECK(load_checkpoint(dir, model).state.step == 8);
+  CHECK(bytes_of(model[0].second) == bytes_of(tricky_f32()));
+
+  // A resume sweeps the root the same way; a second sweep finds nothing, a missing root too.
+  make_dir(".tmp-step-0000000010-" + std::to_string(::getpid()));
+  CHECK(remove_stale_checkpoint_temporaries(root) ==
+        std::vector<fs::path>{root / (".tmp-step-0000000010-" + std::to_string(::getpid()))});
+  CHECK(remove_stale_checkpoint_temporaries(root).empty());
+  CHECK(remove_stale_checkpoint_temporaries(root / "missing").empty());
+}
+
+TEST_CASE("saves running at once in one process leave each other's temporary directory alone",
+          "[checkpoint]") {
+  // Each save's sweep runs while the other thread may be writing its own temporary directory,
+  // whose name ends in this same pid: only the in-flight mark keeps it from being taken.
+  const fs::path root = scratch("ckpt_concurrent");
+  std::vector<fs::path> removed[2];
+  std::string errors[2];
+  const auto saver = [&](int t) {
+    try {
+      for (int i = 0; i < 30; ++i) {
+        checkpoint_state s;
+        s.step = 2 * i + t;
+        save_checkpoint(root, model_tensors(), {}, s, &removed[t]);
+      }
+    } catch (const std::exception& e) {
+      errors[t] = e.what();
+    }
+  };
+  std::thread a(saver, 0), b(saver, 1);
+  a.join();
+  b.join();
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(removed[0].empty());
+  CHECK(removed[1].empty());
+  for (int step = 0; step < 60; ++step)
+    CHECK(load_checkpoint(root / checkpoint_dir_name(step), fresh_model()).state.step == step);
 }
 
 TEST_CASE("a corrupted checkpoint file is rejected and the model left untouched",

@@ -76,7 +76,7 @@ TEST_CASE("held-out files are read with their line numbers, errors naming them",
 TEST_CASE("a whole evaluation of an exported model scores its own greedy answers as correct", "[hf_eval]") {
   const sorl::test::scratch_dir scratch("hf_eval_model");
   const fs::path dir = scratch.path / "model";
-  save_hf_byte_model(sorl::ml::test::random_policy(preset("tiny"), 3), dir, at::kFloat);
+  save_hf_byte_model(sorl::ml::test::random_policy(preset("tiny"), 3), dir, sorl_prompt_format::chat, at::kFloat);
   const hf_loaded_model m = load_hf_model(dir);
   const prompt_format format = prompt_format::hugging_face(dir, m.config.eos_token_ids);
   std::vector<eval_item> items = {{"1+1=", "x", {}, 0, 1}, {"ls", "x", {}, 0, 2}, {"cat key", "x", {}, 0, 3}};

@@ -413,7 +413,7 @@ TEST_CASE("save_hf_byte_model writes a directory that speaks sorl's byte tokeniz
   const model_dims d = preset("tiny");
   const policy_model m = random_policy(d, 16);
   sorl::test::scratch_dir dir("bytes");
-  save_hf_byte_model(m, dir.path, at::kFloat);
+  save_hf_byte_model(m, dir.path, sorl_prompt_format::byte, at::kFloat);
   require_same_weights(m, load_hf_model(dir.path).model);
   const json gen = json::parse(read_file_bytes(dir.path / "generation_config.json"));
   CHECK(gen["bos_token_id"] == byte_tokenizer::bos);
@@ -431,7 +431,30 @@ TEST_CASE("save_hf_byte_model writes a directory that speaks sorl's byte tokeniz
   CHECK(tc["bos_token"] == "<|bos|>");
   CHECK(tc["eos_token"] == "<|eos|>");
   CHECK(tc["model_max_length"] == d.max_seq);
+  CHECK(tc["sorl_prompt_format"] == "byte");
+  CHECK(read_sorl_prompt_format(dir.path) == sorl_prompt_format::byte);
 
   model_dims other = small_dims();  // vocabulary 40, not the byte tokenizer's 272
-  CHECK_THROWS_AS(save_hf_byte_model(random_policy(other, 17), dir.path), std::invalid_argument);
+  CHECK_THROWS_AS(save_hf_byte_model(random_policy(other, 17), dir.path, sorl_prompt_format::byte),
+                  std::invalid_argument);
+}
+
+TEST_CASE("the prompt format an export records reads back, and a bad one is refused by name", "[hf]") {
+  sorl::test::scratch_dir dir("prompt_format_key");
+  save_hf_byte_model(random_policy(preset("tiny"), 18), dir.path, sorl_prompt_format::chat, at::kFloat);
+  CHECK(read_sorl_prompt_format(dir.path) == sorl_prompt_format::chat);
+  const fs::path config = dir.path / "tokenizer_config.json";
+  json tc = json::parse(read_file_bytes(config));
+  CHECK(tc["sorl_prompt_format"] == "chat");
+  // A directory sorl did not export (or exported before the key) records none.
+  tc.erase("sorl_prompt_format");
+  write_file_atomically(config, tc.dump());
+  CHECK_FALSE(read_sorl_prompt_format(dir.path).has_value());
+  tc["sorl_prompt_format"] = "bytes";
+  write_file_atomically(config, tc.dump());
+  CHECK_THROWS_WITH(read_sorl_prompt_format(dir.path),
+                    Catch::Contains("tokenizer_config.json") &&
+                      Catch::Contains("field 'sorl_prompt_format': 'bytes' is not a prompt format"));
+  fs::remove(config);
+  CHECK_FALSE(read_sorl_prompt_format(dir.path).has_value());
 }

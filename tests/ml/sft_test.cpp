@@ -5,6 +5,7 @@
 #include "runtime/ml/checkpoint.hpp"
 #include "runtime/ml/evaluate.hpp"
 #include "runtime/ml/generate.hpp"
+#include "runtime/ml/reward_process.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/ml/tokenizer.hpp"
 
@@ -17,7 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <limits>
 #include <numeric>
+#include <set>
 #include <string>
 
 using namespace sorl::ml;
@@ -99,6 +102,30 @@ class stub_task final : public single_turn_task {
   }
 };
 
+// stub_task's rewards, except that the reward of the prompts in `failing` fails as a reward
+// process's does (a null with a reason), and that of `not_finite` is NaN.
+class failing_stub_task final : public single_turn_task {
+ public:
+  failing_stub_task(std::set<std::uint64_t> failing, std::set<std::uint64_t> not_finite)
+      : failing_(std::move(failing)), not_finite_(std::move(not_finite)) {}
+  std::string_view name() const override { return "failing_stub"; }
+  std::optional<std::uint64_t> size(task_split s) const override { return stub_.size(s); }
+  task_prompt prompt(task_split split, std::uint64_t index) const override { return stub_.prompt(split, index); }
+  reward_result score(const task_prompt& p, std::string_view completion) const override {
+    if (failing_.count(p.index) != 0) throw reward_failed_error(reward_failure::scorer, "scorer: no integer answer");
+    if (not_finite_.count(p.index) != 0) return {std::numeric_limits<double>::quiet_NaN(), "nan"};
+    return stub_.score(p, completion);
+  }
+  std::optional<std::string> wrong_completion(const task_prompt& p, std::uint64_t n) const override {
+    return stub_.wrong_completion(p, n);
+  }
+
+ private:
+  stub_task stub_;
+  std::set<std::uint64_t> failing_;
+  std::set<std::uint64_t> not_finite_;
+};
+
 // An environment that ends after (seed % 3) + 1 actions and pays 1 at the end when the seed is
 // even; it also checks that each action comes back as text.
 class stub_env final : public environment {
@@ -127,16 +154,53 @@ class stub_env final : public environment {
   int turns_ = 0;
 };
 
+// stub_env, except that its first step throws in the episode of seed `failing`.
+class failing_env final : public environment {
+ public:
+  explicit failing_env(std::uint64_t failing) : failing_(failing) {}
+  std::string reset(std::uint64_t seed) override {
+    seed_ = seed;
+    return env_.reset(seed);
+  }
+  env_step step(std::string_view action) override {
+    if (seed_ == failing_) throw std::runtime_error("environment: checker crashed");
+    return env_.step(action);
+  }
+  int turns() const override { return env_.turns(); }
+
+ private:
+  stub_env env_;
+  std::uint64_t failing_;
+  std::uint64_t seed_ = 0;
+};
+
 class stub_multi_task final : public multi_turn_task {
  public:
+  /// `failing`: the episode seed whose environment throws (failing_env); none by default.
+  explicit stub_multi_task(std::optional<std::uint64_t> failing = std::nullopt) : failing_(failing) {}
   std::string_view name() const override { return "stub_multi"; }
-  std::unique_ptr<environment> make_environment() const override { return std::make_unique<stub_env>(); }
+  std::unique_ptr<environment> make_environment() const override {
+    if (failing_) return std::make_unique<failing_env>(*failing_);
+    return std::make_unique<stub_env>();
+  }
   std::uint64_t episode_seed(task_split, std::uint64_t index) const override { return index; }
   int max_turns() const override { return 5; }
   std::vector<chat_message> demonstrate(std::uint64_t, bool) const override {
     return {{chat_role::user, "start"}, {chat_role::assistant, "1"}};
   }
+
+ private:
+  std::optional<std::uint64_t> failing_;
 };
+
+// Six episodes of up to 3 tokens an action, every one kept as a sample.
+eval_options six_episodes() {
+  eval_options o;
+  o.count = 6;
+  o.max_new_tokens = 3;
+  o.keep_samples = 6;
+  return o;
+}
 
 bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
@@ -189,6 +253,79 @@ TEST_CASE("evaluate accounts rewards and accuracy over the requested block of pr
   CHECK(r.accuracy == 0.0);
 }
 
+TEST_CASE("a reward that fails is counted and left out of accuracy and mean reward, or ends the "
+          "evaluation naming its prompt", "[sft]") {
+  const policy_model model(test_dims(), 1);
+  const byte_tokenizer tok;
+  eval_options o;
+  o.count = 10;
+  o.max_new_tokens = 4;
+  o.keep_samples = 10;
+  // Indices 0..9 of stub_task: rewards 1, .5, 0, 1, .5, 0, 1, .5, 0, 1. Prompts 1 and 6 fail in
+  // the scorer, prompt 9's reward is NaN; the seven scored ones, 0 2 3 4 5 7 8, have rewards
+  // 1, 0, 1, .5, 0, .5, 0: 2 correct of 7, mean reward 3 / 7.
+  const failing_stub_task task({1, 6}, {9});
+  const eval_report r = evaluate(model, tok, task, o);
+  CHECK(r.count == 10);
+  CHECK(r.reward_failures == 3);
+  CHECK(r.correct == 2);
+  CHECK(r.accuracy == Approx(2.0 / 7.0));
+  CHECK(r.mean_reward == Approx(3.0 / 7.0));
+  REQUIRE(r.samples.size() == 10);
+  for (std::size_t i = 0; i < 10; ++i) {
+    CAPTURE(i);
+    CHECK(r.samples[i].reward_failed == (i == 1 || i == 6 || i == 9));
+    CHECK(r.samples[i].response_tokens >= 1);  // generated all the same
+  }
+  CHECK(r.samples[1].reason == "scorer: no integer answer");
+  CHECK(r.samples[1].reward == 0.0);
+  CHECK(r.samples[9].reason == "reward nan is not finite (nan)");
+
+  // Every reward failing: nothing is scored, accuracy and mean reward are 0, not NaN.
+  const failing_stub_task none({0, 1, 2}, {});
+  o.count = 3;
+  const eval_report empty = evaluate(model, tok, none, o);
+  CHECK(empty.count == 3);
+  CHECK(empty.reward_failures == 3);
+  CHECK(empty.accuracy == 0.0);
+  CHECK(empty.mean_reward == 0.0);
+
+  // The "fail" rule: the evaluation ends at the failed reward, naming the prompt.
+  o.count = 10;
+  o.fail_on_reward_failure = true;
+  CHECK_THROWS_AS(evaluate(model, tok, failing_stub_task({6}, {}), o), eval_reward_failed);
+  CHECK_THROWS_WITH(evaluate(model, tok, failing_stub_task({6}, {}), o),
+                    "evaluate: the reward of prompt 6 of split eval failed: scorer: no integer answer");
+  CHECK_THROWS_WITH(evaluate(model, tok, failing_stub_task({}, {9}), o),
+                    "evaluate: the reward of prompt 9 of split eval failed: reward nan is not finite (nan)");
+  // Without a failure the rule changes nothing.
+  const eval_report clean = evaluate(model, tok, failing_stub_task({}, {}), o);
+  CHECK(clean.reward_failures == 0);
+  CHECK(clean.accuracy == Approx(0.4));
+}
+
+TEST_CASE("a multi-turn episode whose environment throws ends as a reward failure", "[sft]") {
+  const policy_model model(test_dims(), 2);
+  const byte_tokenizer tok;
+  eval_options o = six_episodes();
+  // As in the stub's run (1, 2, 3, 1, 2, 3 turns; reward 1 for even episodes), but episode 4
+  // throws at its first step: 2 correct (0, 2) of the 5 scored.
+  const any_task task{nullptr, std::make_shared<stub_multi_task>(4)};
+  const eval_report r = evaluate(model, tok, task, o);
+  CHECK(r.count == 6);
+  CHECK(r.reward_failures == 1);
+  CHECK(r.correct == 2);
+  CHECK(r.accuracy == Approx(0.4));
+  REQUIRE(r.samples.size() == 6);
+  CHECK(r.samples[4].reward_failed);
+  CHECK(r.samples[4].turns == 1);
+  CHECK(r.samples[4].reason == "environment: checker crashed");
+  CHECK(r.samples[5].turns == 3);  // the others run to their end
+  o.fail_on_reward_failure = true;
+  CHECK_THROWS_WITH(evaluate(model, tok, task, o),
+                    "evaluate: the reward of episode 4 of split eval (turn 1) failed: environment: checker crashed");
+}
+
 TEST_CASE("greedy evaluation does not depend on the batch size", "[sft]") {
   const policy_model model(test_dims(), 3, 0.3);  // large weights: varied, long completions
   const byte_tokenizer tok;
@@ -209,10 +346,7 @@ TEST_CASE("greedy evaluation does not depend on the batch size", "[sft]") {
 TEST_CASE("evaluate runs multi-turn episodes to the environment's end", "[sft]") {
   const policy_model model(test_dims(), 2);
   const byte_tokenizer tok;
-  eval_options o;
-  o.count = 6;
-  o.max_new_tokens = 3;
-  o.keep_samples = 6;
+  const eval_options o = six_episodes();
   // Episode i (seed i) takes (i % 3) + 1 turns: 1, 2, 3, 1, 2, 3 → mean 2; reward 1 for even i.
   const eval_report r = evaluate(model, tok, any_task{nullptr, std::make_shared<stub_multi_task>()}, o);
   CHECK(r.count == 6);

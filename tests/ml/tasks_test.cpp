@@ -75,6 +75,19 @@ TEST_CASE("the integer answer format rejects everything else with a reason", "[t
 
 // -- arithmetic -----------------------------------------------------------------------------
 
+TEST_CASE("whether a task is multi-turn is known from its name as make_task builds it", "[tasks]") {
+  for (const char* name : {"arithmetic", "number_guess", "file_search"}) {
+    CAPTURE(name);
+    CHECK(is_multi_turn_task(name) == make_task(name, task_options{}).is_multi_turn());
+  }
+  CHECK(is_multi_turn_task("number_guess"));
+  CHECK(is_multi_turn_task("file_search"));
+  CHECK_FALSE(is_multi_turn_task("arithmetic"));
+  CHECK_FALSE(is_multi_turn_task("jsonl"));  // make_task builds a single-turn jsonl_task
+  CHECK_FALSE(is_multi_turn_task("chess"));
+  CHECK(task_names().size() == 4);  // a new task needs its line above
+}
+
 TEST_CASE("arithmetic rewards hand-made completions, malformed ones with 0", "[tasks]") {
   const arithmetic_task task({}, 0, 0.1);
   const task_prompt p = hand_prompt("12+34=", "46");

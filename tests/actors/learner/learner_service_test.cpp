@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -190,7 +191,7 @@ TEST_CASE("a learner started from a model directory holds its weights and evalua
   const auto dir = scratch.path / "model";
   ml::model_dims dims = ml::preset("tiny");
   const ml::policy_model source{dims, 21};
-  ml::save_hf_byte_model(source, dir, at::kFloat);
+  ml::save_hf_byte_model(source, dir, ml::sorl_prompt_format::chat, at::kFloat);
   experiment_config exp;
   exp.run.output_dir = scratch.path.string();
   exp.run.name = "run";
@@ -213,4 +214,49 @@ TEST_CASE("a learner started from a model directory holds its weights and evalua
   CHECK(report.count == 3);
   auto saved = svc.save_checkpoint("{}");
   CHECK(saved.error.empty());
+}
+
+TEST_CASE("a held-out reward the scorer fails is counted under on_reward_failure = mask and ends "
+          "the evaluation, naming the prompt, under fail") {
+  sorl::test::scratch_dir scratch{"learner_service_eval_failures"};
+  const auto data = scratch.path / "data.jsonl";
+  std::ofstream{data} << "{\"prompt\": \"p0\", \"answer\": \"a0\"}\n{\"prompt\": \"p1\", \"answer\": \"a1\"}\n"
+                         "{\"prompt\": \"p2\", \"answer\": \"a2\"}\n{\"prompt\": \"p3\", \"answer\": \"a3\"}\n";
+  // A scorer that ignores the completion: a0 and a3 score 1, a2 scores 0, and a1 gets the null
+  // with a reason reasoning-gym's scorer sends when its score_answer raises.
+  const auto scorer = scratch.path / "scorer.py";
+  std::ofstream{scorer}
+    << "import json, sys\n"
+       "for line in sys.stdin:\n"
+       "    req = json.loads(line)\n"
+       "    table = {'a0': 1.0, 'a1': None, 'a2': 0.0, 'a3': 1.0}\n"
+       "    rewards = [table[it['answer']] for it in req['items']]\n"
+       "    errors = ['no integer answer' if r is None else None for r in rewards]\n"
+       "    print(json.dumps({'id': req['id'], 'rewards': rewards, 'errors': errors}), flush=True)\n";
+  experiment_config exp;
+  exp.run.output_dir = scratch.path.string();
+  exp.run.name = "run";
+  exp.task.name = "jsonl";
+  exp.task.path = data.string();
+  exp.task.eval_path = data.string();
+  exp.task.reward_command = {"python3", scorer.string()};
+  exp.task.max_new_tokens = 2;
+
+  SECTION("mask: the scored three give accuracy and mean reward 2/3") {
+    learner_service svc{exp, "learner"};
+    svc.load_policy();
+    const auto report = svc.evaluate(4);
+    CHECK(report.count == 4);
+    CHECK(report.reward_failures == 1);
+    CHECK(report.correct == 2);
+    CHECK(report.accuracy == Approx(2.0 / 3.0));
+    CHECK(report.mean_reward == Approx(2.0 / 3.0));
+  }
+  SECTION("fail: the evaluation ends at prompt 1") {
+    exp.algorithm.on_reward_failure = reward_failure_kind::fail;
+    learner_service svc{exp, "learner"};
+    svc.load_policy();
+    CHECK_THROWS_WITH(svc.evaluate(4), "evaluate: the reward of prompt 1 of split eval failed: "
+                                       "scorer: no integer answer");
+  }
 }

@@ -846,7 +846,7 @@ TEST_CASE("a Hugging Face prompt format encodes single-turn prompts with its cha
   at::set_num_threads(1);
   sorl::test::scratch_dir scratch{"worker_core_hf_format"};
   const auto dir = scratch.path / "model";
-  ml::save_hf_byte_model(ml::policy_model{small_dims(), 9}, dir, at::kFloat);
+  ml::save_hf_byte_model(ml::policy_model{small_dims(), 9}, dir, ml::sorl_prompt_format::chat, at::kFloat);
   ml::byte_tokenizer tok;
   const auto format = ml::prompt_format::hugging_face(
     dir, {tok.special_id(ml::special_token::eos), tok.special_id(ml::special_token::end_turn)});

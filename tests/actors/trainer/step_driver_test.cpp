@@ -1293,10 +1293,11 @@ int64_t start_with_eval(harness& h) {
 }
 
 /// The held-out result after step `k`: accuracy k/8, mean reward k/16, mean length 4 + k
-/// tokens, 3.0 s by the learner's clock.
+/// tokens, 3.0 s by the learner's clock, k / 4 prompts without a reward.
 ev::eval_result result_after(uint64_t k) {
   auto x = static_cast<double>(k);
-  return ev::eval_result{"step " + std::to_string(k), 3, x / 8, x / 16, 4 + x, 3.0};
+  return ev::eval_result{"step " + std::to_string(k), 3, x / 8, x / 16, 4 + x, 3.0,
+                         static_cast<uint32_t>(k / 4)};
 }
 
 /// What a run printed after its steps: the held-out lines and the progress lines.
@@ -1334,8 +1335,9 @@ eval_run run_five_steps(harness& h) {
   return r;
 }
 
-const std::array<std::string, 4> held_out_keys{"heldout_accuracy", "heldout_reward",
-                                               "heldout_len", "eval_s"};
+const std::array<std::string, 5> held_out_keys{"heldout_accuracy", "heldout_reward",
+                                               "heldout_len", "heldout_reward_failures",
+                                               "eval_s"};
 
 } // namespace
 
@@ -1348,8 +1350,8 @@ TEST_CASE("a held-out evaluation every eval_every steps fills that step's record
   CHECK(r.held_out ==
         lines{"print: held-out accuracy (step 2, greedy, 3 prompts): 0.250  mean reward 0.125  "
               "mean length 6.0 tokens  (3.0 s)",
-              "print: held-out accuracy (step 4, greedy, 3 prompts): 0.500  mean reward 0.250  "
-              "mean length 8.0 tokens  (3.0 s)"});
+              "print: held-out accuracy (step 4, greedy, 3 prompts, 1 without a reward): 0.500  "
+              "mean reward 0.250  mean length 8.0 tokens  (3.0 s)"});
   // Exactly one record per step, written after its evaluation.
   REQUIRE(h.written.size() == 5);
   for (int64_t k = 1; k <= 5; ++k) {
@@ -1366,6 +1368,7 @@ TEST_CASE("a held-out evaluation every eval_every steps fills that step's record
       CHECK(rec.extra.at("heldout_accuracy") == x / 8);
       CHECK(rec.extra.at("heldout_reward") == x / 16);
       CHECK(rec.extra.at("heldout_len") == 4 + x);
+      CHECK(rec.extra.at("heldout_reward_failures") == (k == 4 ? 1 : 0));
       CHECK(rec.extra.at("eval_s") == 3.5); // the trainer's clock, request to result
       CHECK_NOTHROW(sorl::to_json_line(rec));
     } else {

@@ -90,6 +90,7 @@ envelope eval_result(const std::string& tag, const ev::eval_result& rep) {
               b.setMeanReward(rep.mean_reward);
               b.setMeanLength(rep.mean_length);
               b.setSeconds(rep.seconds);
+              b.setRewardFailures(rep.reward_failures);
             });
 }
 envelope checkpoint_done(uint64_t step, const std::string& path, const std::string& why) {
@@ -215,7 +216,7 @@ TEST_CASE("the learner's replies keep its bytes", "[train_wire]") {
     CHECK(x.source == "runs/x/ckpt/step-9");
     CHECK(x.trainer_state == R"({"step":9})");
   });
-  ev::eval_result eval{"after", 64, 0.25, 0.375, 17.5, 3.125};
+  ev::eval_result eval{"after", 64, 0.25, 0.375, 17.5, 3.125, 5};
   CHECK(same_bytes(to_msg(eval), reference::eval_result("after", eval)));
   read_as<msg::EvalResult>(to_msg(eval), [](auto r) {
     auto x = from_msg(r);
@@ -225,6 +226,7 @@ TEST_CASE("the learner's replies keep its bytes", "[train_wire]") {
     CHECK(x.mean_reward == 0.375);
     CHECK(x.mean_length == 17.5);
     CHECK(x.seconds == 3.125);
+    CHECK(x.reward_failures == 5);
   });
   for (std::string why : {"", "disk full"}) {
     ev::checkpoint_done done{8, "runs/x/ckpt/step-8", why.empty(), why};
@@ -264,6 +266,7 @@ TEST_CASE("every field of the learner's and the controller's replies reaches the
       b.setMeanReward(0.375);
       b.setMeanLength(17.5);
       b.setSeconds(3.125);
+      b.setRewardFailures(7);
     });
     read_as<msg::EvalResult>(e, [](auto r) {
       auto x = from_msg(r);
@@ -273,6 +276,7 @@ TEST_CASE("every field of the learner's and the controller's replies reaches the
       CHECK(x.mean_reward == 0.375);
       CHECK(x.mean_length == 17.5);
       CHECK(x.seconds == 3.125);
+      CHECK(x.reward_failures == 7);
     });
   }
   SECTION("GroupSizeDecision") {
