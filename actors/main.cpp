@@ -357,20 +357,29 @@ std::optional<fs::path> policy_checkpoint(const sorl::experiment_config& cfg,
     fmt::format("no checkpoint under {}/checkpoints and no model.checkpoint", cfg.run.run_dir()));
 }
 
-/// CONFIG's policy with the weights of policy_checkpoint (or model.hf_dir's own), fp32, and
-/// where they came from.
+/// CONFIG's policy as the rollout workers serve it: the weights of policy_checkpoint (or
+/// model.hf_dir's own) rounded to bf16 (round to nearest even, as the sync publishes them),
+/// held in fp32, and where they came from. A checkpoint's fp32 master carries bits below
+/// bf16 that no rollout ever sampled with (ARCHITECTURE.md §6, "Exactly on-policy"), so
+/// `export-hf` and `eval` leave them out, whatever `export-hf --dtype` writes.
 std::pair<sorl::ml::policy_model, std::string> load_config_policy(const sorl::experiment_config& cfg,
                                                                   const std::string& explicit_dir) {
   const auto dir = policy_checkpoint(cfg, explicit_dir);
   const auto dims = sorl::model_dims_from(cfg);
+  auto served = [](sorl::ml::policy_model m) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, t] : m.parameters())
+      t.copy_(t.to(at::kBFloat16).to(at::kFloat));
+    return m;
+  };
   if (!dir) {
     sorl::ml::hf_load_options lo;
     lo.max_seq = dims.max_seq;
-    return {std::move(sorl::ml::load_hf_model(cfg.model.hf_dir, lo).model), cfg.model.hf_dir};
+    return {served(std::move(sorl::ml::load_hf_model(cfg.model.hf_dir, lo).model)), cfg.model.hf_dir};
   }
   sorl::ml::policy_model model(dims, cfg.run.seed);
   sorl::ml::load_checkpoint(*dir, model.parameters());
-  return {std::move(model), dir->string()};
+  return {served(std::move(model)), dir->string()};
 }
 
 /// Prepares OUT for `convert-gguf` / `export-hf`: a directory that already holds a Hugging Face
@@ -499,7 +508,9 @@ int main(int argc, char** argv) {
   export_hf->add_option("--checkpoint", export_checkpoint,
                         "a checkpoint step directory or root (default: the run's latest "
                         "checkpoint, else model.checkpoint)");
-  export_hf->add_option("--dtype", export_dtype, "weights' dtype in the output: bf16 or fp32")
+  export_hf->add_option("--dtype", export_dtype,
+                        "weights' dtype in the output: bf16 or fp32 (either way the bf16 weights the\n"
+                        "rollout workers serve; fp32 widens them exactly)")
     ->check(CLI::IsMember({"bf16", "fp32"}))
     ->capture_default_str();
   export_hf->add_flag("--overwrite", hf_overwrite,
@@ -617,9 +628,11 @@ int main(int argc, char** argv) {
             fs::copy_file(fs::path{cfg.model.hf_dir} / f, fs::path{export_out} / f,
                           fs::copy_options::overwrite_existing);
       }
-      fmt::print("{}: {} model from {} ({} parameters, {}{})\n", export_out,
-                 cfg.model.hf_dir.empty() ? cfg.model.preset : cfg.model.hf_dir, from,
-                 model.dims().parameter_count(), export_dtype, trained_in);
+      fmt::print("{}: {} model from {} ({} parameters, {}: the bf16 weights the rollout workers "
+                 "serve{}{})\n",
+                 export_out, cfg.model.hf_dir.empty() ? cfg.model.preset : cfg.model.hf_dir, from,
+                 model.dims().parameter_count(), export_dtype, dtype == at::kFloat ? ", widened exactly" : "",
+                 trained_in);
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "sorl export-hf: " << e.what() << '\n';

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <csignal>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -142,8 +143,8 @@ struct three_process_job {
   }
 };
 
-/// Runs `sorl export-hf cfg out --dtype fp32` (the checkpoint's exact weights) into a fresh
-/// `out` and returns its output.
+/// Runs `sorl export-hf cfg out --dtype fp32` (the bf16 weights the rollout workers serve,
+/// widened exactly) into a fresh `out` and returns its output.
 std::string export_fp32(const std::string& cfg, const fs::path& out) {
   fs::remove_all(out);
   child_process e{{SORL_BIN, "export-hf", cfg, out.string(), "--dtype", "fp32"}};
@@ -151,6 +152,31 @@ std::string export_fp32(const std::string& cfg, const fs::path& out) {
   INFO(e.output());
   REQUIRE(rc == 0);
   return e.output();
+}
+
+/// Share of the fp32 words of an all-F32 safetensors file's data whose low 16 bits are clear,
+/// i.e. that are bf16 values. The file: an 8-byte little-endian header length, the JSON
+/// header, then the tensors' bytes.
+double bf16_share_of_fp32_file(const fs::path& file) {
+  std::ifstream in{file, std::ios::binary};
+  REQUIRE(in);
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i)
+    header = header << 8 | len[i];
+  std::string json(header, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(header));
+  REQUIRE(json.find("\"F32\"") != std::string::npos);
+  REQUIRE(json.find("\"BF16\"") == std::string::npos);
+  double words = 0, on_grid = 0;
+  unsigned char w[4];
+  while (in.read(reinterpret_cast<char*>(w), 4)) {
+    words += 1;
+    on_grid += (w[0] == 0 && w[1] == 0) ? 1 : 0; // little-endian: the low half comes first
+  }
+  REQUIRE(words > 0);
+  return on_grid / words;
 }
 
 /// A checkpoint's step directory name: "step-" and the step in ten digits.
@@ -865,14 +891,24 @@ TEST_CASE("a Hugging Face model directory trains, evaluates and exports in its o
 }
 
 TEST_CASE("a single-turn policy scores through its export exactly as through its checkpoint") {
-  // The warm start answers some of its four prompts right. Exported in fp32 (the same
-  // weights), `sorl eval DIR` must prompt it as `sorl eval CONFIG` does, <|bos|> + text: the
+  // The warm start answers some of its four prompts right. Exported in fp32 (the weights it
+  // is served with), `sorl eval DIR` must prompt it as `sorl eval CONFIG` does, <|bos|> + text: the
   // same greedy completions, so the same figures. Prompted through its chat template
   // instead, the policy never saw that layout and its answers fall apart.
   sorl::test::require_warm_start(data_dir());
   const auto cfg = write("export_eval_warm.toml", sorl::test::warm_start_config(data_dir()));
   const auto hf = data_dir() / "hf-export-eval";
   CHECK_THAT(export_fp32(cfg, hf), Catch::Contains("prompt format 'byte'"));
+  // What is exported is what the rollout workers serve: the checkpoint's fp32 master (trained
+  // in fp32 by sorl sft, so almost none of it is on the bf16 grid) rounded to bf16.
+  const auto master = sorl::test::warm_start_dir(data_dir());
+  std::optional<fs::path> step;
+  for (const auto& entry : fs::directory_iterator(master))
+    if (entry.path().filename().string().rfind("step-", 0) == 0)
+      step = entry.path();
+  REQUIRE(step);
+  CHECK(bf16_share_of_fp32_file(*step / "model.safetensors") < 0.01);
+  CHECK(bf16_share_of_fp32_file(hf / "model.safetensors") == 1.0);
   const auto prompts = sorl::test::warm_start_prompts(data_dir()).string();
   struct scored {
     std::string summary; ///< accuracy, pass@1, mean score, mean length, truncated
