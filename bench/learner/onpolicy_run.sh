@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The learner scoring the rollout workers' bf16 weights against the fp32 learner, on a real
+# `sorl train` run:
+#
+#   bench/learner/onpolicy_run.sh [--config FILE] [--steps N] [--arms "bf16 fp32"]
+#
+# Runs FILE (default configs/smollm2-chain_sum.toml) once per arm with `[algorithm]
+# learner_weights` set to it and everything else as the file says (same seed, prompts and
+# sampling settings), one after the other (never side by side: they would share the cores),
+# then prints bench/learner/onpolicy_table.py's table: the train/inference mismatch per step
+# (mean and max |learner − rollout log-prob|, k3, token_mult_prob_error, bitwise share), the
+# held-out evaluations, reward and response length per quarter of the run, and the mean step
+# time split (rollout / learn / sync, steps after the first). Runs land in runs/onpolicy/<arm>.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+source scripts/lib/need.sh
+need_commands /usr/bin/python3:python3
+config=configs/smollm2-chain_sum.toml
+steps=
+arms="bf16 fp32"
+while (($#)); do
+  case $1 in
+    --config) config=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --arms) arms=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "onpolicy_run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x build/sorl ]] || { echo "onpolicy_run.sh: build/sorl is missing; run scripts/build" >&2; exit 2; }
+out=runs/onpolicy
+mkdir -p "$out"
+for arm in $arms; do
+  case $arm in bf16|fp32) ;; *) echo "onpolicy_run.sh: unknown arm $arm (bf16, fp32)" >&2; exit 2 ;; esac
+  cfg="$out/$arm.toml"
+  # The same file with the run's name, output directory (and steps) replaced, learner_weights
+  # set, and its relative paths made absolute (they are relative to the file).
+  /usr/bin/python3 - "$config" "$cfg" "$arm" "$steps" "$root/$out" <<'PY'
+import os, re, sys
+config, cfg, arm, steps, out = sys.argv[1:]
+base = os.path.dirname(os.path.abspath(config))
+text = open(config).read()
+text = re.sub(r'(?ms)^(\[run\]\n.*?^)name = "[^"]*"', lambda m: f'{m.group(1)}name = "{arm}"', text, count=1)
+text = re.sub(r'(?m)^output_dir = .*$', f'output_dir = "{out}"', text, count=1)
+if steps:
+    text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
+for key in ("hf_dir", "checkpoint", "path", "eval_path", "init_checkpoint"):
+    text = re.sub(rf'(?m)^({key} = ")(?!/)([^"]+)"',
+                  lambda m: f'{m.group(1)}{os.path.normpath(os.path.join(base, m.group(2)))}"', text)
+text = re.sub(r'(?m)^learner_weights = .*\n', "", text)
+if not re.search(r'(?m)^\[algorithm\]$', text):
+    sys.exit(f"onpolicy_run.sh: {config} has no [algorithm] table")
+text = re.sub(r'(?m)^\[algorithm\]$', f'[algorithm]\nlearner_weights = "{arm}"', text, count=1)
+open(cfg, "w").write(text)
+PY
+  echo "== $arm: build/sorl train $cfg --overwrite" >&2
+  build/sorl train "$cfg" --overwrite > "$out/$arm.log" 2>&1
+  tail -1 "$out/$arm.log" >&2
+done
+/usr/bin/python3 bench/learner/onpolicy_table.py "$out" $arms
