@@ -1,5 +1,6 @@
 #include "runtime/ml/model.hpp"
 
+#include "runtime/ml/decode_kernels.hpp"
 #include "runtime/ml/kv_cache.hpp"
 
 #include "runtime/ml/torch_compat.hpp"
@@ -7,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -196,11 +198,13 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 namespace {
 
-// Compute-dtype (fp32) views of one decoder layer's weights.
+// Compute-dtype (fp32) views of one decoder layer's weights, and for a bf16 model the bf16
+// weights of its linear layers themselves, which the decode path reads (decode_kernels.hpp).
 struct layer_weights {
   at::Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w;
   at::Tensor gate_w, up_w, down_w;
   at::Tensor in_norm, post_norm;
+  at::Tensor q16, k16, v16, o16, gate16, up16, down16;
 };
 
 // Scaled dot-product attention with grouped-query heads, shared by the full and the cached
@@ -246,10 +250,40 @@ at::Tensor decode_linear(bool onednn, const at::Tensor& x, const at::Tensor& w,
   return at::linear(x, w, b);
 }
 
-at::Tensor decode_mlp(bool onednn, const layer_weights& w, const at::Tensor& x) {
-  return decode_linear(onednn, at::silu(decode_linear(onednn, x, w.gate_w)) * decode_linear(onednn, x, w.up_w),
-                       w.down_w);
-}
+// Adds the time since the previous tick to a decode_profile, when one is attached. The ops
+// run synchronously on the CPU, so wall time between ticks is their time.
+class profile_clock {
+ public:
+  explicit profile_clock(decode_profile* p) : p_(p) {
+    if (p_ != nullptr) {
+      ++p_->calls;
+      last_ = std::chrono::steady_clock::now();
+    }
+  }
+  void tick(decode_profile::kind k) {
+    if (p_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    p_->seconds[k] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  decode_profile* p_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+// The decode path's linear layer: the bf16 kernel when the model holds bf16 weights on the
+// CPU (w16 defined) and decode_gemm::automatic chose it, else decode_linear on the fp32 image.
+struct decode_gemms {
+  bool onednn = false;
+  bool bf16 = false;
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w16, const at::Tensor& w32,
+                        const at::Tensor& b = {}) const {
+    if (bf16) return bf16_linear(x, w16, b);
+    return decode_linear(onednn, x, w32, b);
+  }
+};
+
 
 // The bf16 image of an fp32 weight with a straight-through gradient (set_bf16_compute): the
 // forward is the round-to-nearest-even cast a rollout copy holds, the backward the identity,
@@ -287,11 +321,13 @@ struct policy_model::impl {
 
   // fp32 compute image: aliases of params for fp32 models, casts for bf16 ones.
   at::Tensor embed, final_norm, lm_head;
+  at::Tensor lm_head16;  // bf16 models: the LM head's bf16 weight (decode_kernels.hpp)
   std::vector<layer_weights> layers;
   std::vector<std::int64_t> seen_versions;  // params' version counters at the last bind()
 
   at::Tensor rope_cos, rope_sin;  // [max_seq, head_dim/2] fp32
   decode_gemm gemm = decode_gemm::automatic;
+  decode_profile* profile = nullptr;
 
   void bind();
   void bind_if_stale();
@@ -331,6 +367,27 @@ void policy_model::impl::bind() {
   final_norm = w[i++];
   lm_head = dims.tie_embeddings ? embed : w[i++];
   TORCH_INTERNAL_ASSERT(i == w.size(), "parameter layout drifted: bound ", i, " of ", w.size());
+  if (dtype == c10::kBFloat16) {
+    // The same walk over the bf16 parameters themselves, for the decode path.
+    std::size_t j = 0;
+    const at::Tensor embed16 = params[j++].second;
+    for (auto& l : layers) {
+      l.q16 = params[j++].second;
+      if (dims.qkv_bias) ++j;
+      l.k16 = params[j++].second;
+      if (dims.qkv_bias) ++j;
+      l.v16 = params[j++].second;
+      if (dims.qkv_bias) ++j;
+      l.o16 = params[j++].second;
+      l.gate16 = params[j++].second;
+      l.up16 = params[j++].second;
+      l.down16 = params[j++].second;
+      j += 2;  // norms
+    }
+    ++j;  // final norm
+    lm_head16 = dims.tie_embeddings ? embed16 : params[j++].second;
+    TORCH_INTERNAL_ASSERT(j == params.size(), "parameter layout drifted: bound ", j, " of ", params.size());
+  }
   seen_versions.clear();
   for (const auto& p : params)
     seen_versions.push_back(p.second.is_inference() ? 0 : p.second._version());
@@ -454,6 +511,14 @@ void policy_model::copy_weights_from(const policy_model& source) {
 
 void policy_model::refresh_compute_weights() { impl_->bind(); }
 void policy_model::set_decode_gemm(decode_gemm g) noexcept { impl_->gemm = g; }
+void policy_model::set_decode_profile(decode_profile* profile) noexcept { impl_->profile = profile; }
+
+const char* decode_profile::name(int k) noexcept {
+  static constexpr const char* names[kinds] = {"embedding", "rms_norm", "q/k/v proj", "rope", "kv cache",
+                                               "attention", "o proj", "gate/up proj", "silu*up",
+                                               "down proj", "residual", "lm head"};
+  return k >= 0 && k < kinds ? names[k] : "?";
+}
 decode_gemm policy_model::get_decode_gemm() const noexcept { return impl_->gemm; }
 
 at::Tensor policy_model::forward(const at::Tensor& ids_in, const at::Tensor& attention_mask) const {
@@ -592,28 +657,76 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
     const std::int64_t H = d.n_heads, KV = d.n_kv_heads, hd = d.head_dim();
     const at::Tensor cos = m.rope_cos.index_select(0, plan.positions);  // [N, hd/2]
     const at::Tensor sin = m.rope_sin.index_select(0, plan.positions);
-    const bool onednn = m.gemm == decode_gemm::automatic && m.device.is_cpu() && at::hasMKLDNN();
+    decode_gemms lin;
+    lin.onednn = m.gemm != decode_gemm::aten && m.device.is_cpu() && at::hasMKLDNN();
+    lin.bf16 = m.gemm == decode_gemm::automatic && m.device.is_cpu() && m.dtype == c10::kBFloat16;
+    // Decode steps (one token per sequence) on the CPU read the KV pool in place
+    // (paged_decode_attention) instead of gathering a padded copy of it per layer; RoPE is
+    // applied in place with the same roundings as apply_rope.
+    const bool fused = m.gemm == decode_gemm::automatic && m.device.is_cpu();
+    at::Tensor slots;
+    std::vector<std::int64_t> lengths;
+    if (fused && K == 1) {
+      slots = plan.gather_slots.view({B, S});
+      for (const std::int64_t old : plan.old_lengths) lengths.push_back(old + 1);
+    }
+    profile_clock clock(m.profile);
     at::Tensor h = at::embedding(m.embed, ids);  // [N, d]
+    clock.tick(decode_profile::embed);
     for (std::int64_t l = 0; l < d.n_layers; ++l) {
       const auto& w = m.layers[static_cast<std::size_t>(l)];
       const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
-      const at::Tensor q = apply_rope(decode_linear(onednn, x, w.q_w, w.q_b).view({N, H, hd}), cos, sin);
-      const at::Tensor k = apply_rope(decode_linear(onednn, x, w.k_w, w.k_b).view({N, KV, hd}), cos, sin);
-      const at::Tensor v = decode_linear(onednn, x, w.v_w, w.v_b);
+      clock.tick(decode_profile::norm);
+      at::Tensor q = lin(x, w.q16, w.q_w, w.q_b).view({N, H, hd});
+      at::Tensor k = lin(x, w.k16, w.k_w, w.k_b).view({N, KV, hd});
+      const at::Tensor v = lin(x, w.v16, w.v_w, w.v_b);
+      clock.tick(decode_profile::qkv);
+      if (fused) {
+        apply_rope_inplace(q, cos, sin);
+        apply_rope_inplace(k, cos, sin);
+      } else {
+        q = apply_rope(q, cos, sin);
+        k = apply_rope(k, cos, sin);
+      }
+      clock.tick(decode_profile::rope);
       at::Tensor kpool = cache.keys(l);
       at::Tensor vpool = cache.values(l);
       kpool.index_copy_(0, plan.write_slots, k.reshape({N, KV * hd}));
       vpool.index_copy_(0, plan.write_slots, v);
-      const at::Tensor keys = kpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
-      const at::Tensor vals = vpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
-      const at::Tensor qp = K == 1 ? q.view({B, 1, H, hd}) : q.index_select(0, plan.pad_rows).view({B, K, H, hd});
-      at::Tensor a = attend(qp, keys, vals, plan.masked).view({B * K, H * hd});
-      if (K != 1) a = a.index_select(0, plan.unpad_rows);
-      h = h + decode_linear(onednn, a, w.o_w);
-      h = h + decode_mlp(onednn, w, rms_norm(h, w.post_norm, d.norm_eps));
+      at::Tensor a;
+      if (fused && K == 1) {
+        clock.tick(decode_profile::kv_cache);
+        a = paged_decode_attention(q, kpool, vpool, slots, lengths, KV);
+      } else {
+        const at::Tensor keys = kpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
+        const at::Tensor vals = vpool.index_select(0, plan.gather_slots).view({B, S, KV, hd});
+        const at::Tensor qp = K == 1 ? q.view({B, 1, H, hd}) : q.index_select(0, plan.pad_rows).view({B, K, H, hd});
+        clock.tick(decode_profile::kv_cache);
+        a = attend(qp, keys, vals, plan.masked).view({B * K, H * hd});
+        if (K != 1) a = a.index_select(0, plan.unpad_rows);
+      }
+      clock.tick(decode_profile::attention);
+      const at::Tensor o = lin(a, w.o16, w.o_w);
+      clock.tick(decode_profile::o_proj);
+      h = h + o;
+      const at::Tensor y = rms_norm(h, w.post_norm, d.norm_eps);
+      clock.tick(decode_profile::norm);
+      const at::Tensor gate = lin(y, w.gate16, w.gate_w);
+      const at::Tensor up = lin(y, w.up16, w.up_w);
+      clock.tick(decode_profile::mlp_in);
+      const at::Tensor act = at::silu(gate).mul_(up);
+      clock.tick(decode_profile::mlp_act);
+      const at::Tensor down = lin(act, w.down16, w.down_w);
+      clock.tick(decode_profile::mlp_out);
+      h = h + down;
+      clock.tick(decode_profile::residual);
     }
     if (which == logits_for::last && K != 1) h = h.index_select(0, plan.last_rows);
-    return decode_linear(onednn, rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
+    const at::Tensor hn = rms_norm(h, m.final_norm, d.norm_eps);
+    clock.tick(decode_profile::norm);
+    at::Tensor logits = lin(hn, m.lm_head16, m.lm_head);
+    clock.tick(decode_profile::lm_head);
+    return logits;
   } catch (...) {
     cache.rollback(plan);
     throw;

@@ -88,12 +88,31 @@ enum class logits_for {
 /// Which GEMM implementation forward_cached uses for its linear layers (the training forward
 /// always uses at::linear, which autograd differentiates).
 enum class decode_gemm {
-  /// oneDNN (libtorch's bundled MKLDNN) for fp32 CPU products of >= 2^18 multiply-adds when
+  /// For a model holding bf16 weights on the CPU (a rollout copy): bf16_linear
+  /// (runtime/ml/decode_kernels.hpp), which reads the bf16 weights and is batch-invariant.
+  /// Otherwise: oneDNN (libtorch's bundled MKLDNN) for fp32 CPU products of >= 2^18 multiply-adds when
   /// libtorch has it, else at::linear. The faster depends on libblas.so.3: netlib's reference
   /// BLAS is several times slower than oneDNN at decode batch 8-64, OpenBLAS can be faster
   /// (README.md, "Decode speed", says how to time both). On CUDA: plain at::linear.
   automatic,
   aten,  ///< always at::linear (whatever BLAS libtorch was built with)
+  /// The fp32 image of the weights with automatic's oneDNN rule, whatever the weights' dtype:
+  /// what a bf16 model ran before bf16_linear, kept to measure against.
+  fp32_image,
+};
+
+/// Seconds forward_cached spends per kind of operation, summed over the calls made while it is
+/// attached (policy_model::set_decode_profile). For benches: the CPU ops run synchronously, so
+/// each kind's figure is the wall time of its ops. Not thread-safe.
+struct decode_profile {
+  enum kind : int {
+    embed, norm, qkv, rope, kv_cache, attention, o_proj, mlp_in, mlp_act, mlp_out, residual, lm_head,
+    kinds
+  };
+  double seconds[kinds] = {};
+  std::int64_t calls = 0;  ///< forward_cached calls measured
+  /// A short label of `k` for tables ("q/k/v proj", "attention", ...).
+  static const char* name(int k) noexcept;
 };
 
 /// RMSNorm: x * rsqrt(mean(x^2, -1) + eps) * weight (Zhang & Sennrich 2019; HF LlamaRMSNorm).
@@ -187,6 +206,9 @@ class policy_model {
   /// round differently in the last bits (|Δlogit| ~1e-6), never more.
   void set_decode_gemm(decode_gemm g) noexcept;
   decode_gemm get_decode_gemm() const noexcept;
+  /// Attaches a profile that forward_cached adds its time per kind of operation to (null
+  /// detaches). Not owned; must outlive the attachment. Costs two clock reads per kind.
+  void set_decode_profile(decode_profile* profile) noexcept;
 
   /// Training forward, differentiable. ids: [batch, seq] integer token ids < vocab;
   /// attention_mask: optional [batch, seq] (bool or integer, nonzero = real token), any mix of

@@ -211,6 +211,46 @@ TEST_CASE("both decode GEMM backends give the same logits", "[decode]") {
   CHECK(max_abs_diff(out[0], out[1]) < logits_atol);
 }
 
+TEST_CASE("a bf16 model decodes through bf16_linear like through its fp32 image", "[decode]") {
+  policy_model master(small_dims(), 21, small_init_std);
+  master.set_bf16_compute(true);
+  policy_model m = master.clone(at::kBFloat16);
+  const std::vector<std::int32_t> toks = tokens(16, 40, 33);
+  const at::Tensor full = full_logits(master, toks);  // the learner's view of the same weights
+  std::vector<at::Tensor> out;
+  for (const decode_gemm g : {decode_gemm::automatic, decode_gemm::fp32_image, decode_gemm::aten}) {
+    m.set_decode_gemm(g);
+    kv_cache c(m.dims(), small_blocks());
+    const seq_id s = c.create();
+    at::Tensor prefill = m.forward_cached(c, {s}, {{toks.begin(), toks.begin() + 9}}, logits_for::all);
+    std::vector<at::Tensor> rows = {prefill};
+    for (std::size_t t = 9; t < toks.size(); ++t) rows.push_back(m.forward_cached(c, {s}, {{toks[t]}}));
+    out.push_back(at::cat(rows));
+    CHECK(max_abs_diff(out.back(), full) < logits_atol);
+  }
+  // Only the order of fp32 additions differs: the backends agree, and not by accident.
+  CHECK(max_abs_diff(out[0], out[1]) < logits_atol);
+  CHECK(max_abs_diff(out[0], out[2]) < logits_atol);
+}
+
+TEST_CASE("a decode profile adds up the time of each kind of operation", "[decode]") {
+  policy_model m = policy_model(small_dims(), 22, small_init_std).clone(at::kBFloat16);
+  decode_profile prof;
+  m.set_decode_profile(&prof);
+  kv_cache c(m.dims(), small_blocks());
+  const seq_id s = c.create();
+  m.forward_cached(c, {s}, {tokens(5, 40, 34)});
+  m.forward_cached(c, {s}, {{3}});
+  m.set_decode_profile(nullptr);
+  m.forward_cached(c, {s}, {{4}});
+  CHECK(prof.calls == 2);
+  for (int k = 0; k < decode_profile::kinds; ++k) {
+    INFO(decode_profile::name(k));
+    CHECK(prof.seconds[k] > 0.0);
+  }
+  CHECK(std::string(decode_profile::name(decode_profile::lm_head)) == "lm head");
+}
+
 TEST_CASE("the cached forward rejects bad calls and leaves the cache as it was", "[decode]") {
   const policy_model m(small_dims(), 18);
   kv_cache c(m.dims(), small_blocks());
