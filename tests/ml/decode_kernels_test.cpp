@@ -93,7 +93,8 @@ TEST_CASE("bf16_linear is its reference bit for bit on every instruction set and
   struct shape { std::int64_t M, K, N; bool bias; };
   const std::vector<shape> shapes = {{1, 1, 1, false},   {1, 16, 4, false},  {1, 576, 192, true},
                                      {3, 17, 5, true},   {5, 33, 9, false},  {7, 100, 13, true},
-                                     {64, 128, 272, false}, {2, 1536, 37, false}, {9, 15, 3, true}};
+                                     {64, 128, 272, false}, {2, 1536, 37, false}, {9, 15, 3, true},
+                                     {8, 33, 7, true},   {13, 100, 13, false}, {32, 576, 6, true}};
   for (const auto& s : shapes) {
     const at::Tensor x = randn(s.M, s.K, 1 + static_cast<std::uint64_t>(s.K));
     const at::Tensor w = randn(s.N, s.K, 2 + static_cast<std::uint64_t>(s.N)).to(at::kBFloat16);
