@@ -22,6 +22,12 @@ outer loop, so load from other processes spreads over every batch size. Per repe
 Output: one JSON line per (impl, dtype, batch) with every repeat's figures (lists) to stdout
 or --json FILE, then a table of medians on stderr.
 
+Both implementations spin in their thread barriers, so a machine shared with a build skews
+them far more than its load suggests (a run with 2 threads on 2 busy cores can be 20x
+slower than with 1). --quiet-wait S waits up to S seconds before each timed run for other
+processes to use under --quiet-below cores; the last "others' cores" figure seen before
+each run is kept as busy_before, and the table shows its maximum.
+
 Setup (once; re-runnable): bench/setup-baselines [VENV]  (default ~/.cache/sorl-bench-venv)
 Run:   python3 bench/decode_baselines.py models/smollm2-135m-instruct \
            --batches 1,8,32 --new-tokens 64 --temperature 0.7 --threads 2 --repeats 3
@@ -58,6 +64,11 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--quiet-wait", type=float, default=0,
+                   help="before each timed run, wait up to this many seconds for the machine "
+                   "to go quiet (default 0: no wait); busy_before records what was left")
+    p.add_argument("--quiet-below", type=float, default=0.3,
+                   help="cores busy in other processes that count as quiet (default 0.3)")
     p.add_argument("--prompts", help="JSONL file, one prompt a line: {\"ids\": [...]} or "
                    "{\"prompt\": \"text\"}; cycled over the batch and left-padded to the longest. "
                    "Default: one short instruction in the model's chat template, repeated")
@@ -136,6 +147,7 @@ def record(args, impl, dtype, batch, prompt_tokens, runs, extra):
         "prefill_s": [r["prefill_s"] for r in runs],
         "prompt_tok_s": [r["prompt_tok_s"] for r in runs],
         "load": [r["load"] for r in runs],
+        "busy_before": [r["busy_before"] for r in runs],
     }
     row.update(extra)
     print(json.dumps(row), flush=True)
@@ -151,6 +163,31 @@ def figures(batch, prompt_tokens, new_tokens, t0, t_first, t_last, t_end):
     }
 
 
+def busy_cores(interval=0.5):
+    """Cores kept busy over `interval` by every process on the machine, from /proc/stat."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]
+    total0, idle0 = sample()
+    time.sleep(interval)
+    total1, idle1 = sample()
+    total = max(total1 - total0, 1)
+    return (os.cpu_count() or 1) * (total - (idle1 - idle0)) / total
+
+
+def wait_quiet(args):
+    """Waits, up to --quiet-wait seconds, until other processes use under --quiet-below
+    cores: the implementations spin in their thread barriers, and a core taken away from
+    one of their threads stalls every step, which no repeat count averages out. Returns the
+    busy cores last seen (this process is idle while it looks)."""
+    deadline = time.monotonic() + args.quiet_wait
+    while True:
+        busy = busy_cores()
+        if busy < args.quiet_below or time.monotonic() >= deadline:
+            return busy
+
+
 def run_repeats(args, configs, run_one):
     """configs: list of keys; run_one(key, timed) -> figures. Returns {key: [figures]}."""
     for key in configs:
@@ -158,7 +195,10 @@ def run_repeats(args, configs, run_one):
     out = {key: [] for key in configs}
     for _ in range(args.repeats):
         for key in configs:
-            out[key].append(run_one(key, True))
+            busy = wait_quiet(args) if args.quiet_wait > 0 else None
+            r = run_one(key, True)
+            r["busy_before"] = busy
+            out[key].append(r)
     return out
 
 
@@ -284,7 +324,10 @@ def gguf_for(args, dtype):
 def llama_worker(args):
     limit_threads(args.threads)
     import llama_cpp as L
+    from llama_cpp import _logger
     from transformers import AutoTokenizer
+
+    _logger.set_verbose(False)
 
     impl = f"llama.cpp-py{L.__version__}"
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -314,7 +357,9 @@ def llama_worker(args):
             width = max(len(s) for s in seqs)
             cp = L.llama_context_default_params()
             cp.n_seq_max = batch
-            cp.n_ctx = batch * (width + args.new_tokens + 16)
+            # Each sequence gets n_ctx / n_seq_max cells of its own KV stream; llama.cpp pads
+            # per-sequence sizes to 256.
+            cp.n_ctx = batch * (-(-(width + args.new_tokens + 1) // 256) * 256)
             cp.n_batch = cp.n_ubatch = max(sum(len(s) for s in seqs), batch)
             cp.n_threads = cp.n_threads_batch = args.threads
             ctx = L.llama_init_from_model(model, cp)
@@ -415,16 +460,22 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def busy(row):
+    seen = [b for b in row.get("busy_before", []) if b is not None]
+    return f"{max(seen):.2f}" if seen else "-"
+
+
 def table(rows):
     head = ("impl", "dtype", "batch", "prompt", "new", "prefill s", "prompt tok/s",
-            "decode tok/s", "(min-max)", "generate tok/s")
+            "decode tok/s", "(min-max)", "generate tok/s", "others' cores")
     lines = [head]
     for r in rows:
         d = r["decode_tok_s"]
         lines.append((r["impl"], r["dtype"], str(r["batch"]), str(r["prompt_tokens"]),
                       str(r["new_tokens"]), f"{median(r['prefill_s']):.3f}",
                       f"{median(r['prompt_tok_s']):.0f}", f"{median(d):.1f}",
-                      f"({min(d):.1f}-{max(d):.1f})", f"{median(r['generate_tok_s']):.1f}"))
+                      f"({min(d):.1f}-{max(d):.1f})", f"{median(r['generate_tok_s']):.1f}",
+                      busy(r)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
                                for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
@@ -445,7 +496,8 @@ def driver(args):
                "--batches", ",".join(map(str, args.batches)), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--top-p", str(args.top_p),
                "--top-k", str(args.top_k), "--threads", str(args.threads),
-               "--repeats", str(args.repeats), "--seed", str(args.seed)]
+               "--repeats", str(args.repeats), "--seed", str(args.seed),
+               "--quiet-wait", str(args.quiet_wait), "--quiet-below", str(args.quiet_below)]
         if args.prompts:
             cmd += ["--prompts", os.path.abspath(args.prompts)]
         started = time.time()
