@@ -466,12 +466,12 @@ def busy(row):
 
 
 def table(rows):
-    head = ("impl", "dtype", "batch", "prompt", "new", "prefill s", "prompt tok/s",
+    head = ("impl", "dtype", "threads", "batch", "prompt", "new", "prefill s", "prompt tok/s",
             "decode tok/s", "(min-max)", "generate tok/s", "others' cores")
     lines = [head]
     for r in rows:
         d = r["decode_tok_s"]
-        lines.append((r["impl"], r["dtype"], str(r["batch"]), str(r["prompt_tokens"]),
+        lines.append((r["impl"], r["dtype"], str(r["threads"]), str(r["batch"]), str(r["prompt_tokens"]),
                       str(r["new_tokens"]), f"{median(r['prefill_s']):.3f}",
                       f"{median(r['prompt_tok_s']):.0f}", f"{median(d):.1f}",
                       f"({min(d):.1f}-{max(d):.1f})", f"{median(r['generate_tok_s']):.1f}",
