@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Decode throughput of two peer implementations on a Hugging Face model directory.
 
-Measures, for the figures that bench/decode_bench.cpp prints for sorl:
+Measures, for the figures that bench/decode_model.cpp prints for sorl (bench/decode_model.sh
+runs both and prints them side by side):
 
 * hf-torch-X.Y: Hugging Face transformers `generate` on the newest PyPI torch (CPU) and on
   Debian's torch 1.13 (python3-torch), fp32 and bf16 weights, left-padded prompts, sampling

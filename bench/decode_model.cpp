@@ -58,6 +58,7 @@ struct options {
   double temperature = 0.7;
   int threads = 2;
   std::string json;
+  std::string prompt_out;
   bool baseline = true;
 };
 
@@ -72,7 +73,9 @@ std::vector<std::int64_t> split_ints(const std::string& s) {
 void usage() {
   std::cerr << "usage: decode_model_bench MODEL_DIR [--batches 1,8,32,64] [--profile 1,32] [--prompt 32]\n"
                "                          [--new 64] [--repeats 3] [--temperature 0.7] [--threads 2]\n"
-               "                          [--no-baseline] [--json FILE]\n";
+               "                          [--no-baseline] [--json FILE] [--prompt-out FILE]\n"
+               "  --prompt-out  writes the rollouts' prompt as a JSONL line {\"ids\": [...]}, for\n"
+               "                bench/decode_baselines.py --prompts\n";
 }
 
 options parse(int argc, char** argv) {
@@ -91,6 +94,7 @@ options parse(int argc, char** argv) {
     else if (a == "--temperature") o.temperature = std::stod(value());
     else if (a == "--threads") o.threads = std::stoi(value());
     else if (a == "--json") o.json = value();
+    else if (a == "--prompt-out") o.prompt_out = value();
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "-h" || a == "--help") {
       usage();
@@ -268,6 +272,9 @@ double steady_decode(policy_model& m, std::int64_t batch, std::int64_t prompt, s
   return static_cast<double>(batch * steps) / secs;
 }
 
+// The prompt of the rollouts (token ids < vocab): the same for every batch size and baseline.
+std::vector<std::int32_t> rollout_prompt(std::int64_t n, std::int64_t vocab) { return random_tokens(n, vocab, 3); }
+
 // Tokens/s of one group of `batch` samples of one prompt through the generator, as a rollout
 // worker runs it; *sampling_share gets the fraction of the time spent outside forward_cached.
 double rollouts(policy_model& m, std::int64_t batch, std::int64_t prompt, std::int64_t new_tokens,
@@ -280,7 +287,7 @@ double rollouts(policy_model& m, std::int64_t batch, std::int64_t prompt, std::i
   sp.temperature = temperature;
   sp.max_new_tokens = new_tokens;
   sp.seed = 1;
-  g.submit(random_tokens(prompt, m.dims().vocab, 3), sp, batch);
+  g.submit(rollout_prompt(prompt, m.dims().vocab), sp, batch);
   decode_profile prof;
   m.set_decode_profile(&prof);
   const auto t0 = clock_type::now();
@@ -313,6 +320,12 @@ int main(int argc, char** argv) try {
   const model_costs c = costs_of(d);
   std::ofstream json;
   if (!o.json.empty()) json.open(o.json);
+  if (!o.prompt_out.empty()) {
+    std::ofstream p(o.prompt_out);
+    std::string ids;
+    for (const std::int32_t t : rollout_prompt(o.prompt, d.vocab)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    p << "{\"ids\": [" << ids << "]}\n";
+  }
 
   fmt::print("model: {} ({} layers, d {}, vocab {}); bf16 weights read per decode step: {:.1f} MB\n",
              o.model_dir, d.n_layers, d.d_model, d.vocab, c.weight_bytes / 1e6);

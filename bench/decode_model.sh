@@ -3,8 +3,13 @@
 #   bench/decode_model.sh MODEL_DIR [decode_model_bench options: --batches 1,8,32,64 --threads 2 ...]
 # e.g. bench/decode_model.sh models/smollm2-135m-instruct (scripts/fetch-model smollm2-135m-instruct).
 # Builds decode_model_bench in $BUILD_DIR (default build/) and runs it (bench/decode_model.cpp
-# says what each column is). OpenBLAS and OpenMP get the same thread count as the bench, so
-# that no implementation gets more cores than --threads says.
+# says what each column is); then, when the bench virtualenv exists (bench/setup-baselines, at
+# $SORL_BENCH_VENV or ~/.cache/sorl-bench-venv), bench/decode_baselines.py on the same prompt,
+# batches, token count, temperature and threads; then one Markdown table of it all
+# (bench/decode_model_table.py). OpenBLAS and OpenMP get the same thread count as the bench, so
+# that no implementation gets more cores than --threads says. DECODE_OUT=DIR keeps the JSON
+# lines there; QUIET_WAIT=S lets each baseline wait up to S s for other processes to leave;
+# BASELINES=hf-pypi,hf-debian,llama.cpp and BASELINE_DTYPES=fp32,bf16 choose the peers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 me=bench/decode_model.sh
@@ -15,10 +20,35 @@ if [[ $# -lt 1 || $1 == -* ]]; then
 fi
 build=${BUILD_DIR:-$root/build}
 build_target "$build" decode_model_bench -DSORL_ONLY_ML=ON -DSORL_BUILD_TESTS=OFF
-threads=2
+# The settings the baselines must share with sorl's run.
+threads=2 batches=1,8,32,64 new=64 temperature=0.7 repeats=3
 args=("$@")
-for ((i = 0; i < ${#args[@]}; ++i)); do
-  if [[ ${args[i]} == --threads && $((i + 1)) -lt ${#args[@]} ]]; then threads=${args[i + 1]}; fi
+for ((i = 1; i + 1 < ${#args[@]}; ++i)); do
+  case ${args[i]} in
+    --threads) threads=${args[i + 1]} ;;
+    --batches) batches=${args[i + 1]} ;;
+    --new) new=${args[i + 1]} ;;
+    --temperature) temperature=${args[i + 1]} ;;
+    --repeats) repeats=${args[i + 1]} ;;
+  esac
 done
 export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
-exec "$build/bench/decode_model_bench" "$@"
+out=${DECODE_OUT:-$(mktemp -d)}
+mkdir -p "$out"
+"$build/bench/decode_model_bench" "$@" --json "$out/sorl.jsonl" --prompt-out "$out/prompt.jsonl"
+venv=${SORL_BENCH_VENV:-$HOME/.cache/sorl-bench-venv}
+if [[ -x $venv/bin/python ]]; then
+  # Peers on the same prompt and sampling settings: transformers generate on PyPI's and
+  # Debian's torch, llama.cpp on F32 and BF16 GGUF (bench/decode_baselines.py).
+  python3 "$root/bench/decode_baselines.py" "$1" --prompts "$out/prompt.jsonl" --batches "$batches" \
+    --new-tokens "$new" --temperature "$temperature" --threads "$threads" --repeats "$repeats" \
+    --venv "$venv" --json "$out/baselines.jsonl" --quiet-wait "${QUIET_WAIT:-0}" \
+    --impls "${BASELINES:-hf-pypi,hf-debian,llama.cpp}" --dtypes "${BASELINE_DTYPES:-fp32,bf16}"
+  echo
+  python3 "$root/bench/decode_model_table.py" "$out/sorl.jsonl" "$out/baselines.jsonl"
+else
+  echo "$me: no bench virtualenv at $venv (bench/setup-baselines creates it): no peer baselines" >&2
+  echo
+  python3 "$root/bench/decode_model_table.py" "$out/sorl.jsonl"
+fi
+echo "$me: raw figures in $out"
