@@ -775,6 +775,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   // reuses a recorded forward then rounds as one that does not, and SALT idle is the padded
   // plain step bit for bit.
   const bool packed = options_.packed_forward && !options_.salt_enabled;
+  // One update over several micro-batches: each micro-batch's update forward runs on the
+  // pre-update weights over the very rows (and micro-batch) the recompute pass would, so its
+  // log-probs, detached, are π_old of its rows bit for bit, and that pass is skipped too.
+  // Truncated IS weighs the whole batch from π_old before the first update, so it keeps it.
+  const bool old_from_update =
+    !single_pass && !from_rollout && options_.epochs == 1 && n_mb == 1 && options_.tis_cap == 0.0;
   mismatch_sums mismatch;
   at::Tensor old_logp, ref_logp, first_new_logp, entropy, tis_w;
   // SALT reads the single pass's forward too, with its linear layers recorded (the same logits).
@@ -798,7 +804,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     at::NoGradGuard no_grad;
     if (!single_pass && from_rollout) {
       old_logp = p.sampling;
-    } else if (!single_pass) {
+    } else if (!single_pass && !old_from_update) {
       const auto tf = std::chrono::steady_clock::now();
       old_logp = chunked_logprobs(model_, p, whole, options_.temperature, packed, &entropy);
       m.forward_seconds += seconds_since(tf);
@@ -859,7 +865,8 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       // With the rollout's log-probs as π_old, the forwards that run before the step's first
       // update are the learner's view of the rollout's weights: they give the mismatch figures
       // (and the entropy) that a recompute pass would have.
-      const bool measure = from_rollout && !single_pass && epoch == 0 && m.updates == 0;
+      // So are those of the update that doubles as the recompute (old_from_update).
+      const bool measure = (from_rollout || old_from_update) && !single_pass && epoch == 0 && m.updates == 0;
       // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
       // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
       // two thirds of the update's compute, would only produce zeros. The forward still runs
@@ -933,7 +940,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           no_graph.emplace();
         // The step's first update without signal runs on the weights and micro-batches of the
         // old-log-prob pass: its forward would recompute those very values.
-        const bool reuse_old = !from_rollout && no_signal && epoch == 0 && b == 0 && n_mb == 1;
+        const bool reuse_old = !from_rollout && !old_from_update && no_signal && epoch == 0 && b == 0 && n_mb == 1;
         at::Tensor new_logp;
         if (single_pass) {
           new_logp = first_new_logp;
@@ -952,7 +959,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
             mismatch.add(new_logp, mb.rows_of(p.sampling, mb.T), mb.mask, ent);
         }
         const loss_terms terms = policy_loss(
-          new_logp, mb.rows_of(old_logp, mb.T),
+          new_logp, old_from_update ? new_logp.detach() : mb.rows_of(old_logp, mb.T),
           mb.idx.defined() ? mb_advantages.index_select(0, mb.idx) : mb_advantages, mb.mask,
           ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss,
           tis_w.defined() ? mb.rows_of(tis_w, mb.T) : at::Tensor());

@@ -76,8 +76,8 @@ enum class old_logprob_source {
   /// from the uninterrupted one in the last bits).
   rollout,
   /// A no-grad forward of the learner over the batch before any update: reproducible bit for
-  /// bit, and free when one update's forward doubles as it (epochs = minibatches = 1 within
-  /// micro_batch_tokens).
+  /// bit, and free when the only update's forwards double as it (epochs = minibatches = 1,
+  /// without tis_cap; each micro-batch's forward gives π_old of its own rows).
   recompute,
 };
 
@@ -343,8 +343,9 @@ public:
   /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
   /// response token t is read from the logits at position prompt.size() + t − 1.
   /// Cost: epochs × (forward + backward) over the batch, plus, with old_logprobs recompute,
-  /// one no-grad forward for the old log-probs unless epochs = minibatches = 1 and the batch
-  /// fits micro_batch_tokens (then the update's own forward provides them, bit-identically),
+  /// one no-grad forward for the old log-probs unless epochs = minibatches = 1 and tis_cap is
+  /// 0 (then the update's own forwards provide them, bit-identically, micro-batch by
+  /// micro-batch),
   /// plus one no-grad forward of the reference when kl_coef > 0. Each pass runs in micro-batches of at most micro_batch_tokens
   /// padded tokens; micro-batches without a trained token are skipped in the updates.
   /// An exception from libtorch midway may leave a partial update. Throws training_stalled
