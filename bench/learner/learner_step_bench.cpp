@@ -27,7 +27,9 @@
 // forward's linear FLOPs over the time those GEMMs take at those rates, the ceiling of a
 // forward made of nothing but GEMMs.
 // Peak RSS is the process's resident high-water mark over one arm's steps (reset through
-// /proc/self/clear_refs before each arm, after returning freed heap to the system).
+// /proc/self/clear_refs before each arm, after returning freed heap to the system), and how
+// far it rose above the RSS at the arm's start (the model, AdamW's moments, the sampled batch
+// and libtorch are there before the first step).
 
 #include "actors/common/train_setup.hpp"
 #include "actors/learner/learner_core.hpp"
@@ -115,14 +117,19 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// VmHWM of /proc/self/status in MiB, or -1 where it cannot be read.
-double peak_rss_mib() {
+/// A `key:` line of /proc/self/status (VmHWM: the peak RSS, VmRSS: the current one) in MiB, or
+/// -1 where it cannot be read.
+double status_mib(const std::string& key) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0)
-      return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+    if (line.rfind(key, 0) == 0)
+      return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
   return -1.0;
+}
+
+double peak_rss_mib() {
+  return status_mib("VmHWM:");
 }
 
 /// Starts a new high-water mark at the current RSS; false where the kernel refuses.
@@ -252,6 +259,7 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
     lo.packed_forward = arm != "padded";
     learner::learner_core core(master, lo, cfg.run.seed);
     const bool reset = reset_peak_rss();
+    const double rss_before = status_mib("VmRSS:");
     double sum_step = 0, sum_fwd = 0, sum_bwd = 0, sum_needed = 0;
     int counted = 0;
     for (int k = 0; k < o.repeats + 1; ++k) {
@@ -274,9 +282,10 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
       ++counted;
     }
     std::printf("%-11s mean of %d: step %.3f s (forward %.3f, backward %.3f), %.1f GFLOP/s = %.0f%% of the GEMM mix; "
-                "peak RSS %.0f MiB%s\n",
+                "peak RSS %.0f MiB (%.0f MiB above the RSS before its first step)%s\n",
                 arm.c_str(), counted, sum_step / counted, sum_fwd / counted, sum_bwd / counted,
                 sum_needed / sum_step / 1e9, 100.0 * sum_needed / sum_step / gemm_rate, peak_rss_mib(),
+                peak_rss_mib() - rss_before,
                 reset ? "" : " (process peak: the high-water mark could not be reset)");
   }
   std::printf("%%gemm: useful FLOPs over the forward and backward seconds, against the GEMM mix rate\n");
