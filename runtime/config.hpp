@@ -281,7 +281,7 @@ struct algorithm_config {
   /// (actors/learner/learner_core.hpp forward_weights).
   learner_weights_kind learner_weights = learner_weights_kind::bf16;
   /// π_old of the importance ratio: "recompute" (default) = a no-grad learner forward over the
-  /// batch before the first update, skipped when the one update's forward doubles as it;
+  /// batch before the first update, skipped when the one update's forwards double as it;
   /// "rollout" = the worker's own sampling log-probs, for every epoch and minibatch, with no
   /// recompute pass. With learner_weights = "bf16" the two agree to ~1e-5 nats, but the
   /// rollout's last bits depend on the workers' batching, so "rollout" gives up bit-for-bit

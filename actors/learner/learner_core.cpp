@@ -1,6 +1,7 @@
 #include "actors/learner/learner_core.hpp"
 
 #include "runtime/config.hpp"
+#include "runtime/ml/fused_logprobs.hpp"
 #include "runtime/ml/sampler.hpp"
 
 #include "runtime/ml/torch_compat.hpp"
@@ -143,6 +144,11 @@ struct packed_batch {
   at::Tensor sampling;  // [N, T] fp32: the rollout's sampling log-probs, padding 0
   std::vector<std::int64_t> seq_len;  // prompt + response, per sample
   std::vector<std::int64_t> resp_len; // response, per sample
+  // Host copies for packed forwards: every sample's prompt + response end to end, where each
+  // starts, and the response token ids.
+  std::vector<std::int64_t> flat_ids;
+  std::vector<std::int64_t> offset;
+  std::vector<std::int64_t> flat_targets; // responses end to end
 };
 
 /// `trained(i)` says whether sample i's loss_mask counts at all (overlong filtering).
@@ -173,6 +179,10 @@ packed_batch pack(const std::vector<rollout_sample>& batch, c10::Device device, 
     const rollout_sample& s = batch[static_cast<std::size_t>(i)];
     const auto plen = static_cast<std::int64_t>(s.prompt.size());
     const bool train_this = trained(static_cast<std::size_t>(i));
+    p.offset.push_back(static_cast<std::int64_t>(p.flat_ids.size()));
+    p.flat_ids.insert(p.flat_ids.end(), s.prompt.begin(), s.prompt.end());
+    p.flat_ids.insert(p.flat_ids.end(), s.response.begin(), s.response.end());
+    p.flat_targets.insert(p.flat_targets.end(), s.response.begin(), s.response.end());
     std::int64_t col = 0;
     for (const std::int32_t tok : s.prompt) {
       ids_p[i * L + col] = tok;
@@ -203,6 +213,7 @@ packed_batch pack(const std::vector<rollout_sample>& batch, c10::Device device, 
 /// Rows of one forward pass of a packed_batch, with what the loss needs to weigh them.
 struct micro_batch {
   at::Tensor idx;   // [k] int64 row indices; undefined = every row of the batch, in order
+  std::vector<std::int64_t> rows; // the same row indices on the host, always filled
   std::int64_t L = 1, T = 0; // longest sequence and response among the rows, tokens
   at::Tensor mask;  // [k, T] fp32
   double tokens = 0.0; // trained tokens (set by count_trained)
@@ -223,6 +234,7 @@ void count_trained(micro_batch& mb) {
 micro_batch slice(const packed_batch& p, const std::vector<std::int64_t>& rows, c10::Device device,
                   bool whole) {
   micro_batch mb;
+  mb.rows = rows;
   for (const std::int64_t r : rows) {
     mb.L = std::max(mb.L, p.seq_len[static_cast<std::size_t>(r)]);
     mb.T = std::max(mb.T, p.resp_len[static_cast<std::size_t>(r)]);
@@ -258,24 +270,75 @@ at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
   return lsm.gather(2, targets.unsqueeze(-1)).squeeze(-1);
 }
 
+/// token_logprobs of the batch rows `rows` (in that order) by one packed forward without padding
+/// and the chunked LM head (learner_options::packed_forward): [k, T] fp32, row j holding
+/// rows[j]'s response log-probs in its first response-length columns and 0 beyond; entropy
+/// likewise (never differentiable). Differentiable when grad mode is on.
+at::Tensor packed_logprobs(const ml::policy_model& model, const packed_batch& p,
+                           const std::vector<std::int64_t>& rows, std::int64_t T, double temperature,
+                           at::Tensor* entropy) {
+  std::vector<std::int64_t> ids, seq_lens, logit_rows, targets, dest;
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    const auto i = static_cast<std::size_t>(rows[j]);
+    const std::int64_t start = static_cast<std::int64_t>(ids.size());
+    const std::int64_t plen = p.seq_len[i] - p.resp_len[i];
+    ids.insert(ids.end(), p.flat_ids.begin() + p.offset[i], p.flat_ids.begin() + p.offset[i] + p.seq_len[i]);
+    seq_lens.push_back(p.seq_len[i]);
+    for (std::int64_t t = 0; t < p.resp_len[i]; ++t) {
+      // The logits at position j predict token j + 1.
+      logit_rows.push_back(start + plen + t - 1);
+      targets.push_back(p.flat_ids[static_cast<std::size_t>(p.offset[i] + plen + t)]);
+      dest.push_back(static_cast<std::int64_t>(j) * T + t);
+    }
+  }
+  const c10::Device device = model.device();
+  auto on_device = [&](const std::vector<std::int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
+  const at::Tensor hidden = model.forward_packed_hidden(on_device(ids), seq_lens, on_device(logit_rows));
+  const ml::token_logprob_result r = ml::token_logprobs_fused(hidden, model.lm_head_compute_weight(),
+                                                              on_device(targets), temperature, entropy != nullptr);
+  const auto k = static_cast<std::int64_t>(rows.size());
+  const at::Tensor where = on_device(dest);
+  const auto f32 = at::TensorOptions(at::kFloat).device(device);
+  if (entropy != nullptr) {
+    at::NoGradGuard no_grad;
+    *entropy = at::zeros({k * T}, f32).index_copy_(0, where, r.entropy).view({k, T});
+  }
+  return at::zeros({k * T}, f32).index_copy(0, where, r.logprobs).view({k, T});
+}
+
+/// Log-probs [k, T] of a micro-batch's rows (every row of the batch when `mb` is null), packed
+/// or padded as `packed` says; a forward that records linear layers is always padded.
+at::Tensor batch_logprobs(const ml::policy_model& model, const packed_batch& p, const micro_batch* mb,
+                          double temperature, bool packed, at::Tensor* entropy,
+                          ml::policy_model::linear_capture* capture = nullptr) {
+  if (packed && capture == nullptr) {
+    if (mb != nullptr)
+      return packed_logprobs(model, p, mb->rows, mb->T, temperature, entropy);
+    std::vector<std::int64_t> all(p.seq_len.size());
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    return packed_logprobs(model, p, all, p.rows.size(1), temperature, entropy);
+  }
+  if (mb == nullptr)
+    return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature, entropy, capture);
+  return token_logprobs(model, mb->rows_of(p.ids, mb->L), mb->rows_of(p.attention, mb->L), mb->rows_of(p.rows, mb->T),
+                        mb->rows_of(p.targets, mb->T), temperature, entropy, capture);
+}
+
 /// token_logprobs over `groups` of rows, one forward each, each trimmed to its own longest
 /// row; scattered back into [N, T] (zeros beyond each row's response). One group that is the
 /// whole batch in order is the plain single forward, bit for bit.
 at::Tensor chunked_logprobs(const ml::policy_model& model, const packed_batch& p,
                             const std::vector<std::vector<std::int64_t>>& groups,
-                            double temperature, at::Tensor* entropy) {
+                            double temperature, bool packed, at::Tensor* entropy) {
   if (groups.size() == 1 && static_cast<std::int64_t>(groups[0].size()) == p.ids.size(0))
-    return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature, entropy);
+    return batch_logprobs(model, p, nullptr, temperature, packed, entropy);
   at::Tensor out = at::zeros(p.rows.sizes(), at::TensorOptions(at::kFloat).device(p.ids.device()));
   if (entropy != nullptr)
     *entropy = at::zeros_like(out);
   for (const auto& group : groups) {
     const micro_batch mb = slice(p, group, p.ids.device(), false);
     at::Tensor ent;
-    const at::Tensor logp =
-      token_logprobs(model, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
-                     mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T), temperature,
-                     entropy != nullptr ? &ent : nullptr);
+    const at::Tensor logp = batch_logprobs(model, p, &mb, temperature, packed, entropy != nullptr ? &ent : nullptr);
     out.narrow(1, 0, mb.T).index_copy_(0, mb.idx, logp);
     if (entropy != nullptr)
       entropy->narrow(1, 0, mb.T).index_copy_(0, mb.idx, ent);
@@ -434,6 +497,10 @@ constexpr const char* adam_step_name = "adam.step";
 const std::string exp_avg_prefix = "adam.exp_avg.";
 const std::string exp_avg_sq_prefix = "adam.exp_avg_sq.";
 const std::string reference_prefix = "reference.";
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 bool finite_in(double v, double lo, double hi) {
   return std::isfinite(v) && v >= lo && v < hi;
@@ -610,13 +677,13 @@ at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vecto
 }
 
 at::Tensor response_logprobs_tensor(const ml::policy_model& model,
-                                    const std::vector<rollout_sample>& batch, double temperature) {
+                                    const std::vector<rollout_sample>& batch, double temperature, bool packed) {
   validate_batch(batch, model.dims());
   if (!(std::isfinite(temperature) && temperature >= ml::min_temperature))
     throw std::invalid_argument(fmt::format(
       "response_logprobs: temperature must be >= {}, got {}", ml::min_temperature, temperature));
   const packed_batch p = pack(batch, model.device(), [](std::size_t) { return true; });
-  return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature);
+  return batch_logprobs(model, p, nullptr, temperature, packed, nullptr);
 }
 
 std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
@@ -703,6 +770,17 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   // compute). With the rollout's log-probs as π_old that pass never runs.
   const bool single_pass = options_.epochs == 1 && n_mb == 1 && whole.size() == 1;
   const bool from_rollout = options_.old_logprobs == old_logprob_source::rollout;
+  // SALT's recorded forwards need whole logits (its LM-head term is each rollout's [tokens,
+  // vocab] output gradient), so with SALT on every forward stays padded: the update that
+  // reuses a recorded forward then rounds as one that does not, and SALT idle is the padded
+  // plain step bit for bit.
+  const bool packed = options_.packed_forward && !options_.salt_enabled;
+  // One update over several micro-batches: each micro-batch's update forward runs on the
+  // pre-update weights over the very rows (and micro-batch) the recompute pass would, so its
+  // log-probs, detached, are π_old of its rows bit for bit, and that pass is skipped too.
+  // Truncated IS weighs the whole batch from π_old before the first update, so it keeps it.
+  const bool old_from_update =
+    !single_pass && !from_rollout && options_.epochs == 1 && n_mb == 1 && options_.tis_cap == 0.0;
   mismatch_sums mismatch;
   at::Tensor old_logp, ref_logp, first_new_logp, entropy, tis_w;
   // SALT reads the single pass's forward too, with its linear layers recorded (the same logits).
@@ -712,8 +790,10 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       recorded = std::make_unique<recorded_pass>();
       recorded->capture.last_blocks = options_.salt_layers;
     }
-    first_new_logp = token_logprobs(model_, p.ids, p.attention, p.rows, p.targets, options_.temperature,
-                                    &entropy, recorded ? &recorded->capture : nullptr);
+    const auto tf = std::chrono::steady_clock::now();
+    first_new_logp = batch_logprobs(model_, p, nullptr, options_.temperature, packed, &entropy,
+                                    recorded ? &recorded->capture : nullptr);
+    m.forward_seconds += seconds_since(tf);
     ++m.forwards;
     old_logp = from_rollout ? p.sampling : first_new_logp.detach();
     mismatch.add(first_new_logp, p.sampling, p.mask, entropy);
@@ -724,13 +804,17 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
     at::NoGradGuard no_grad;
     if (!single_pass && from_rollout) {
       old_logp = p.sampling;
-    } else if (!single_pass) {
-      old_logp = chunked_logprobs(model_, p, whole, options_.temperature, &entropy);
+    } else if (!single_pass && !old_from_update) {
+      const auto tf = std::chrono::steady_clock::now();
+      old_logp = chunked_logprobs(model_, p, whole, options_.temperature, packed, &entropy);
+      m.forward_seconds += seconds_since(tf);
       m.forwards += static_cast<std::int64_t>(whole.size());
       mismatch.add(old_logp, p.sampling, p.mask, entropy);
     }
     if (reference_) {
-      ref_logp = chunked_logprobs(*reference_, p, whole, options_.temperature, nullptr);
+      const auto tf = std::chrono::steady_clock::now();
+      ref_logp = chunked_logprobs(*reference_, p, whole, options_.temperature, packed, nullptr);
+      m.forward_seconds += seconds_since(tf);
       m.forwards += static_cast<std::int64_t>(whole.size());
     }
     const at::Tensor trained = p.mask.ne(0);
@@ -781,7 +865,8 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
       // With the rollout's log-probs as π_old, the forwards that run before the step's first
       // update are the learner's view of the rollout's weights: they give the mismatch figures
       // (and the entropy) that a recompute pass would have.
-      const bool measure = from_rollout && !single_pass && epoch == 0 && m.updates == 0;
+      // So are those of the update that doubles as the recompute (old_from_update).
+      const bool measure = (from_rollout || old_from_update) && !single_pass && epoch == 0 && m.updates == 0;
       // Every coefficient of the minibatch exactly 0 and no KL term: the policy gradient is
       // exactly 0 (each token's term is A times a finite factor), so the backward pass, about
       // two thirds of the update's compute, would only produce zeros. The forward still runs
@@ -855,7 +940,7 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           no_graph.emplace();
         // The step's first update without signal runs on the weights and micro-batches of the
         // old-log-prob pass: its forward would recompute those very values.
-        const bool reuse_old = !from_rollout && no_signal && epoch == 0 && b == 0 && n_mb == 1;
+        const bool reuse_old = !from_rollout && !old_from_update && no_signal && epoch == 0 && b == 0 && n_mb == 1;
         at::Tensor new_logp;
         if (single_pass) {
           new_logp = first_new_logp;
@@ -865,15 +950,16 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
           new_logp = mb.rows_of(old_logp, mb.T);
         } else {
           at::Tensor ent;
-          new_logp = token_logprobs(model_, mb.rows_of(p.ids, mb.L), mb.rows_of(p.attention, mb.L),
-                                    mb.rows_of(p.rows, mb.T), mb.rows_of(p.targets, mb.T), options_.temperature,
+          const auto tf = std::chrono::steady_clock::now();
+          new_logp = batch_logprobs(model_, p, &mb, options_.temperature, packed,
                                     measure ? &ent : nullptr);
+          m.forward_seconds += seconds_since(tf);
           ++m.forwards;
           if (measure)
             mismatch.add(new_logp, mb.rows_of(p.sampling, mb.T), mb.mask, ent);
         }
         const loss_terms terms = policy_loss(
-          new_logp, mb.rows_of(old_logp, mb.T),
+          new_logp, old_from_update ? new_logp.detach() : mb.rows_of(old_logp, mb.T),
           mb.idx.defined() ? mb_advantages.index_select(0, mb.idx) : mb_advantages, mb.mask,
           ref_logp.defined() ? mb.rows_of(ref_logp, mb.T) : at::Tensor(), options_.loss,
           tis_w.defined() ? mb.rows_of(tis_w, mb.T) : at::Tensor());
@@ -885,10 +971,12 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
         const double share = mb.tokens / tokens_total;
         const double w = options_.loss.norm == loss_norm::token ? share : mb.seqs / seqs_total;
         if (!no_signal) { // without signal the gradient is set to its exact value, zero, below
+          const auto tb = std::chrono::steady_clock::now();
           if (parts.size() == 1)
             terms.loss.backward();
           else
             (terms.loss * w).backward();
+          m.backward_seconds += seconds_since(tb);
         }
         loss_value += value * w;
         pg += terms.pg_loss * w;

@@ -7,7 +7,9 @@
 // One train_step (ARCHITECTURE.md §6, "GRPO / DAPO"):
 //   1. group samples by group_id and compute group-relative advantages (grpo.hpp), after DAPO's
 //      soft overlong punishment when enabled;
-//   2. pack the batch into right-padded [N, L] ids with an attention mask;
+//   2. pack the batch: its sequences end to end for the log-prob forwards (no padding,
+//      learner_options::packed_forward), and right-padded [N, L] ids with an attention mask
+//      for the forwards SALT records;
 //   3. the "old" log-probs π_old of the importance ratio: the rollout's own sampling log-probs
 //      (old_logprob_source::rollout), or a no-grad recompute of every response token with the
 //      current weights before any update (recompute). Either way the learner's log-probs at
@@ -74,8 +76,8 @@ enum class old_logprob_source {
   /// from the uninterrupted one in the last bits).
   rollout,
   /// A no-grad forward of the learner over the batch before any update: reproducible bit for
-  /// bit, and free when one update's forward doubles as it (epochs = minibatches = 1 within
-  /// micro_batch_tokens).
+  /// bit, and free when the only update's forwards double as it (epochs = minibatches = 1,
+  /// without tis_cap; each micro-batch's forward gives π_old of its own rows).
   recompute,
 };
 
@@ -142,6 +144,16 @@ struct learner_options {
   /// log-probs from the old-log-prob pass, which ran on the same weights and rows). Not a
   /// config key; false runs the backward anyway (the reference the tests compare against).
   bool skip_zero_signal = true;
+  /// Log-prob forwards run over the micro-batch's sequences packed end to end, without padding
+  /// (policy_model::forward_packed_hidden), and the LM head with its log-softmax is applied a
+  /// chunk of rows at a time in forward and backward (ml::token_logprobs_fused), never
+  /// materialising the [rows, vocab] logits. Values agree with the padded path up to fp32
+  /// rounding. With SALT on every forward stays padded: its Gram matrix needs each rollout's
+  /// LM-head output gradient, whole logits, and the update reuses SALT's recorded forward, so
+  /// one layout keeps SALT idle the (padded) plain step bit for bit. Not a config key; false
+  /// is the padded path with whole logits (the reference the tests and the bench compare
+  /// against).
+  bool packed_forward = true;
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
@@ -211,6 +223,10 @@ struct step_metrics {
   /// backward pass was skipped and AdamW stepped with its exact gradient, zero.
   std::int64_t zero_signal_updates = 0;
   double seconds = 0.0; ///< wall time of train_step
+  /// Of seconds: the log-prob forwards (old log-probs, reference, updates; SALT's own are in
+  /// salt_seconds) and the backward passes of the updates. A cost figure for benchmarks.
+  double forward_seconds = 0.0;
+  double backward_seconds = 0.0;
   /// SALT, over the updates it ran for (salt_updates; every other field is 0 when that is 0):
   /// means over those updates of its cancellation c, dominant rank r, amplification γ and
   /// ‖Σ a_i g_i‖ before and after the reweighting (over the weights that enter K), and the
@@ -261,8 +277,8 @@ std::vector<float> batch_advantages(const std::vector<rollout_sample>& batch,
 
 /// Log-prob (natural log, at `temperature`) of every response token of every sample under
 /// `model` (its compute weights: the bf16 image once a learner_core with forward_weights::bf16
-/// holds it), computed exactly as train_step computes the old log-probs (one right-padded batch
-/// forward, no grad), so rollouts that report these as sampling_logprobs show zero mismatch.
+/// holds it), computed exactly as train_step computes the old log-probs (one packed batch forward,
+/// no grad), so rollouts that report these as sampling_logprobs show zero mismatch.
 /// Result [i][t] pairs with batch[i].response[t]. Throws std::invalid_argument for a malformed
 /// batch (see learner_core::train_step).
 std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
@@ -282,11 +298,12 @@ at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vecto
 /// The differentiable form of response_logprobs: [N, T] fp32, T = the longest response, row i
 /// holding batch[i]'s response log-probs in its first response-length columns (values beyond
 /// are finite and meaningless). The same single forward train_step's policy loss uses when a
-/// minibatch fits one micro-batch; gradients flow to the model when grad mode is on. Throws as
+/// minibatch fits one micro-batch; gradients flow to the model when grad mode is on. `packed`
+/// as learner_options::packed_forward (false: the padded forward with whole logits). Throws as
 /// response_logprobs.
 at::Tensor response_logprobs_tensor(const ml::policy_model& model,
                                     const std::vector<rollout_sample>& batch,
-                                    double temperature = 1.0);
+                                    double temperature = 1.0, bool packed = true);
 
 /// Rows of one forward pass each: `rows` (indices into `seq_len`) split so that every group's
 /// padded size, its row count × its longest seq_len (tokens), is at most `budget`; a row longer
@@ -326,8 +343,9 @@ public:
   /// std::invalid_argument naming the sample, thrown before anything changes. The log-prob of
   /// response token t is read from the logits at position prompt.size() + t − 1.
   /// Cost: epochs × (forward + backward) over the batch, plus, with old_logprobs recompute,
-  /// one no-grad forward for the old log-probs unless epochs = minibatches = 1 and the batch
-  /// fits micro_batch_tokens (then the update's own forward provides them, bit-identically),
+  /// one no-grad forward for the old log-probs unless epochs = minibatches = 1 and tis_cap is
+  /// 0 (then the update's own forwards provide them, bit-identically, micro-batch by
+  /// micro-batch),
   /// plus one no-grad forward of the reference when kl_coef > 0. Each pass runs in micro-batches of at most micro_batch_tokens
   /// padded tokens; micro-batches without a trained token are skipped in the updates.
   /// An exception from libtorch midway may leave a partial update. Throws training_stalled

@@ -14,7 +14,7 @@
 //   fp32-recompute  forwards on the fp32 master, π_old recomputed (the previous learner)
 // Per step it prints the learner's seconds and forwards and the mismatch figures of the step
 // (runtime/metrics.hpp), and, before the update, where the bitwise share is lost: for each
-// trained token, the learner's log-prob (fp32 log_softmax of its batched full forward), the
+// trained token, the learner's log-prob (fp32 log_softmax of its batched packed forward), the
 // worker's (the sampler's fp64 formula over its cached-decode logits, runtime/ml/sampler.hpp
 // training_logprob) and the sampler's formula over the learner's logits. Equal formula-over-
 // learner and worker values mean the two passes' logits agree to that float; equal learner
@@ -24,6 +24,7 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/learner/learner_core.hpp"
 #include "actors/roles.hpp"
+#include "bench/learner/rollout_batch.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/generate.hpp"
@@ -38,7 +39,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -111,47 +111,38 @@ struct bitwise_sources {
   double tokens = 0, learner_eq_worker = 0, formula_eq_worker = 0, learner_eq_formula = 0;
 };
 
-/// The learner's batched full forward over `batch` (right-padded as learner_core packs it),
-/// then, per response token, its fp32 log_softmax log-prob (what train_step computes) and the
-/// sampler's formula over the same logits row.
+/// The learner's batched forward over `batch` (its sequences packed end to end, as learner_core
+/// packs them), then, per response token, the fp32 log_softmax log-prob of its logits (what
+/// train_step computes, up to the chunked LM head's rounding) and the sampler's formula over
+/// the same logits row.
 bitwise_sources sources_of(const ml::policy_model& model, const std::vector<learner::rollout_sample>& batch,
                            double temperature) {
   at::NoGradGuard no_grad;
-  const auto n = static_cast<std::int64_t>(batch.size());
-  std::int64_t L = 0, T = 0;
+  std::vector<std::int64_t> ids, lens, rows;
   for (const auto& s : batch) {
-    L = std::max<std::int64_t>(L, static_cast<std::int64_t>(s.prompt.size() + s.response.size()));
-    T = std::max<std::int64_t>(T, static_cast<std::int64_t>(s.response.size()));
+    const auto start = static_cast<std::int64_t>(ids.size());
+    ids.insert(ids.end(), s.prompt.begin(), s.prompt.end());
+    ids.insert(ids.end(), s.response.begin(), s.response.end());
+    lens.push_back(static_cast<std::int64_t>(s.prompt.size() + s.response.size()));
+    for (std::size_t t = 0; t < s.response.size(); ++t)
+      rows.push_back(start + static_cast<std::int64_t>(s.prompt.size() + t) - 1);
   }
-  at::Tensor ids = at::zeros({n, L}, at::kLong), att = at::zeros({n, L}, at::kLong), rows = at::zeros({n, T}, at::kLong);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto& s = batch[static_cast<std::size_t>(i)];
-    std::int64_t col = 0;
-    for (const auto tok : s.prompt) {
-      ids[i][col] = tok;
-      att[i][col++] = 1;
-    }
-    for (std::size_t t = 0; t < s.response.size(); ++t) {
-      ids[i][col] = s.response[t];
-      att[i][col++] = 1;
-      rows[i][static_cast<std::int64_t>(t)] = static_cast<std::int64_t>(s.prompt.size() + t) - 1;
-    }
-  }
-  at::Tensor picked = model.forward_rows(ids, att, rows); // [n, T, V] fp32
+  at::Tensor picked =
+    model.forward_packed(at::tensor(ids, at::kLong), lens, at::tensor(rows, at::kLong)); // [R, V] fp32
   const at::Tensor raw = picked.contiguous();
   if (temperature != 1.0)
     picked = (picked.to(at::kDouble) / temperature).to(at::kFloat);
   const at::Tensor lsm = at::log_softmax(picked, -1).contiguous();
-  const std::int64_t V = raw.size(2);
+  const std::int64_t V = raw.size(1);
   bitwise_sources out;
   const float* logits = raw.data_ptr<float>();
   const float* logp = lsm.data_ptr<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto& s = batch[static_cast<std::size_t>(i)];
-    for (std::size_t t = 0; t < s.response.size(); ++t) {
+  std::int64_t r = 0;
+  for (const auto& s : batch) {
+    for (std::size_t t = 0; t < s.response.size(); ++t, ++r) {
       if (s.loss_mask[t] == 0)
         continue;
-      const std::int64_t row = (i * T + static_cast<std::int64_t>(t)) * V;
+      const std::int64_t row = r * V;
       const float learner = logp[row + s.response[t]];
       const auto formula = static_cast<float>(ml::training_logprob(logits + row, V, temperature, s.response[t]));
       const float worker = s.sampling_logprobs[t];
@@ -192,43 +183,12 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
     for (int step = 0; step < o.steps; ++step) {
       ml::policy_model worker = master.clone(at::kBFloat16);
       worker.set_decode_gemm(o.gemm);
-      ml::generator_options go;
-      go.max_batch = std::max<std::int64_t>(cfg.rollout.max_batch, G);
-      ml::generator gen(worker, go);
-      std::map<std::uint64_t, ml::task_prompt> prompts;
-      std::map<std::uint64_t, std::vector<std::int32_t>> encoded;
-      for (std::int64_t b = 0; b < B; ++b) {
-        const ml::task_prompt tp = task.single_turn->prompt(ml::task_split::train, static_cast<std::uint64_t>(step * B + b));
-        ml::sampling_params sp;
-        sp.temperature = cfg.algorithm.temperature;
-        sp.top_p = cfg.algorithm.top_p;
-        sp.top_k = cfg.algorithm.top_k;
-        sp.max_new_tokens = cfg.task.max_new_tokens;
-        sp.eos_token_ids = format.stop_ids();
-        sp.seed = cfg.run.seed * 1000003u + static_cast<std::uint64_t>(step * B + b);
-        auto ids = format.single_turn(tp.prompt);
-        const std::uint64_t id = gen.submit(ids, sp, G);
-        prompts[id] = tp;
-        encoded[id] = std::move(ids);
-      }
       const auto t_gen = std::chrono::steady_clock::now();
-      const auto results = gen.run_until_idle();
+      const std::vector<learner::rollout_sample> batch = bench::sample_rollouts(cfg, task, format, worker, B, G, step * B);
       const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_gen).count();
-      std::vector<learner::rollout_sample> batch;
       double reward_sum = 0.0;
-      for (const auto& r : results) {
-        learner::rollout_sample s;
-        s.group_id = r.request_id;
-        s.prompt = encoded.at(r.request_id);
-        s.response = r.tokens;
-        s.loss_mask.assign(r.tokens.size(), 1);
-        s.sampling_logprobs = r.logprobs;
-        s.truncated = r.reason == ml::finish_reason::length;
-        s.reward = static_cast<float>(
-          task.single_turn->score(prompts.at(r.request_id), format.tok().decode(r.tokens, ml::decode_specials::skip)).reward);
+      for (const auto& s : batch)
         reward_sum += s.reward;
-        batch.push_back(std::move(s));
-      }
       const bitwise_sources src = sources_of(master, batch, temperature);
       const learner::step_metrics m = core.train_step(batch);
       learn_sum += m.seconds;

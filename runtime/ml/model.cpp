@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <tuple>
 
@@ -328,6 +330,7 @@ struct policy_model::impl {
   at::Tensor rope_cos, rope_sin;  // [max_seq, head_dim/2] fp32
   decode_gemm gemm = decode_gemm::automatic;
   decode_profile* profile = nullptr;
+  packed_attention attention = packed_attention::batched;
 
   void bind();
   void bind_if_stale();
@@ -491,6 +494,7 @@ policy_model policy_model::clone(c10::ScalarType weight_dtype) const {
   p->rope_cos = impl_->rope_cos;  // immutable tables: sharing is safe
   p->rope_sin = impl_->rope_sin;
   p->gemm = impl_->gemm;
+  p->attention = impl_->attention;
   p->bind();
   return policy_model(std::move(p));
 }
@@ -612,6 +616,146 @@ at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor
   }
   return recorded_linear(capture != nullptr ? &capture->layers : nullptr, "lm_head.weight",
                          rms_norm(h, m.final_norm, d.norm_eps), m.lm_head);
+}
+
+namespace {
+
+// Where each packed token sits in a right-padded [seqs, longest] layout, for the batched
+// attention of forward_packed.
+struct packed_layout {
+  std::int64_t seqs = 0, longest = 0;
+  at::Tensor to_padded;  // [seqs * longest] int64: the packed row each padded slot reads
+  at::Tensor to_packed;  // [S] int64: the padded slot of each packed row
+  at::Tensor masked;     // [seqs, longest, longest] bool, true = hidden
+};
+
+packed_layout layout_of(const std::vector<std::int64_t>& seq_lens, c10::Device device) {
+  packed_layout l;
+  l.seqs = static_cast<std::int64_t>(seq_lens.size());
+  for (const std::int64_t n : seq_lens) l.longest = std::max(l.longest, n);
+  const std::int64_t L = l.longest;
+  at::Tensor to_padded = at::empty({l.seqs * L}, at::kLong);
+  at::Tensor to_packed = at::empty({std::accumulate(seq_lens.begin(), seq_lens.end(), std::int64_t{0})}, at::kLong);
+  at::Tensor lens = at::empty({l.seqs}, at::kLong);
+  auto* pad = to_padded.data_ptr<std::int64_t>();
+  auto* packed = to_packed.data_ptr<std::int64_t>();
+  std::int64_t offset = 0;
+  for (std::int64_t b = 0; b < l.seqs; ++b) {
+    const std::int64_t n = seq_lens[static_cast<std::size_t>(b)];
+    lens.data_ptr<std::int64_t>()[b] = n;
+    for (std::int64_t t = 0; t < L; ++t) {
+      // A padding slot reads the sequence's first row: any finite value serves, since its key
+      // is hidden from every real query and its query row is dropped (so its gradient is 0).
+      pad[b * L + t] = offset + (t < n ? t : 0);
+      if (t < n) packed[offset + t] = b * L + t;
+    }
+    offset += n;
+  }
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor key = at::arange(L, opts);
+  const at::Tensor causal_hidden = at::ones({L, L}, opts.dtype(at::kBool)).triu(1);
+  // Padding keys are hidden from every query; a padding query still sees its sequence's first
+  // key, so no row is fully masked and the softmax stays finite.
+  const at::Tensor key_padding = key.unsqueeze(0).ge(lens.to(device).unsqueeze(1));  // [seqs, L]
+  l.masked = causal_hidden.unsqueeze(0).logical_or(key_padding.unsqueeze(1));
+  l.to_padded = to_padded.to(device);
+  l.to_packed = to_packed.to(device);
+  return l;
+}
+
+}  // namespace
+
+at::Tensor policy_model::forward_packed(const at::Tensor& ids, const std::vector<std::int64_t>& seq_lens,
+                                        const at::Tensor& rows) const {
+  return at::linear(forward_packed_hidden(ids, seq_lens, rows), impl_->lm_head);
+}
+
+at::Tensor policy_model::lm_head_compute_weight() const {
+  impl_->bind_if_stale();
+  return impl_->lm_head;
+}
+
+void policy_model::set_packed_attention(packed_attention a) noexcept { impl_->attention = a; }
+
+at::Tensor policy_model::forward_packed_hidden(const at::Tensor& ids_in, const std::vector<std::int64_t>& seq_lens,
+                                               const at::Tensor& rows) const {
+  auto& m = *impl_;
+  const model_dims& d = m.dims;
+  TORCH_CHECK(ids_in.dim() == 1, "forward_packed: ids must be [S], got ", ids_in.sizes());
+  TORCH_CHECK(at::isIntegralType(ids_in.scalar_type(), /*includeBool=*/false),
+              "forward_packed: ids must be an integer tensor, got ", ids_in.scalar_type());
+  TORCH_CHECK(!seq_lens.empty(), "forward_packed: no sequences");
+  std::int64_t S = 0;
+  for (const std::int64_t n : seq_lens) {
+    TORCH_CHECK(n >= 1 && n <= d.max_seq, "forward_packed: a sequence length is ", n,
+                ", outside [1, max_seq = ", d.max_seq, "]");
+    S += n;
+  }
+  TORCH_CHECK(S == ids_in.size(0), "forward_packed: seq_lens sum to ", S, " but ids hold ",
+              ids_in.size(0), " tokens");
+  const at::Tensor ids = ids_in.to(m.device, at::kLong);
+  check_ids(ids, d.vocab);
+  m.bind_if_stale();
+
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(m.device);
+  at::Tensor positions = at::empty({S}, at::kLong);
+  {
+    auto* pos = positions.data_ptr<std::int64_t>();
+    for (const std::int64_t n : seq_lens)
+      for (std::int64_t t = 0; t < n; ++t) *pos++ = t;
+  }
+  positions = positions.to(m.device);
+  const std::int64_t H = d.n_heads, KV = d.n_kv_heads, hd = d.head_dim();
+  const at::Tensor cos = m.rope_cos.index_select(0, positions);  // [S, hd/2]
+  const at::Tensor sin = m.rope_sin.index_select(0, positions);
+  const bool batched = m.attention == packed_attention::batched;
+  packed_layout lay;
+  at::Tensor causal_one;  // per_sequence: [1, L, L] masks, cut from the longest sequence's
+  if (batched) {
+    lay = layout_of(seq_lens, m.device);
+  } else {
+    const std::int64_t L = *std::max_element(seq_lens.begin(), seq_lens.end());
+    causal_one = at::ones({L, L}, long_opts.dtype(at::kBool)).triu(1).unsqueeze(0);
+  }
+  auto attention = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    if (batched) {
+      const std::int64_t B = lay.seqs, L = lay.longest;
+      const at::Tensor a = attend(q.index_select(0, lay.to_padded).view({B, L, H, hd}),
+                                  k.index_select(0, lay.to_padded).view({B, L, KV, hd}),
+                                  v.index_select(0, lay.to_padded).view({B, L, KV, hd}), lay.masked);
+      return a.view({B * L, H * hd}).index_select(0, lay.to_packed);
+    }
+    std::vector<at::Tensor> parts;
+    parts.reserve(seq_lens.size());
+    std::int64_t offset = 0;
+    for (const std::int64_t n : seq_lens) {
+      const at::Tensor masked = causal_one.narrow(1, 0, n).narrow(2, 0, n).contiguous();
+      parts.push_back(attend(q.narrow(0, offset, n).unsqueeze(0), k.narrow(0, offset, n).unsqueeze(0),
+                             v.narrow(0, offset, n).unsqueeze(0), masked)
+                          .squeeze(0));
+      offset += n;
+    }
+    return at::cat(parts, 0);
+  };
+
+  at::Tensor h = at::embedding(m.embed, ids);  // [S, d]
+  for (const auto& w : m.layers) {
+    const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
+    const at::Tensor q = apply_rope(at::linear(x, w.q_w, w.q_b).view({S, H, hd}), cos, sin);
+    const at::Tensor k = apply_rope(at::linear(x, w.k_w, w.k_b).view({S, KV, hd}), cos, sin);
+    const at::Tensor v = at::linear(x, w.v_w, w.v_b).view({S, KV, hd});
+    h = h + at::linear(attention(q, k, v), w.o_w);
+    h = h + swiglu_mlp(w, rms_norm(h, w.post_norm, d.norm_eps));
+  }
+  if (rows.defined()) {
+    TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong,
+                "forward_packed: rows must be [R] int64, got ", rows.sizes(), " ", rows.scalar_type());
+    const at::Tensor r = rows.to(m.device);
+    TORCH_CHECK(r.numel() == 0 || (r.min().item<std::int64_t>() >= 0 && r.max().item<std::int64_t>() < S),
+                "forward_packed: a row index is outside [0, ", S, ")");
+    h = h.index_select(0, r);
+  }
+  return rms_norm(h, m.final_norm, d.norm_eps);
 }
 
 at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_id>& seqs,

@@ -85,6 +85,17 @@ enum class logits_for {
   all,   ///< one row per appended token, packed in call order (what draft verification needs)
 };
 
+/// How forward_packed computes attention, the only part of it that is per sequence.
+enum class packed_attention {
+  /// The sequences' queries, keys and values are gathered into a right-padded [seqs, longest]
+  /// layout for one batched attention under a block-causal mask, then gathered back: one
+  /// matmul per layer instead of one per sequence, at the price of the padded score entries.
+  batched,
+  /// One attention call per sequence on its own rows: no padded entries, one kernel launch
+  /// (and autograd node chain) per sequence and layer.
+  per_sequence,
+};
+
 /// Which GEMM implementation forward_cached uses for its linear layers (the training forward
 /// always uses at::linear, which autograd differentiates).
 enum class decode_gemm {
@@ -226,6 +237,30 @@ class policy_model {
   /// Throws c10::Error as forward() does, and for rows of another shape, dtype or range.
   at::Tensor forward_rows(const at::Tensor& ids, const at::Tensor& attention_mask,
                           const at::Tensor& rows) const;
+
+  /// Training forward over sequences packed end to end without padding: the embedding, the
+  /// norms, the linear layers and the MLP see only real tokens, attention is causal within
+  /// each sequence (block-diagonal), and positions restart at 0 for each sequence, so every
+  /// row's logits are forward()'s for that sequence alone, up to fp32 rounding of the
+  /// matmuls. Differentiable; respects set_bf16_compute. ids: [S] integer token ids < vocab,
+  /// the sequences concatenated in order; seq_lens: their lengths, each in [1, max_seq],
+  /// summing to S; rows: [R] int64 positions in [0, S) whose logits are wanted (undefined =
+  /// all S). Returns [R, vocab] fp32. Records nothing: linear_capture's per-row layout needs
+  /// forward_rows. Throws c10::Error for bad shapes, ids, lengths or rows.
+  at::Tensor forward_packed(const at::Tensor& ids, const std::vector<std::int64_t>& seq_lens,
+                            const at::Tensor& rows) const;
+  /// forward_packed without the LM head: the final-normed hidden states [R, d_model] fp32 at
+  /// `rows`, whose logits are `hidden · lm_head_compute_weight()ᵀ`; for losses that apply the
+  /// LM head chunk by chunk (runtime/ml/fused_logprobs.hpp). Throws as forward_packed.
+  at::Tensor forward_packed_hidden(const at::Tensor& ids, const std::vector<std::int64_t>& seq_lens,
+                                   const at::Tensor& rows) const;
+  /// The LM head weight that forwards compute with: [vocab, d_model] fp32 (the bf16 image with
+  /// set_bf16_compute, the embedding when tied), attached to the parameters' graph when they
+  /// require grad. Valid until the next parameter change.
+  at::Tensor lm_head_compute_weight() const;
+  /// Chooses forward_packed's attention (default packed_attention::batched); both give the
+  /// same values up to fp32 rounding.
+  void set_packed_attention(packed_attention a) noexcept;
 
   /// One linear layer of a training forward as forward_rows records it, for per-sequence
   /// gradient geometry without per-sample gradients (actors/learner/grad_gram.hpp): the

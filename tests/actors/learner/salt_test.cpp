@@ -363,6 +363,9 @@ TEST_CASE("SALT without amplification is the plain GRPO / DAPO step bit for bit"
   const std::int64_t micro_tokens = GENERATE(4096, 40);
   const auto batch = gram_batch(40);
   learner_options plain;
+  // With SALT on the learner's forwards are padded (learner_options::packed_forward); the
+  // packed ones agree with them up to fp32 rounding only.
+  plain.packed_forward = false;
   plain.lr = 1e-2;
   plain.minibatches = minibatches;
   plain.loss.norm = norm;

@@ -1,0 +1,138 @@
+#include "runtime/ml/model.hpp"
+
+#include "tests/ml/policy_test_util.hpp"
+
+#include "runtime/ml/torch_compat.hpp"
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+using namespace sorl::ml;
+using sorl::ml::test::full_logits;
+using sorl::ml::test::max_abs_diff;
+using sorl::ml::test::random_policy;
+using sorl::ml::test::small_dims;
+using sorl::ml::test::tokens;
+
+namespace {
+
+// Sequences of odd and unequal lengths, one of a single token.
+std::vector<std::vector<std::int32_t>> sequences(std::int64_t vocab) {
+  return {tokens(5, vocab, 1), tokens(1, vocab, 2), tokens(9, vocab, 3), tokens(4, vocab, 4)};
+}
+
+struct packed_input {
+  at::Tensor ids;                     // [S]
+  std::vector<std::int64_t> lens;
+};
+
+packed_input pack(const std::vector<std::vector<std::int32_t>>& seqs) {
+  packed_input p;
+  std::vector<std::int64_t> flat;
+  for (const auto& s : seqs) {
+    flat.insert(flat.end(), s.begin(), s.end());
+    p.lens.push_back(static_cast<std::int64_t>(s.size()));
+  }
+  p.ids = at::tensor(flat, at::kLong);
+  return p;
+}
+
+// Right-padded [B, L] ids and mask of the same sequences, as the learner's padded path has them.
+std::pair<at::Tensor, at::Tensor> pad(const std::vector<std::vector<std::int32_t>>& seqs) {
+  std::int64_t L = 0;
+  for (const auto& s : seqs) L = std::max<std::int64_t>(L, static_cast<std::int64_t>(s.size()));
+  const auto B = static_cast<std::int64_t>(seqs.size());
+  at::Tensor ids = at::zeros({B, L}, at::kLong), mask = at::zeros({B, L}, at::kLong);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < seqs[static_cast<std::size_t>(b)].size(); ++t) {
+      ids[b][static_cast<std::int64_t>(t)] = seqs[static_cast<std::size_t>(b)][t];
+      mask[b][static_cast<std::int64_t>(t)] = 1;
+    }
+  return {ids, mask};
+}
+
+}  // namespace
+
+// Logits here are of magnitude ~1-10; the packed and padded passes differ only by fp32 rounding
+// of matmuls over other row counts (~1e-6 in practice), as the cached decode does.
+constexpr double packed_atol = 1e-4;
+
+TEST_CASE("a packed forward gives every sequence its own logits, positions restarting at 0", "[model][packed]") {
+  for (const bool bias : {false, true}) {
+    for (const auto attention : {packed_attention::batched, packed_attention::per_sequence}) {
+      model_dims d = small_dims();
+      d.qkv_bias = bias;
+      d.tie_embeddings = !bias;
+      policy_model m = random_policy(d, 11);
+      m.set_packed_attention(attention);
+      const auto seqs = sequences(d.vocab);
+      const packed_input p = pack(seqs);
+      at::NoGradGuard no_grad;
+      const at::Tensor all = m.forward_packed(p.ids, p.lens, at::Tensor());
+      REQUIRE(all.sizes() == (std::vector<std::int64_t>{p.ids.size(0), d.vocab}));
+      std::int64_t offset = 0;
+      for (const auto& s : seqs) {
+        const auto n = static_cast<std::int64_t>(s.size());
+        CHECK(max_abs_diff(all.narrow(0, offset, n), full_logits(m, s)) <= packed_atol);
+        offset += n;
+      }
+      // Chosen rows only: the same rows of the whole.
+      const at::Tensor rows = at::tensor(std::vector<std::int64_t>{18, 0, 5, 7}, at::kLong);
+      CHECK(max_abs_diff(m.forward_packed(p.ids, p.lens, rows), all.index_select(0, rows)) <= packed_atol);
+      const at::Tensor hidden = m.forward_packed_hidden(p.ids, p.lens, rows);
+      CHECK(hidden.sizes() == (std::vector<std::int64_t>{4, d.d_model}));
+      CHECK(max_abs_diff(at::linear(hidden, m.lm_head_compute_weight()), all.index_select(0, rows)) <= packed_atol);
+    }
+  }
+}
+
+TEST_CASE("packed and padded forwards give the same gradients, on the bf16 image too", "[model][packed]") {
+  for (const bool bf16 : {false, true}) {
+    for (const auto attention : {packed_attention::batched, packed_attention::per_sequence}) {
+      INFO("bf16 " << bf16 << ", per_sequence " << (attention == packed_attention::per_sequence));
+      const model_dims d = small_dims();
+      policy_model a = random_policy(d, 5);
+      policy_model b = a.clone(at::kFloat);
+      for (policy_model* m : {&a, &b}) {
+        m->set_requires_grad(true);
+        m->set_bf16_compute(bf16);
+      }
+      a.set_packed_attention(attention);
+      const auto seqs = sequences(d.vocab);
+      const packed_input p = pack(seqs);
+      const auto [ids, mask] = pad(seqs);
+      // Every position's logits weighed by a fixed random tensor.
+      const at::Tensor w = at::randn({p.ids.size(0), d.vocab}, at::detail::getDefaultCPUGenerator());
+      (a.forward_packed(p.ids, p.lens, at::Tensor()) * w).sum().backward();
+      const at::Tensor padded = b.forward(ids, mask);  // [B, L, V]
+      std::vector<at::Tensor> real;
+      for (std::size_t i = 0; i < seqs.size(); ++i)
+        real.push_back(padded[static_cast<std::int64_t>(i)].narrow(0, 0, static_cast<std::int64_t>(seqs[i].size())));
+      (at::cat(real, 0) * w).sum().backward();
+      for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+        INFO(a.parameters()[i].first);
+        const at::Tensor& ga = a.parameters()[i].second.grad();
+        const at::Tensor& gb = b.parameters()[i].second.grad();
+        REQUIRE(ga.defined());
+        REQUIRE(gb.defined());
+        // Relative to the gradient's scale: sums over every position round differently.
+        CHECK(max_abs_diff(ga, gb) <= 1e-5 * (1.0 + gb.abs().max().item<double>()));
+      }
+    }
+  }
+}
+
+TEST_CASE("forward_packed refuses bad lengths, ids and rows", "[model][packed]") {
+  const model_dims d = small_dims();
+  const policy_model m(d, 3);
+  const at::Tensor ids = at::tensor(std::vector<std::int64_t>{1, 2, 3, 4}, at::kLong);
+  CHECK_THROWS_AS(m.forward_packed(ids, {2, 1}, at::Tensor()), c10::Error);        // sums to 3, not 4
+  CHECK_THROWS_AS(m.forward_packed(ids, {4, 0}, at::Tensor()), c10::Error);        // an empty sequence
+  CHECK_THROWS_AS(m.forward_packed(ids, {}, at::Tensor()), c10::Error);
+  CHECK_THROWS_AS(m.forward_packed(ids.unsqueeze(0), {4}, at::Tensor()), c10::Error);
+  CHECK_THROWS_AS(m.forward_packed(ids + d.vocab, {4}, at::Tensor()), c10::Error);
+  CHECK_THROWS_AS(m.forward_packed(ids, {4}, at::tensor(std::vector<std::int64_t>{4}, at::kLong)), c10::Error);
+  const at::Tensor long_ids = at::zeros({d.max_seq + 1}, at::kLong);
+  CHECK_THROWS_AS(m.forward_packed(long_ids, {d.max_seq + 1}, at::Tensor()), c10::Error);
+}
