@@ -13,10 +13,12 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers build some results from _mm512_undefined_*(), which its own
 // uninitialised-value analysis then reports inside every caller.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace sorl::ml {
