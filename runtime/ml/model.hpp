@@ -104,7 +104,7 @@ enum class decode_gemm {
   /// Otherwise: oneDNN (libtorch's bundled MKLDNN) for fp32 CPU products of >= 2^18 multiply-adds when
   /// libtorch has it, else at::linear. The faster depends on libblas.so.3: netlib's reference
   /// BLAS is several times slower than oneDNN at decode batch 8-64, OpenBLAS can be faster
-  /// (README.md, "Decode speed", says how to time both). On CUDA: plain at::linear.
+  /// (docs/decode-speed.md, "The preset benches", says how to time both). On CUDA: plain at::linear.
   automatic,
   aten,  ///< always at::linear (whatever BLAS libtorch was built with)
   /// The fp32 image of the weights with automatic's oneDNN rule, whatever the weights' dtype:
