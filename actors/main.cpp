@@ -306,21 +306,26 @@ void print_presets(const sorl::experiment_config& cfg) {
     fmt::print("{}: {}\n", cfg.file, presets);
 }
 
-/// Pins the CPU kernels (runtime/ml/cpu_kernels.hpp) in a process that trains or decodes
-/// (`node` names it: only its own roles count), and logs them; the others skip the restart.
-void pin_cpu_kernels(char** argv, const sorl::experiment_config* cfg, const std::string& node = "") {
-  bool ml = cfg == nullptr; // sorl sft
-  if (cfg)
-    for (const auto& n : cfg->nodes)
-      if (node.empty() || n.name == node)
-        for (const auto& a : n.actors)
-          ml = ml || a.role == sorl::role::trainer || a.role == sorl::role::learner
-               || a.role == sorl::role::rollout_worker;
+/// Pins the CPU kernels (runtime/ml/cpu_kernels.hpp) when `cfg` asks for portable ones, in a
+/// process that trains or decodes (`node` names it: only its own roles count; `sft`: it is
+/// `sorl sft`, which trains whatever roles the file names), and logs them; the others skip
+/// the restart.
+void pin_cpu_kernels(char** argv, const sorl::experiment_config& cfg, const std::string& node,
+                     bool sft = false) {
+  bool ml = sft;
+  for (const auto& n : cfg.nodes)
+    if (node.empty() || n.name == node)
+      for (const auto& a : n.actors)
+        ml = ml || a.role == sorl::role::trainer || a.role == sorl::role::learner
+             || a.role == sorl::role::rollout_worker;
   if (!ml)
     return;
-  sorl::pin_cpu_kernels(argv);
+  const bool portable =
+    cfg.run.kernels == sorl::kernels_kind::portable && !std::getenv("SORL_NATIVE_KERNELS");
+  if (portable)
+    sorl::pin_cpu_kernels(argv);
   spdlog::info("CPU kernels: {}", sorl::cpu_kernels_summary());
-  if (sorl::loaded_blas().find("openblas") == std::string::npos && !std::getenv("SORL_NATIVE_KERNELS"))
+  if (portable && sorl::loaded_blas().find("openblas") == std::string::npos)
     spdlog::warn("the BLAS is not OpenBLAS: results differ from those of machines with it "
                  "(scripts/install-deps installs libopenblas0-pthread)");
 }
@@ -739,14 +744,14 @@ int main(int argc, char** argv) {
   }
   if (sft->parsed()) {
     auto cfg = load_or_exit(sft_config);
-    pin_cpu_kernels(argv, nullptr);
+    pin_cpu_kernels(argv, cfg, "", true);
     return run_warm_start(cfg);
   }
   if (train->parsed()) {
     if (train_config.empty())
       train_config = default_config();
     auto cfg = load_or_exit(train_config);
-    pin_cpu_kernels(argv, &cfg);
+    pin_cpu_kernels(argv, cfg, "");
     print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)
@@ -795,7 +800,7 @@ int main(int argc, char** argv) {
       }
       node_opts.connect = *ep;
     }
-    pin_cpu_kernels(argv, &cfg, node_opts.node);
+    pin_cpu_kernels(argv, cfg, node_opts.node);
     print_presets(cfg);
     cfg.run.resume = resume;
     if (cfg.run.threads > 0)

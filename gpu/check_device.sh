@@ -79,7 +79,8 @@ if [[ ! -f ${TORCH_LIB:-}/libtorch.so ]]; then
   exit 2
 fi
 export LD_LIBRARY_PATH="$TORCH_LIB:$root/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# The CPU kernel pinning restarts the process with Debian's OpenBLAS, which a GPU machine lacks.
+# configs/default.toml's portable kernels restart the process with Debian's OpenBLAS, which a
+# GPU machine lacks.
 export SORL_NATIVE_KERNELS=1
 mkdir -p "$OUT"
 report=$OUT/device-check.md

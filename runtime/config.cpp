@@ -609,6 +609,7 @@ void parse_run(table_reader& r, run_config& c) {
   r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
   r.integer("eval_every", c.eval_every, 0, 100'000'000);
   r.integer("threads", c.threads, 0, 1024);
+  r.choice("kernels", c.kernels);
   r.string("device", c.device);
   if (auto why = device_problem(c.device); !why.empty())
     r.conflict("device", why);

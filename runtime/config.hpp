@@ -73,6 +73,7 @@ enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache
 enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
 /// [salt].gram (actors/learner/grad_gram.hpp gram_method).
 enum class salt_gram_kind { automatic, ghost, materialized };
+enum class kernels_kind { native, portable }; ///< [run].kernels (runtime/ml/cpu_kernels.hpp)
 
 template <class E>
 struct config_names {};
@@ -104,6 +105,8 @@ SORL_CONFIG_NAMES(salt_gram_kind, 3, {salt_gram_kind::automatic, "auto"}, {salt_
                   {salt_gram_kind::materialized, "materialized"})
 SORL_CONFIG_NAMES(match_kind, 4, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
                   {match_kind::first_number, "first_number"}, {match_kind::countdown, "countdown"})
+SORL_CONFIG_NAMES(kernels_kind, 2, {kernels_kind::native, "native"},
+                  {kernels_kind::portable, "portable"})
 #undef SORL_CONFIG_NAMES
 
 /// The config spelling of an enumerated setting, e.g. to_string(sync_kind::sparse) == "sparse".
@@ -129,6 +132,13 @@ struct run_config {
   /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
   /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
   int64_t threads = 1;
+  /// CPU kernels of the processes that train or decode (runtime/ml/cpu_kernels.hpp):
+  /// "native" = each library's own, fastest choice for the CPU, whose rounding differs between
+  /// machines (AVX2 or AVX-512) and so, after many steps, does the model; "portable" = libtorch,
+  /// oneDNN and OpenBLAS held to their AVX2 kernels, the same bits on any x86-64 CPU with AVX2
+  /// and FMA, slower on one with AVX-512 (README.md, "What varies by machine"). The
+  /// environment variable SORL_NATIVE_KERNELS makes "portable" native.
+  kernels_kind kernels = kernels_kind::native;
   /// libtorch device of the learner (model, optimizer, loss) and, unless [rollout] device
   /// names another, of the rollout workers (policy, KV cache, sampler): "cpu", "cuda" (CUDA
   /// device 0) or "cuda:N". A CUDA device needs sorl built against a CUDA libtorch

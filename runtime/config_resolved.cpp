@@ -89,6 +89,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("checkpoint_every", c.run.checkpoint_every);
   e.integer("eval_every", c.run.eval_every);
   e.integer("threads", c.run.threads);
+  e.str("kernels", to_string(c.run.kernels));
   e.str("device", c.run.device);
 
   e.table = "model";

@@ -6,7 +6,9 @@
 // libtorch picks its vector kernels (AVX2 or AVX-512), oneDNN its JIT code and OpenBLAS its
 // GEMM kernels (Haswell, SkylakeX, Zen, ...) per CPU, and Debian's BLAS alternative may be
 // OpenBLAS or the reference BLAS: each choice rounds differently, and a thousand training
-// steps turn the last bits into a different model. The same kernels give the same weights.
+// steps turn the last bits into a different model. The same kernels give the same weights,
+// at a price in speed on CPUs with AVX-512: sorl pins them only for `[run] kernels =
+// "portable"` (runtime/config.hpp), and leaves each library its own choice by default.
 
 #include <string>
 

@@ -41,6 +41,7 @@ std::string full_config(const fs::path& dir) {
   return R"([run]
 name = "quote\"back\\slash"
 seed = 7
+kernels = "portable"
 output_dir = ")" + (dir / "runs").string() + R"("
 [model]
 checkpoint = "ckpt"
@@ -89,6 +90,7 @@ TEST_CASE("the resolved configuration reads back to the same settings") {
 
   CHECK(back.run.name == "quote\"back\\slash");
   CHECK(back.run.seed == 7);
+  CHECK(back.run.kernels == kernels_kind::portable);
   CHECK(back.run.output_dir == (dir.path / "runs").string());
   CHECK(back.model.checkpoint == (dir.path / "ckpt").string());
   CHECK(back.task.path == (dir.path / "tasks.jsonl").string());

@@ -140,6 +140,21 @@ TEST_CASE("run.device and rollout.device take cpu, cuda or cuda:N, and refuse ot
   CHECK(e.key == "rollout.device");
 }
 
+TEST_CASE("run.kernels is native unless the file asks for portable kernels") {
+  CHECK(parse_config(minimal, "test.toml", roles).run.kernels == kernels_kind::native);
+  CHECK(parse_config("[run]\nkernels = \"native\"\n" + std::string{minimal}, "t.toml", roles)
+          .run.kernels == kernels_kind::native);
+  CHECK(parse_config("[run]\nkernels = \"portable\"\n" + std::string{minimal}, "t.toml", roles)
+          .run.kernels == kernels_kind::portable);
+  auto e = only_error("[run]\nseed = 1\nkernels = \"avx2\"\n" + std::string{minimal});
+  CHECK(e.line == 3);
+  CHECK(e.key == "run.kernels");
+  CHECK(e.to_string()
+        == "test.toml:3:11: key 'run.kernels': \"avx2\" is not one of \"native\", \"portable\"");
+  CHECK(only_error("[run]\nkernels = \"Portable\"\n" + std::string{minimal}).message
+        == "\"Portable\" is not one of \"native\", \"portable\"; did you mean \"portable\"?");
+}
+
 TEST_CASE("settings the learner cannot run are refused at load: clip_eps_low 1, lr × weight_decay 1") {
   auto e = only_error("[algorithm]\nclip_eps_low = 1.0\n" + std::string{minimal});
   CHECK(e.line == 2);

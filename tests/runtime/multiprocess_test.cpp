@@ -340,33 +340,60 @@ TEST_CASE("export-hf and convert-gguf refuse to write over a model without --ove
   fs::remove_all(out);
 }
 
+namespace {
+
+/// Sets environment variables (a null value unsets one), which the children started meanwhile
+/// inherit from this process, and puts them back when it goes.
+class scoped_env {
+public:
+  explicit scoped_env(const std::vector<std::pair<const char*, const char*>>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>{old} : std::nullopt);
+      value ? setenv(name, value, 1) : unsetenv(name);
+    }
+  }
+  ~scoped_env() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+      it->second ? setenv(it->first, it->second->c_str(), 1) : unsetenv(it->first);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+/// The kernel variables a test of the pin decides itself: none set, as on a fresh machine.
+std::vector<std::pair<const char*, const char*>> no_kernel_variables() {
+  return {{"ATEN_CPU_CAPABILITY", nullptr}, {"ONEDNN_MAX_CPU_ISA", nullptr},
+          {"OPENBLAS_CORETYPE", nullptr},   {"SORL_NATIVE_KERNELS", nullptr},
+          {"SORL_KERNELS_PINNED", nullptr}};
+}
+
+} // namespace
+
 TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CPU") {
-  // sorl pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2 (runtime/ml/cpu_kernels.hpp);
-  // run b sets by hand what an AVX2-only machine would choose by itself.
-  // On an AVX-512 machine, run a without the pin differs in the last bits of every weight.
+  // run.kernels = "portable" pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2
+  // (runtime/ml/cpu_kernels.hpp); run b sets by hand what an AVX2-only machine would choose by
+  // itself. On an AVX-512 machine, run a without the pin differs in the last bits of every weight.
   auto run = [](const std::string& name, bool as_avx2_machine, const char* blas_dir = nullptr) {
     auto dir = fs::path{SORL_TEST_DATA_DIR} / ("isa_" + name + "_" + std::to_string(getpid()));
     fs::remove_all(dir);
     auto cfg = write_config("isa_" + name + ".toml",
+                            "[run]\nkernels = \"portable\"\n"
                             "[model]\ncheckpoint = \"" + dir.string() + "\"\n"
                             "[task]\nmax_new_tokens = 6\n[sft]\nsteps = 8\nbatch_size = 8\n"
                             "eval_count = 0\n[[node]]\nname = \"m\"\nactors = [\"ping\"]\n");
-    // This process's environment is the child's: set for the one spawn, then put back.
-    std::vector<std::pair<const char*, std::optional<std::string>>> saved;
-    for (auto v : {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "LD_LIBRARY_PATH"}) {
-      const char* old = std::getenv(v);
-      saved.emplace_back(v, old ? std::optional<std::string>{old} : std::nullopt);
-    }
-    if (as_avx2_machine) {
-      setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
-      setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
-      setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-    }
+    auto vars = no_kernel_variables();
+    if (as_avx2_machine)
+      vars.insert(vars.end(), {{"ATEN_CPU_CAPABILITY", "avx2"},
+                               {"ONEDNN_MAX_CPU_ISA", "AVX2"},
+                               {"OPENBLAS_CORETYPE", "Haswell"}});
     if (blas_dir)
-      setenv("LD_LIBRARY_PATH", blas_dir, 1);
+      vars.emplace_back("LD_LIBRARY_PATH", blas_dir);
+    scoped_env env{vars};
     child_process p{{SORL_BIN, "sft", cfg}};
-    for (const auto& [v, old] : saved)
-      old ? setenv(v, old->c_str(), 1) : unsetenv(v);
     auto rc = p.wait_exit(120s);
     INFO(p.output());
     REQUIRE(rc == 0);
@@ -386,6 +413,46 @@ TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CP
     CHECK(run("reference_blas", false, reference_blas) == pinned);
   else
     WARN("no reference BLAS in " << reference_blas << ": the BLAS-alternative case is skipped");
+}
+
+TEST_CASE("run.kernels pins the kernels only when portable, and SORL_NATIVE_KERNELS overrides it") {
+#if defined(__x86_64__)
+  const bool pins = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  const bool pins = false;
+#endif
+  // With no model.checkpoint `sorl sft` stops at once, after choosing and logging its kernels.
+  auto kernels = [](const std::string& name, const char* value, bool native_variable) {
+    auto cfg = write_config("kernels_" + name + ".toml",
+                            std::string{"[run]\nkernels = \""} + value
+                              + "\"\n[[node]]\nname = \"m\"\nactors = [\"ping\"]\n");
+    auto vars = no_kernel_variables();
+    if (native_variable)
+      vars.emplace_back("SORL_NATIVE_KERNELS", "1");
+    scoped_env env{vars};
+    child_process p{{SORL_BIN, "sft", cfg}};
+    CHECK(p.wait_exit(slack) == 2);
+    INFO(p.output());
+    CHECK(p.wait_for("set model.checkpoint", 1s));
+    for (size_t i = 0; i < p.line_count(); ++i)
+      if (auto at = p.line(i).find("CPU kernels: "); at != std::string::npos)
+        return p.line(i).substr(at);
+    FAIL("no \"CPU kernels:\" line");
+    return std::string{};
+  };
+  auto native = kernels("native", "native", false);
+  CHECK_THAT(native, Catch::EndsWith("ATen native, oneDNN native"));
+  CHECK_THAT(native, !Catch::Contains("core Haswell"));
+  auto portable = kernels("portable", "portable", false);
+  if (pins) {
+    CHECK_THAT(portable, Catch::EndsWith("ATen avx2, oneDNN AVX2"));
+    if (portable.find("OpenBLAS") != std::string::npos) // else a warning says it is missing
+      CHECK_THAT(portable, Catch::Contains("(OpenBLAS core Haswell)"));
+  } else {
+    CHECK(portable == native);
+    WARN("no x86-64 CPU with AVX2 and FMA: portable kernels are native here");
+  }
+  CHECK(kernels("overridden", "portable", true) == native);
 }
 
 TEST_CASE("sorl train keeps the resolved configuration and reports what a resume changed") {
