@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -273,27 +274,48 @@ at::Tensor token_logprobs(const ml::policy_model& model, const at::Tensor& ids,
 /// token_logprobs of the batch rows `rows` (in that order) by one packed forward without padding
 /// and the chunked LM head (learner_options::packed_forward): [k, T] fp32, row j holding
 /// rows[j]'s response log-probs in its first response-length columns and 0 beyond; entropy
-/// likewise (never differentiable). Differentiable when grad mode is on.
+/// likewise (never differentiable). Differentiable when grad mode is on. With `share`, rows
+/// whose prompts are equal token for token (a group's rollouts) read one copy of the prompt
+/// (learner_options::share_prompts, policy_model::forward_shared_hidden).
 at::Tensor packed_logprobs(const ml::policy_model& model, const packed_batch& p,
                            const std::vector<std::int64_t>& rows, std::int64_t T, double temperature,
-                           at::Tensor* entropy) {
+                           at::Tensor* entropy, bool share) {
   std::vector<std::int64_t> ids, seq_lens, logit_rows, targets, dest;
+  std::vector<std::vector<std::int64_t>> seq_rows;
+  std::map<std::vector<std::int64_t>, std::int64_t> prompt_row; // a prompt's tokens -> its first row
   for (std::size_t j = 0; j < rows.size(); ++j) {
     const auto i = static_cast<std::size_t>(rows[j]);
-    const std::int64_t start = static_cast<std::int64_t>(ids.size());
     const std::int64_t plen = p.seq_len[i] - p.resp_len[i];
-    ids.insert(ids.end(), p.flat_ids.begin() + p.offset[i], p.flat_ids.begin() + p.offset[i] + p.seq_len[i]);
-    seq_lens.push_back(p.seq_len[i]);
+    const auto first = p.flat_ids.begin() + p.offset[i];
+    std::int64_t prompt_start = static_cast<std::int64_t>(ids.size());
+    if (share) {
+      const auto [it, fresh] = prompt_row.try_emplace(std::vector<std::int64_t>(first, first + plen), prompt_start);
+      prompt_start = it->second;
+      if (fresh)
+        ids.insert(ids.end(), first, first + plen);
+      const std::int64_t own_start = static_cast<std::int64_t>(ids.size());
+      ids.insert(ids.end(), first + plen, first + p.seq_len[i]);
+      std::vector<std::int64_t> seq(static_cast<std::size_t>(p.seq_len[i]));
+      std::iota(seq.begin(), seq.begin() + plen, prompt_start);
+      std::iota(seq.begin() + plen, seq.end(), own_start);
+      seq_rows.push_back(std::move(seq));
+    } else {
+      ids.insert(ids.end(), first, first + p.seq_len[i]);
+      seq_lens.push_back(p.seq_len[i]);
+    }
+    const std::vector<std::int64_t>* seq = share ? &seq_rows.back() : nullptr;
     for (std::int64_t t = 0; t < p.resp_len[i]; ++t) {
       // The logits at position j predict token j + 1.
-      logit_rows.push_back(start + plen + t - 1);
+      const std::int64_t pos = plen + t - 1;
+      logit_rows.push_back(seq != nullptr ? (*seq)[static_cast<std::size_t>(pos)] : prompt_start + pos);
       targets.push_back(p.flat_ids[static_cast<std::size_t>(p.offset[i] + plen + t)]);
       dest.push_back(static_cast<std::int64_t>(j) * T + t);
     }
   }
   const c10::Device device = model.device();
   auto on_device = [&](const std::vector<std::int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
-  const at::Tensor hidden = model.forward_packed_hidden(on_device(ids), seq_lens, on_device(logit_rows));
+  const at::Tensor hidden = share ? model.forward_shared_hidden(on_device(ids), seq_rows, on_device(logit_rows))
+                                  : model.forward_packed_hidden(on_device(ids), seq_lens, on_device(logit_rows));
   const ml::token_logprob_result r = ml::token_logprobs_fused(hidden, model.lm_head_compute_weight(),
                                                               on_device(targets), temperature, entropy != nullptr);
   const auto k = static_cast<std::int64_t>(rows.size());
@@ -306,17 +328,22 @@ at::Tensor packed_logprobs(const ml::policy_model& model, const packed_batch& p,
   return at::zeros({k * T}, f32).index_copy(0, where, r.logprobs).view({k, T});
 }
 
-/// Log-probs [k, T] of a micro-batch's rows (every row of the batch when `mb` is null), packed
-/// or padded as `packed` says; a forward that records linear layers is always padded.
+/// How a log-prob forward lays out its sequences (learner_options::packed_forward and
+/// share_prompts).
+enum class forward_layout { padded, packed, shared };
+
+/// Log-probs [k, T] of a micro-batch's rows (every row of the batch when `mb` is null), laid
+/// out as `layout` says; a forward that records linear layers is always padded.
 at::Tensor batch_logprobs(const ml::policy_model& model, const packed_batch& p, const micro_batch* mb,
-                          double temperature, bool packed, at::Tensor* entropy,
+                          double temperature, forward_layout layout, at::Tensor* entropy,
                           ml::policy_model::linear_capture* capture = nullptr) {
-  if (packed && capture == nullptr) {
+  if (layout != forward_layout::padded && capture == nullptr) {
+    const bool share = layout == forward_layout::shared;
     if (mb != nullptr)
-      return packed_logprobs(model, p, mb->rows, mb->T, temperature, entropy);
+      return packed_logprobs(model, p, mb->rows, mb->T, temperature, entropy, share);
     std::vector<std::int64_t> all(p.seq_len.size());
     std::iota(all.begin(), all.end(), std::int64_t{0});
-    return packed_logprobs(model, p, all, p.rows.size(1), temperature, entropy);
+    return packed_logprobs(model, p, all, p.rows.size(1), temperature, entropy, share);
   }
   if (mb == nullptr)
     return token_logprobs(model, p.ids, p.attention, p.rows, p.targets, temperature, entropy, capture);
@@ -329,16 +356,16 @@ at::Tensor batch_logprobs(const ml::policy_model& model, const packed_batch& p, 
 /// whole batch in order is the plain single forward, bit for bit.
 at::Tensor chunked_logprobs(const ml::policy_model& model, const packed_batch& p,
                             const std::vector<std::vector<std::int64_t>>& groups,
-                            double temperature, bool packed, at::Tensor* entropy) {
+                            double temperature, forward_layout layout, at::Tensor* entropy) {
   if (groups.size() == 1 && static_cast<std::int64_t>(groups[0].size()) == p.ids.size(0))
-    return batch_logprobs(model, p, nullptr, temperature, packed, entropy);
+    return batch_logprobs(model, p, nullptr, temperature, layout, entropy);
   at::Tensor out = at::zeros(p.rows.sizes(), at::TensorOptions(at::kFloat).device(p.ids.device()));
   if (entropy != nullptr)
     *entropy = at::zeros_like(out);
   for (const auto& group : groups) {
     const micro_batch mb = slice(p, group, p.ids.device(), false);
     at::Tensor ent;
-    const at::Tensor logp = batch_logprobs(model, p, &mb, temperature, packed, entropy != nullptr ? &ent : nullptr);
+    const at::Tensor logp = batch_logprobs(model, p, &mb, temperature, layout, entropy != nullptr ? &ent : nullptr);
     out.narrow(1, 0, mb.T).index_copy_(0, mb.idx, logp);
     if (entropy != nullptr)
       entropy->narrow(1, 0, mb.T).index_copy_(0, mb.idx, ent);
@@ -677,13 +704,16 @@ at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vecto
 }
 
 at::Tensor response_logprobs_tensor(const ml::policy_model& model,
-                                    const std::vector<rollout_sample>& batch, double temperature, bool packed) {
+                                    const std::vector<rollout_sample>& batch, double temperature, bool packed,
+                                    bool share_prompts) {
   validate_batch(batch, model.dims());
   if (!(std::isfinite(temperature) && temperature >= ml::min_temperature))
     throw std::invalid_argument(fmt::format(
       "response_logprobs: temperature must be >= {}, got {}", ml::min_temperature, temperature));
   const packed_batch p = pack(batch, model.device(), [](std::size_t) { return true; });
-  return batch_logprobs(model, p, nullptr, temperature, packed, nullptr);
+  return batch_logprobs(model, p, nullptr, temperature,
+                        !packed ? forward_layout::padded : share_prompts ? forward_layout::shared : forward_layout::packed,
+                        nullptr);
 }
 
 std::vector<std::vector<float>> response_logprobs(const ml::policy_model& model,
@@ -774,7 +804,9 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   // vocab] output gradient), so with SALT on every forward stays padded: the update that
   // reuses a recorded forward then rounds as one that does not, and SALT idle is the padded
   // plain step bit for bit.
-  const bool packed = options_.packed_forward && !options_.salt_enabled;
+  const forward_layout packed = !options_.packed_forward || options_.salt_enabled ? forward_layout::padded
+                                : options_.share_prompts                       ? forward_layout::shared
+                                                                               : forward_layout::packed;
   // One update over several micro-batches: each micro-batch's update forward runs on the
   // pre-update weights over the very rows (and micro-batch) the recompute pass would, so its
   // log-probs, detached, are π_old of its rows bit for bit, and that pass is skipped too.

@@ -154,6 +154,13 @@ struct learner_options {
   /// is the padded path with whole logits (the reference the tests and the bench compare
   /// against).
   bool packed_forward = true;
+  /// With packed_forward, rollouts whose prompts are equal token for token (a group's) read
+  /// one copy of the prompt in the log-prob forwards (policy_model::forward_shared_hidden):
+  /// the linear layers and MLP run over each prompt once instead of G times, and backward sums
+  /// the prompt rows' gradients over the group. Values agree with the unshared packed forward
+  /// up to fp32 rounding. Not a config key; false packs every rollout's prompt (the reference
+  /// the tests and the bench compare against).
+  bool share_prompts = true;
 
   /// Throws std::invalid_argument naming the first field out of range (or not finite).
   void validate() const;
@@ -299,11 +306,12 @@ at::Tensor rollout_gradient_gram(const ml::policy_model& model, const std::vecto
 /// holding batch[i]'s response log-probs in its first response-length columns (values beyond
 /// are finite and meaningless). The same single forward train_step's policy loss uses when a
 /// minibatch fits one micro-batch; gradients flow to the model when grad mode is on. `packed`
-/// as learner_options::packed_forward (false: the padded forward with whole logits). Throws as
-/// response_logprobs.
+/// as learner_options::packed_forward (false: the padded forward with whole logits),
+/// `share_prompts` as learner_options::share_prompts. Throws as response_logprobs.
 at::Tensor response_logprobs_tensor(const ml::policy_model& model,
                                     const std::vector<rollout_sample>& batch,
-                                    double temperature = 1.0, bool packed = true);
+                                    double temperature = 1.0, bool packed = true,
+                                    bool share_prompts = true);
 
 /// Rows of one forward pass each: `rows` (indices into `seq_len`) split so that every group's
 /// padded size, its row count × its longest seq_len (tokens), is at most `budget`; a row longer

@@ -2,7 +2,7 @@
 // FLOPs it needs and the machine's GEMM rate on the model's own shapes, measured in the same run:
 //
 //   BUILD/bench/learner/learner_step_bench CONFIG [--repeats K] [--prompts B] [--group G]
-//                                                 [--arms padded,packed,packed-seq]
+//                                                 [--arms padded,packed,shared,packed-seq]
 //
 // One batch of B prompts × G rollouts is sampled once (the bf16 rollout copy of the config's
 // weights, the config's sampling settings, the task's rewards), then every arm starts from the
@@ -11,6 +11,8 @@
 //   padded      the previous learner: right-padded [N, L] forwards, [rows, vocab] logits whole
 //   packed      sequences end to end, attention batched under a block-causal mask, the LM head
 //               and log-softmax a chunk of rows at a time (learner_options::packed_forward)
+//   shared      packed, and a group's rollouts read one copy of their prompt
+//               (learner_options::share_prompts): the trunk runs over each prompt once
 //   packed-seq  packed, attention one sequence at a time (ml::packed_attention::per_sequence)
 //
 // FLOPs needed by one forward over the batch (multiply-add = 2 FLOPs), for S real tokens,
@@ -21,7 +23,9 @@
 // and a backward pass needs twice its forward, so a step of F forwards and U backward passes
 // needs F · fwd + 2 · U · fwd (the usual ≈ 6 · params · tokens for one of each, with the LM head
 // on response rows only). What an implementation adds (padding, the full attention square,
-// the chunked LM head's recompute) is not counted: the rates below are useful FLOP/s.
+// the chunked LM head's recompute) is not counted: the rates below are useful FLOP/s. The
+// shared arm needs fewer: its trunk runs over S' = the distinct prompts' tokens + R rows
+// instead of S, so its rates are over its own count.
 // The GEMM baseline is at::linear in fp32 on [S, in] × [in, out] for every linear shape of
 // the model and [R, d] × [d, vocab] for the LM head, no autograd, best of 3; "mix" is one
 // forward's linear FLOPs over the time those GEMMs take at those rates, the ceiling of a
@@ -51,6 +55,7 @@
 #include <fstream>
 #include <functional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,12 +67,12 @@ struct bench_options {
   int repeats = 3;
   std::int64_t prompts = 0; ///< 0 = the config's prompts_per_step
   std::int64_t group = 0;   ///< 0 = the config's sagc.group_size
-  std::vector<std::string> arms{"padded", "packed", "packed-seq"};
+  std::vector<std::string> arms{"padded", "packed", "shared"};
 };
 
 [[noreturn]] void usage(const std::string& why) {
   throw std::invalid_argument(why + "\nusage: learner_step_bench CONFIG [--repeats K] [--prompts B] [--group G] "
-                                    "[--arms padded,packed,packed-seq]");
+                                    "[--arms padded,packed,shared,packed-seq]");
 }
 
 std::int64_t positive(const std::string& flag, const char* text) {
@@ -99,7 +104,7 @@ bench_options parse(int argc, char** argv) {
       for (std::size_t b = 0; b <= list.size();) {
         const std::size_t e = std::min(list.find(',', b), list.size());
         const std::string arm = list.substr(b, e - b);
-        if (arm != "padded" && arm != "packed" && arm != "packed-seq")
+        if (arm != "padded" && arm != "packed" && arm != "shared" && arm != "packed-seq")
           usage("unknown arm '" + arm + "'");
         o.arms.push_back(arm);
         b = e + 1;
@@ -165,16 +170,21 @@ struct flop_count {
   double forward() const { return trunk + attention + lm_head; }
 };
 
-/// One forward's useful FLOPs (see the file comment).
-flop_count forward_flops(const ml::model_dims& d, const std::vector<learner::rollout_sample>& batch) {
+/// One forward's useful FLOPs (see the file comment); `shared`: each distinct prompt's trunk
+/// once.
+flop_count forward_flops(const ml::model_dims& d, const std::vector<learner::rollout_sample>& batch,
+                         bool shared = false) {
   const double hd = static_cast<double>(d.head_dim());
   const double q = static_cast<double>(d.n_heads) * hd, kv = static_cast<double>(d.n_kv_heads) * hd;
   const double dm = static_cast<double>(d.d_model), ff = static_cast<double>(d.d_ff);
   const double per_token_macs = dm * q + 2 * dm * kv + q * dm + 3 * dm * ff;
   double S = 0, R = 0, pairs = 0;
+  std::set<std::vector<std::int32_t>> prompts;
   for (const auto& s : batch) {
     const auto n = static_cast<double>(s.prompt.size() + s.response.size());
-    S += n;
+    S += shared ? static_cast<double>(s.response.size()) : n;
+    if (shared && prompts.insert(s.prompt).second)
+      S += static_cast<double>(s.prompt.size());
     R += static_cast<double>(s.response.size());
     pairs += n * (n + 1) / 2;
   }
@@ -220,10 +230,12 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
               static_cast<long long>(N), gen_s, static_cast<long long>(S), static_cast<long long>(N),
               static_cast<long long>(longest), static_cast<long long>(N * longest), static_cast<long long>(R),
               static_cast<long long>(N * longest_resp), static_cast<long long>(d.vocab), at::get_num_threads());
-  const flop_count f = forward_flops(d, batch);
+  const flop_count f = forward_flops(d, batch), f_shared = forward_flops(d, batch, true);
   std::printf("useful FLOPs of one forward: %.2f GFLOP (trunk linear %.2f, attention %.3f, LM head %.2f); "
               "a step of one forward and one backward: %.2f GFLOP\n",
               f.forward() / 1e9, f.trunk / 1e9, f.attention / 1e9, f.lm_head / 1e9, 3 * f.forward() / 1e9);
+  std::printf("with each group's prompt once (shared arm): %.2f GFLOP (trunk linear %.2f); a step: %.2f GFLOP\n",
+              f_shared.forward() / 1e9, f_shared.trunk / 1e9, 3 * f_shared.forward() / 1e9);
 
   // The GEMM baseline on the model's own shapes.
   const std::int64_t hd = d.head_dim(), q = d.n_heads * hd, kv = d.n_kv_heads * hd;
@@ -257,6 +269,8 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
                                                     : ml::packed_attention::batched);
     learner::learner_options lo = learner::learner_options_from(cfg);
     lo.packed_forward = arm != "padded";
+    lo.share_prompts = arm == "shared";
+    const flop_count& fa = arm == "shared" ? f_shared : f;
     learner::learner_core core(master, lo, cfg.run.seed);
     const bool reset = reset_peak_rss();
     const double rss_before = status_mib("VmRSS:");
@@ -265,7 +279,7 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
     for (int k = 0; k < o.repeats + 1; ++k) {
       const learner::step_metrics m = core.train_step(batch);
       const double backwards = static_cast<double>(m.updates - m.zero_signal_updates);
-      const double fwd_flops = f.forward() * static_cast<double>(m.forwards), bwd_flops = 2 * f.forward() * backwards;
+      const double fwd_flops = fa.forward() * static_cast<double>(m.forwards), bwd_flops = 2 * fa.forward() * backwards;
       const double busy = m.forward_seconds + m.backward_seconds;
       std::printf("%-11s %5s %8.3f %8.3f %8.3f %9.1f %9.1f %9.1f %7.1f %9.0f\n", arm.c_str(),
                   k == 0 ? "first" : std::to_string(k).c_str(), m.seconds, m.forward_seconds, m.backward_seconds,

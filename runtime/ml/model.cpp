@@ -620,37 +620,60 @@ at::Tensor policy_model::forward_rows(const at::Tensor& ids_in, const at::Tensor
 
 namespace {
 
-// Where each packed token sits in a right-padded [seqs, longest] layout, for the batched
-// attention of forward_packed.
+// Where each packed row sits in a right-padded [seqs, longest] layout, for the batched
+// attention of forward_packed and forward_shared_hidden.
 struct packed_layout {
   std::int64_t seqs = 0, longest = 0;
   at::Tensor to_padded;  // [seqs * longest] int64: the packed row each padded slot reads
-  at::Tensor to_packed;  // [S] int64: the padded slot of each packed row
+  at::Tensor to_packed;  // [S] int64: the padded slot whose attention output a packed row takes
   at::Tensor masked;     // [seqs, longest, longest] bool, true = hidden
+  at::Tensor positions;  // [S] int64: each row's position in its sequences
 };
 
-packed_layout layout_of(const std::vector<std::int64_t>& seq_lens, c10::Device device) {
+// Sequence b reads the packed rows seq_rows[b] in order. A row read by several sequences (a
+// shared prefix) takes the attention output of its first reader: the others compute the same
+// values, since the row's causal context is the same prefix in each.
+packed_layout layout_of(const std::vector<std::vector<std::int64_t>>& seq_rows, std::int64_t S,
+                        std::int64_t max_seq, c10::Device device) {
   packed_layout l;
-  l.seqs = static_cast<std::int64_t>(seq_lens.size());
-  for (const std::int64_t n : seq_lens) l.longest = std::max(l.longest, n);
+  l.seqs = static_cast<std::int64_t>(seq_rows.size());
+  for (const auto& r : seq_rows) {
+    TORCH_CHECK(!r.empty() && static_cast<std::int64_t>(r.size()) <= max_seq, "forward_packed: a sequence length is ",
+                r.size(), ", outside [1, max_seq = ", max_seq, "]");
+    l.longest = std::max(l.longest, static_cast<std::int64_t>(r.size()));
+  }
   const std::int64_t L = l.longest;
   at::Tensor to_padded = at::empty({l.seqs * L}, at::kLong);
-  at::Tensor to_packed = at::empty({std::accumulate(seq_lens.begin(), seq_lens.end(), std::int64_t{0})}, at::kLong);
+  at::Tensor to_packed = at::full({S}, -1, at::kLong);
+  at::Tensor positions = at::full({S}, -1, at::kLong);
   at::Tensor lens = at::empty({l.seqs}, at::kLong);
   auto* pad = to_padded.data_ptr<std::int64_t>();
   auto* packed = to_packed.data_ptr<std::int64_t>();
-  std::int64_t offset = 0;
+  auto* pos = positions.data_ptr<std::int64_t>();
   for (std::int64_t b = 0; b < l.seqs; ++b) {
-    const std::int64_t n = seq_lens[static_cast<std::size_t>(b)];
+    const auto& rows = seq_rows[static_cast<std::size_t>(b)];
+    const auto n = static_cast<std::int64_t>(rows.size());
     lens.data_ptr<std::int64_t>()[b] = n;
     for (std::int64_t t = 0; t < L; ++t) {
       // A padding slot reads the sequence's first row: any finite value serves, since its key
       // is hidden from every real query and its query row is dropped (so its gradient is 0).
-      pad[b * L + t] = offset + (t < n ? t : 0);
-      if (t < n) packed[offset + t] = b * L + t;
+      if (t >= n) {
+        pad[b * L + t] = rows[0];
+        continue;
+      }
+      const std::int64_t r = rows[static_cast<std::size_t>(t)];
+      TORCH_CHECK(r >= 0 && r < S, "forward_packed: sequence ", b, " reads row ", r, ", outside [0, ", S, ")");
+      TORCH_CHECK(pos[r] < 0 || pos[r] == t, "forward_packed: row ", r, " sits at position ", pos[r],
+                  " in one sequence and ", t, " in sequence ", b, ": only a shared prefix may be shared");
+      pad[b * L + t] = r;
+      if (pos[r] < 0) {
+        pos[r] = t;
+        packed[r] = b * L + t;
+      }
     }
-    offset += n;
   }
+  for (std::int64_t r = 0; r < S; ++r)
+    TORCH_CHECK(pos[r] >= 0, "forward_packed: no sequence reads row ", r);
   const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   const at::Tensor key = at::arange(L, opts);
   const at::Tensor causal_hidden = at::ones({L, L}, opts.dtype(at::kBool)).triu(1);
@@ -660,7 +683,23 @@ packed_layout layout_of(const std::vector<std::int64_t>& seq_lens, c10::Device d
   l.masked = causal_hidden.unsqueeze(0).logical_or(key_padding.unsqueeze(1));
   l.to_padded = to_padded.to(device);
   l.to_packed = to_packed.to(device);
+  l.positions = positions.to(device);
   return l;
+}
+
+std::vector<std::vector<std::int64_t>> consecutive_rows(const std::vector<std::int64_t>& seq_lens, std::int64_t max_seq) {
+  std::vector<std::vector<std::int64_t>> out;
+  out.reserve(seq_lens.size());
+  std::int64_t offset = 0;
+  for (const std::int64_t n : seq_lens) {
+    TORCH_CHECK(n >= 1 && n <= max_seq, "forward_packed: a sequence length is ", n, ", outside [1, max_seq = ",
+                max_seq, "]");
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+    std::iota(rows.begin(), rows.end(), offset);
+    out.push_back(std::move(rows));
+    offset += n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -679,44 +718,44 @@ void policy_model::set_packed_attention(packed_attention a) noexcept { impl_->at
 
 at::Tensor policy_model::forward_packed_hidden(const at::Tensor& ids_in, const std::vector<std::int64_t>& seq_lens,
                                                const at::Tensor& rows) const {
+  const model_dims& d = impl_->dims;
+  TORCH_CHECK(ids_in.dim() == 1, "forward_packed: ids must be [S], got ", ids_in.sizes());
+  TORCH_CHECK(!seq_lens.empty(), "forward_packed: no sequences");
+  const std::vector<std::vector<std::int64_t>> seq_rows = consecutive_rows(seq_lens, d.max_seq);
+  std::int64_t S = 0;
+  for (const std::int64_t n : seq_lens) S += n;
+  TORCH_CHECK(S == ids_in.size(0), "forward_packed: seq_lens sum to ", S, " but ids hold ", ids_in.size(0),
+              " tokens");
+  return packed_hidden(ids_in, seq_rows, rows, impl_->attention == packed_attention::batched);
+}
+
+at::Tensor policy_model::forward_shared_hidden(const at::Tensor& ids, const std::vector<std::vector<std::int64_t>>& seq_rows,
+                                               const at::Tensor& rows) const {
+  return packed_hidden(ids, seq_rows, rows, /*batched=*/true);
+}
+
+at::Tensor policy_model::packed_hidden(const at::Tensor& ids_in, const std::vector<std::vector<std::int64_t>>& seq_rows,
+                                       const at::Tensor& rows, bool batched) const {
   auto& m = *impl_;
   const model_dims& d = m.dims;
   TORCH_CHECK(ids_in.dim() == 1, "forward_packed: ids must be [S], got ", ids_in.sizes());
   TORCH_CHECK(at::isIntegralType(ids_in.scalar_type(), /*includeBool=*/false),
               "forward_packed: ids must be an integer tensor, got ", ids_in.scalar_type());
-  TORCH_CHECK(!seq_lens.empty(), "forward_packed: no sequences");
-  std::int64_t S = 0;
-  for (const std::int64_t n : seq_lens) {
-    TORCH_CHECK(n >= 1 && n <= d.max_seq, "forward_packed: a sequence length is ", n,
-                ", outside [1, max_seq = ", d.max_seq, "]");
-    S += n;
-  }
-  TORCH_CHECK(S == ids_in.size(0), "forward_packed: seq_lens sum to ", S, " but ids hold ",
-              ids_in.size(0), " tokens");
+  TORCH_CHECK(!seq_rows.empty(), "forward_packed: no sequences");
+  const std::int64_t S = ids_in.size(0);
   const at::Tensor ids = ids_in.to(m.device, at::kLong);
   check_ids(ids, d.vocab);
   m.bind_if_stale();
 
-  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(m.device);
-  at::Tensor positions = at::empty({S}, at::kLong);
-  {
-    auto* pos = positions.data_ptr<std::int64_t>();
-    for (const std::int64_t n : seq_lens)
-      for (std::int64_t t = 0; t < n; ++t) *pos++ = t;
-  }
-  positions = positions.to(m.device);
   const std::int64_t H = d.n_heads, KV = d.n_kv_heads, hd = d.head_dim();
-  const at::Tensor cos = m.rope_cos.index_select(0, positions);  // [S, hd/2]
-  const at::Tensor sin = m.rope_sin.index_select(0, positions);
-  const bool batched = m.attention == packed_attention::batched;
-  packed_layout lay;
+  const packed_layout lay = layout_of(seq_rows, S, d.max_seq, m.device);
+  const at::Tensor cos = m.rope_cos.index_select(0, lay.positions);  // [S, hd/2]
+  const at::Tensor sin = m.rope_sin.index_select(0, lay.positions);
   at::Tensor causal_one;  // per_sequence: [1, L, L] masks, cut from the longest sequence's
-  if (batched) {
-    lay = layout_of(seq_lens, m.device);
-  } else {
-    const std::int64_t L = *std::max_element(seq_lens.begin(), seq_lens.end());
-    causal_one = at::ones({L, L}, long_opts.dtype(at::kBool)).triu(1).unsqueeze(0);
-  }
+  if (!batched)
+    causal_one = at::ones({lay.longest, lay.longest}, at::TensorOptions().dtype(at::kBool).device(m.device))
+                     .triu(1)
+                     .unsqueeze(0);
   auto attention = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     if (batched) {
       const std::int64_t B = lay.seqs, L = lay.longest;
@@ -725,15 +764,16 @@ at::Tensor policy_model::forward_packed_hidden(const at::Tensor& ids_in, const s
                                   v.index_select(0, lay.to_padded).view({B, L, KV, hd}), lay.masked);
       return a.view({B * L, H * hd}).index_select(0, lay.to_packed);
     }
+    // per_sequence: only for consecutive rows (forward_packed_hidden).
     std::vector<at::Tensor> parts;
-    parts.reserve(seq_lens.size());
-    std::int64_t offset = 0;
-    for (const std::int64_t n : seq_lens) {
+    parts.reserve(seq_rows.size());
+    for (const auto& r : seq_rows) {
+      const auto n = static_cast<std::int64_t>(r.size());
+      const std::int64_t offset = r.front();
       const at::Tensor masked = causal_one.narrow(1, 0, n).narrow(2, 0, n).contiguous();
       parts.push_back(attend(q.narrow(0, offset, n).unsqueeze(0), k.narrow(0, offset, n).unsqueeze(0),
                              v.narrow(0, offset, n).unsqueeze(0), masked)
                           .squeeze(0));
-      offset += n;
     }
     return at::cat(parts, 0);
   };

@@ -254,6 +254,21 @@ class policy_model {
   /// LM head chunk by chunk (runtime/ml/fused_logprobs.hpp). Throws as forward_packed.
   at::Tensor forward_packed_hidden(const at::Tensor& ids, const std::vector<std::int64_t>& seq_lens,
                                    const at::Tensor& rows) const;
+  /// forward_packed_hidden for sequences that share rows: a GRPO group's rollouts share their
+  /// prompt, so the prompt's rows are computed once and every rollout's own rows attend to
+  /// them. Sequence b is the packed rows seq_rows[b] in order (its position t reads row
+  /// seq_rows[b][t]); a row that several sequences read must sit at the same position in each
+  /// (a shared prefix), so that its RoPE position and its causal context are the same in all
+  /// of them; every row must be read by at least one sequence. The linear layers, norms and
+  /// MLP see each row once, so a group of G rollouts with a P-token prompt costs P + Σ
+  /// response tokens instead of G·P + Σ response tokens; backward sums a shared row's
+  /// gradient over its readers. The values are forward()'s for each sequence alone up to
+  /// fp32 rounding. Attention is always packed_attention::batched. ids: [S] integer token
+  /// ids < vocab; rows: [R] int64 in [0, S) (undefined = all S). Returns [R, d_model] fp32,
+  /// final-normed. Throws c10::Error for bad shapes, ids, rows, lengths over max_seq, a row
+  /// read at two positions, or a row no sequence reads.
+  at::Tensor forward_shared_hidden(const at::Tensor& ids, const std::vector<std::vector<std::int64_t>>& seq_rows,
+                                   const at::Tensor& rows) const;
   /// The LM head weight that forwards compute with: [vocab, d_model] fp32 (the bf16 image with
   /// set_bf16_compute, the embedding when tied), attached to the parameters' graph when they
   /// require grad. Valid until the next parameter change.
@@ -298,6 +313,10 @@ class policy_model {
  private:
   struct impl;
   explicit policy_model(std::unique_ptr<impl> p);
+  // forward_packed_hidden and forward_shared_hidden; per_sequence attention (batched false)
+  // needs each sequence's rows consecutive.
+  at::Tensor packed_hidden(const at::Tensor& ids, const std::vector<std::vector<std::int64_t>>& seq_rows,
+                           const at::Tensor& rows, bool batched) const;
   std::unique_ptr<impl> impl_;
 };
 

@@ -136,3 +136,107 @@ TEST_CASE("forward_packed refuses bad lengths, ids and rows", "[model][packed]")
   const at::Tensor long_ids = at::zeros({d.max_seq + 1}, at::kLong);
   CHECK_THROWS_AS(m.forward_packed(long_ids, {d.max_seq + 1}, at::Tensor()), c10::Error);
 }
+
+namespace {
+
+// Three sequences that share one prompt of 6 tokens and a fourth with its own, as a learner
+// batch of two groups: rows 0-5 the shared prompt, then each sequence's own tokens.
+struct shared_input {
+  std::vector<std::vector<std::int32_t>> seqs;   // each sequence whole
+  at::Tensor ids;                                // [S'] the rows, each prompt once
+  std::vector<std::vector<std::int64_t>> rows;   // sequence b's rows
+};
+
+shared_input shared_prompts(std::int64_t vocab) {
+  const auto prompt = tokens(6, vocab, 7), other = tokens(3, vocab, 8);
+  const std::vector<std::vector<std::int32_t>> own{tokens(4, vocab, 9), tokens(1, vocab, 10),
+                                                   tokens(7, vocab, 11), tokens(2, vocab, 12)};
+  shared_input s;
+  std::vector<std::int64_t> flat(prompt.begin(), prompt.end());
+  auto add = [&](const std::vector<std::int32_t>& head, std::int64_t head_start, const std::vector<std::int32_t>& tail) {
+    std::vector<std::int32_t> whole = head;
+    whole.insert(whole.end(), tail.begin(), tail.end());
+    s.seqs.push_back(whole);
+    std::vector<std::int64_t> r;
+    for (std::size_t t = 0; t < head.size(); ++t) r.push_back(head_start + static_cast<std::int64_t>(t));
+    for (const std::int32_t tok : tail) {
+      r.push_back(static_cast<std::int64_t>(flat.size()));
+      flat.push_back(tok);
+    }
+    s.rows.push_back(r);
+  };
+  for (int k = 0; k < 3; ++k) add(prompt, 0, own[static_cast<std::size_t>(k)]);
+  const auto other_start = static_cast<std::int64_t>(flat.size());
+  flat.insert(flat.end(), other.begin(), other.end());
+  add(other, other_start, own[3]);
+  s.ids = at::tensor(flat, at::kLong);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a forward over shared prompts gives every sequence the logits it has alone", "[model][packed]") {
+  const model_dims d = small_dims();
+  policy_model m = random_policy(d, 13);
+  const shared_input s = shared_prompts(d.vocab);
+  REQUIRE(s.ids.size(0) == 6 + 4 + 1 + 7 + 3 + 2);  // each prompt once
+  at::NoGradGuard no_grad;
+  const at::Tensor hidden = m.forward_shared_hidden(s.ids, s.rows, at::Tensor());
+  REQUIRE(hidden.sizes() == (std::vector<std::int64_t>{s.ids.size(0), d.d_model}));
+  const at::Tensor logits = at::linear(hidden, m.lm_head_compute_weight());
+  for (std::size_t b = 0; b < s.seqs.size(); ++b) {
+    INFO("sequence " << b);
+    const at::Tensor mine = logits.index_select(0, at::tensor(s.rows[b], at::kLong));
+    CHECK(max_abs_diff(mine, full_logits(m, s.seqs[b])) <= packed_atol);
+  }
+  // Chosen rows, a shared one twice: the same rows of the whole.
+  const at::Tensor rows = at::tensor(std::vector<std::int64_t>{5, 21, 5, 0, 12}, at::kLong);
+  CHECK(max_abs_diff(m.forward_shared_hidden(s.ids, s.rows, rows), hidden.index_select(0, rows)) <= packed_atol);
+}
+
+TEST_CASE("shared prompts give the gradients of each sequence packed whole", "[model][packed]") {
+  for (const bool bf16 : {false, true}) {
+    INFO("bf16 " << bf16);
+    const model_dims d = small_dims();
+    policy_model a = random_policy(d, 17);
+    policy_model b = a.clone(at::kFloat);
+    for (policy_model* m : {&a, &b}) {
+      m->set_requires_grad(true);
+      m->set_bf16_compute(bf16);
+    }
+    const shared_input s = shared_prompts(d.vocab);
+    const packed_input p = pack(s.seqs);
+    // Every sequence's every position weighed by a fixed random tensor, read through each
+    // sequence's rows on the shared side (a shared row's gradient sums over its readers).
+    const at::Tensor w = at::randn({p.ids.size(0), d.vocab}, at::detail::getDefaultCPUGenerator());
+    std::vector<std::int64_t> read;
+    for (const auto& r : s.rows) read.insert(read.end(), r.begin(), r.end());
+    const at::Tensor read_rows = at::tensor(read, at::kLong);
+    (at::linear(a.forward_shared_hidden(s.ids, s.rows, read_rows), a.lm_head_compute_weight()) * w).sum().backward();
+    (b.forward_packed(p.ids, p.lens, at::Tensor()) * w).sum().backward();
+    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+      INFO(a.parameters()[i].first);
+      const at::Tensor& ga = a.parameters()[i].second.grad();
+      const at::Tensor& gb = b.parameters()[i].second.grad();
+      REQUIRE(ga.defined());
+      REQUIRE(gb.defined());
+      CHECK(max_abs_diff(ga, gb) <= 1e-5 * (1.0 + gb.abs().max().item<double>()));
+    }
+  }
+}
+
+TEST_CASE("forward_shared_hidden refuses a row read at two positions, an unread row and rows out of range",
+          "[model][packed]") {
+  const model_dims d = small_dims();
+  const policy_model m(d, 3);
+  const at::Tensor ids = at::tensor(std::vector<std::int64_t>{1, 2, 3, 4}, at::kLong);
+  using rows = std::vector<std::vector<std::int64_t>>;
+  CHECK_NOTHROW(m.forward_shared_hidden(ids, rows{{0, 1, 2}, {0, 1, 3}}, at::Tensor()));
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{{0, 1, 2}, {1, 0, 3}}, at::Tensor()), c10::Error);  // 0 at 0 and 1
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{{0, 1, 2}}, at::Tensor()), c10::Error);             // 3 unread
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{{0, 1, 2, 4}, {3}}, at::Tensor()), c10::Error);     // 4 >= S
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{{0, 1}, {}, {2, 3}}, at::Tensor()), c10::Error);    // empty
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{}, at::Tensor()), c10::Error);
+  CHECK_THROWS_AS(m.forward_shared_hidden(ids, rows{{0, 1}, {2, 3}}, at::tensor(std::vector<std::int64_t>{4}, at::kLong)),
+                  c10::Error);
+}

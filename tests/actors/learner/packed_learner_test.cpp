@@ -1,6 +1,6 @@
-// The learner's packed log-prob forwards (sequences end to end, chunked LM head) against the
-// padded ones with whole logits: the same log-probs, losses, figures and gradients up to fp32
-// rounding.
+// The learner's packed log-prob forwards (sequences end to end, chunked LM head; each group's
+// prompt once or every rollout's) against the padded ones with whole logits: the same
+// log-probs, losses, figures and gradients up to fp32 rounding.
 
 #include "actors/learner/learner_core.hpp"
 #include "tests/ml/policy_test_util.hpp"
@@ -62,15 +62,16 @@ constexpr double grad_rtol = 1e-5;
 TEST_CASE("packed and padded log-probs of a learner batch agree on values and gradients") {
   at::set_num_threads(1);
   const auto batch = batch_of(3, 5);
-  for (const bool bf16 : {true, false}) {
-    INFO("bf16 " << bf16);
+  for (const bool bf16 : {true, false})
+  for (const bool share : {false, true}) {
+    INFO("bf16 " << bf16 << ", prompts shared " << share);
     ml::policy_model a(dims(), 17, 0.2);
     ml::policy_model b = a.clone(at::kFloat);
     for (ml::policy_model* m : {&a, &b}) {
       m->set_requires_grad(true);
       m->set_bf16_compute(bf16);
     }
-    const at::Tensor packed = response_logprobs_tensor(a, batch, 0.7, true);
+    const at::Tensor packed = response_logprobs_tensor(a, batch, 0.7, true, share);
     const at::Tensor padded = response_logprobs_tensor(b, batch, 0.7, false);
     REQUIRE(packed.sizes() == padded.sizes());
     // Only the response columns carry values.
@@ -99,9 +100,10 @@ TEST_CASE("packed and padded train steps report the same losses and figures, in 
     int epochs, minibatches;
     std::int64_t micro_batch_tokens;
   };
+  for (const bool share : {false, true})
   for (const shape sh : {shape{1, 1, 4096}, shape{1, 1, 60}, shape{2, 2, 4096}, shape{1, 2, 40}}) {
     INFO("epochs " << sh.epochs << ", minibatches " << sh.minibatches << ", micro_batch_tokens "
-                   << sh.micro_batch_tokens);
+                   << sh.micro_batch_tokens << ", prompts shared " << share);
     ml::policy_model a(dims(), 23, 0.2);
     ml::policy_model b = a.clone(at::kFloat);
     learner_options o;
@@ -113,6 +115,7 @@ TEST_CASE("packed and padded train steps report the same losses and figures, in 
     o.micro_batch_tokens = sh.micro_batch_tokens;
     learner_options op = o, oq = o;
     op.packed_forward = true;
+    op.share_prompts = share;
     oq.packed_forward = false;
     learner_core la(a, op, 5), lb(b, oq, 5);
     const step_metrics ma = la.train_step(batch);
