@@ -52,6 +52,19 @@ std::pair<at::Tensor, at::Tensor> pad(const std::vector<std::vector<std::int32_t
   return {ids, mask};
 }
 
+// Every parameter's gradient in a and b, relative to its scale: sums over every position
+// round differently.
+void check_same_gradients(const policy_model& a, const policy_model& b) {
+  for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+    INFO(a.parameters()[i].first);
+    const at::Tensor& ga = a.parameters()[i].second.grad();
+    const at::Tensor& gb = b.parameters()[i].second.grad();
+    REQUIRE(ga.defined());
+    REQUIRE(gb.defined());
+    CHECK(max_abs_diff(ga, gb) <= 1e-5 * (1.0 + gb.abs().max().item<double>()));
+  }
+}
+
 }  // namespace
 
 // Logits here are of magnitude ~1-10; the packed and padded passes differ only by fp32 rounding
@@ -110,15 +123,7 @@ TEST_CASE("packed and padded forwards give the same gradients, on the bf16 image
       for (std::size_t i = 0; i < seqs.size(); ++i)
         real.push_back(padded[static_cast<std::int64_t>(i)].narrow(0, 0, static_cast<std::int64_t>(seqs[i].size())));
       (at::cat(real, 0) * w).sum().backward();
-      for (std::size_t i = 0; i < a.parameters().size(); ++i) {
-        INFO(a.parameters()[i].first);
-        const at::Tensor& ga = a.parameters()[i].second.grad();
-        const at::Tensor& gb = b.parameters()[i].second.grad();
-        REQUIRE(ga.defined());
-        REQUIRE(gb.defined());
-        // Relative to the gradient's scale: sums over every position round differently.
-        CHECK(max_abs_diff(ga, gb) <= 1e-5 * (1.0 + gb.abs().max().item<double>()));
-      }
+      check_same_gradients(a, b);
     }
   }
 }
@@ -214,14 +219,7 @@ TEST_CASE("shared prompts give the gradients of each sequence packed whole", "[m
     const at::Tensor read_rows = at::tensor(read, at::kLong);
     (at::linear(a.forward_shared_hidden(s.ids, s.rows, read_rows), a.lm_head_compute_weight()) * w).sum().backward();
     (b.forward_packed(p.ids, p.lens, at::Tensor()) * w).sum().backward();
-    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
-      INFO(a.parameters()[i].first);
-      const at::Tensor& ga = a.parameters()[i].second.grad();
-      const at::Tensor& gb = b.parameters()[i].second.grad();
-      REQUIRE(ga.defined());
-      REQUIRE(gb.defined());
-      CHECK(max_abs_diff(ga, gb) <= 1e-5 * (1.0 + gb.abs().max().item<double>()));
-    }
+    check_same_gradients(a, b);
   }
 }
 
