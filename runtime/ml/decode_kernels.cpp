@@ -528,6 +528,38 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& keys
   return out;
 }
 
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "rms_norm_rows: x must be contiguous [N, d] fp32, got ", x.sizes(), " ", x.scalar_type());
+  const std::int64_t N = x.size(0), d = x.size(1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "rms_norm_rows: weight must be contiguous [", d, "] fp32, got ", weight.sizes());
+  at::Tensor out = at::empty({N, d}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  const auto epsf = static_cast<float>(eps);  // ATen adds a double scalar to fp32 in fp32
+  constexpr std::int64_t L = 8;
+  at::parallel_for(0, N, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(d, 1)), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t n = b; n < e; ++n) {
+      const float* row = xp + n * d;
+      // A float times a float is exact in double, and 8 independent lanes vectorise without
+      // reassociating, so the order of additions is this one on every instruction set.
+      double acc[L] = {};
+      std::int64_t i = 0;
+      for (; i + L <= d; i += L)
+        for (std::int64_t l = 0; l < L; ++l) acc[l] += static_cast<double>(row[i + l]) * row[i + l];
+      for (std::int64_t l = 0; i + l < d; ++l) acc[l] += static_cast<double>(row[i + l]) * row[i + l];
+      const double sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+      const float mean = static_cast<float>(sum / static_cast<double>(d));
+      const float r = 1.0f / std::sqrt(mean + epsf);
+      float* y = yp + n * d;
+      for (std::int64_t j = 0; j < d; ++j) y[j] = (row[j] * r) * wp[j];
+    }
+  });
+  return out;
+}
+
 void apply_rope_inplace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(2) % 2 == 0,
               "apply_rope_inplace: x must be contiguous [N, heads, even hd] fp32, got ", x.sizes());

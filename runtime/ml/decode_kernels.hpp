@@ -64,6 +64,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& keys, c
                                   const at::Tensor& slots, const std::vector<std::int64_t>& lengths,
                                   std::int64_t n_kv_heads);
 
+/// RMSNorm of every row in one pass, for the decode loop, where ATen's five kernels per call
+/// (square, mean, add, rsqrt, two products) cost more than the arithmetic at a few rows:
+/// y = (x · r) · weight with r = 1 / sqrt(mean(x²) + eps) in fp32, as rms_norm
+/// (runtime/ml/model.hpp) rounds each step, except the sum of squares: exact products summed
+/// in fp64 over 8 fixed lanes, so a row's result depends neither on its batch mates nor on
+/// the instruction set, and differs from ATen's fp32 sum by at most an ulp of the mean.
+/// x: [N, d] fp32 contiguous; weight: [d] fp32 contiguous. Returns [N, d] fp32.
+/// Threads: at::parallel_for over rows. Throws c10::Error for other shapes or dtypes.
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 /// RoPE in place, the same IEEE operations as apply_rope (runtime/ml/model.hpp), so the same
 /// bits: x1' = x1 c - x2 s, x2' = x2 c + x1 s, each product and difference rounded to fp32.
 /// x: [N, heads, hd] fp32 contiguous; cos, sin: [N, hd / 2] fp32 contiguous.

@@ -854,12 +854,18 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
       slots = plan.gather_slots.view({B, S});
       for (const std::int64_t old : plan.old_lengths) lengths.push_back(old + 1);
     }
+    // One pass per row instead of ATen's five kernels (rms_norm_rows: the sum of squares in
+    // fp64, every other rounding as rms_norm's).
+    auto norm = [&](const at::Tensor& x, const at::Tensor& weight) {
+      return fused && x.dim() == 2 && x.is_contiguous() ? rms_norm_rows(x, weight, d.norm_eps)
+                                                        : rms_norm(x, weight, d.norm_eps);
+    };
     profile_clock clock(m.profile);
     at::Tensor h = at::embedding(m.embed, ids);  // [N, d]
     clock.tick(decode_profile::embed);
     for (std::int64_t l = 0; l < d.n_layers; ++l) {
       const auto& w = m.layers[static_cast<std::size_t>(l)];
-      const at::Tensor x = rms_norm(h, w.in_norm, d.norm_eps);
+      const at::Tensor x = norm(h, w.in_norm);
       clock.tick(decode_profile::norm);
       at::Tensor q = lin(x, w.q16, w.q_w, w.q_b).view({N, H, hd});
       at::Tensor k = lin(x, w.k16, w.k_w, w.k_b).view({N, KV, hd});
@@ -893,7 +899,7 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
       const at::Tensor o = lin(a, w.o16, w.o_w);
       clock.tick(decode_profile::o_proj);
       h = h + o;
-      const at::Tensor y = rms_norm(h, w.post_norm, d.norm_eps);
+      const at::Tensor y = norm(h, w.post_norm);
       clock.tick(decode_profile::norm);
       const at::Tensor gate = lin(y, w.gate16, w.gate_w);
       const at::Tensor up = lin(y, w.up16, w.up_w);
@@ -906,7 +912,7 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
       clock.tick(decode_profile::residual);
     }
     if (which == logits_for::last && K != 1) h = h.index_select(0, plan.last_rows);
-    const at::Tensor hn = rms_norm(h, m.final_norm, d.norm_eps);
+    const at::Tensor hn = norm(h, m.final_norm);
     clock.tick(decode_profile::norm);
     at::Tensor logits = lin(hn, m.lm_head16, m.lm_head);
     clock.tick(decode_profile::lm_head);

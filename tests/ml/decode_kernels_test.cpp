@@ -203,3 +203,32 @@ TEST_CASE("apply_rope_inplace is apply_rope bit for bit", "[decode_kernels]") {
   at::Tensor odd = randn(2, 5, 1).view({2, 1, 5});
   CHECK_THROWS_WITH(apply_rope_inplace(odd, cos, sin), Catch::Contains("even hd"));
 }
+
+TEST_CASE("rms_norm_rows is rms_norm with the mean of squares taken exactly", "[decode_kernels]") {
+  const double eps = 1e-5;
+  for (const std::int64_t d : {1, 7, 8, 9, 64, 576, 1001}) {
+    INFO("d " << d);
+    const at::Tensor x = randn(6, d, 40 + static_cast<std::uint64_t>(d)).mul_(3.0);
+    const at::Tensor w = randn(1, d, 41).view({d});
+    const at::Tensor got = rms_norm_rows(x, w, eps);
+    // The fp64 reference of every step but the last two roundings, which rms_norm_rows shares
+    // with rms_norm: (x · r) then · w, each rounded to fp32.
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor mean = xd.pow(2).sum(-1, true).div(static_cast<double>(d)).to(at::kFloat);
+    const at::Tensor r = (mean + static_cast<float>(eps)).sqrt().reciprocal();
+    CHECK(bitwise_equal(got, (x * r) * w));
+    // ATen's fp32 sum differs from the exact one in the last bits of the mean only.
+    const at::Tensor aten = rms_norm(x, w, eps);
+    CHECK((got - aten).abs().max().item<double>() <= 4e-7 * (1.0 + aten.abs().max().item<double>()));
+  }
+}
+
+TEST_CASE("rms_norm_rows gives a row the same bits whatever else is in the batch", "[decode_kernels]") {
+  at::set_num_threads(2);
+  const at::Tensor x = randn(37, 576, 50), w = randn(1, 576, 51).view({576});
+  const at::Tensor all = rms_norm_rows(x, w, 1e-6);
+  for (const std::int64_t row : {0, 17, 36})
+    CHECK(bitwise_equal(rms_norm_rows(x.narrow(0, row, 1).contiguous(), w, 1e-6), all.narrow(0, row, 1)));
+  CHECK_THROWS_WITH(rms_norm_rows(x.t(), w, 1e-6), Catch::Contains("contiguous [N, d]"));
+  CHECK_THROWS_WITH(rms_norm_rows(x, w.narrow(0, 0, 5), 1e-6), Catch::Contains("weight must be"));
+}
