@@ -27,8 +27,19 @@ std::string loaded_blas() {
 
 void pin_cpu_kernels(char** argv) {
 #if defined(__x86_64__)
-  if (std::getenv("SORL_NATIVE_KERNELS") != nullptr || std::getenv("SORL_KERNELS_PINNED") != nullptr
-      || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+  if (std::getenv("SORL_KERNELS_PINNED") != nullptr) {
+    // Restarted: the BLAS preloaded below is mapped now; children (scorers, nodes) get the
+    // caller's LD_PRELOAD back.
+    if (const char* before = std::getenv("SORL_LD_PRELOAD_BEFORE")) {
+      if (*before != '\0')
+        setenv("LD_PRELOAD", before, 1);
+      else
+        unsetenv("LD_PRELOAD");
+      unsetenv("SORL_LD_PRELOAD_BEFORE");
+    }
+    return;
+  }
+  if (std::getenv("SORL_NATIVE_KERNELS") != nullptr || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     return;
   setenv("ATEN_CPU_CAPABILITY", "avx2", 0);
   setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 0);
@@ -37,12 +48,17 @@ void pin_cpu_kernels(char** argv) {
     setenv("OPENBLAS_CORETYPE", "Haswell", 1);
     restart = true;
   }
+  // The pinned bits are those of OpenBLAS's pthread build: the OpenMP build the executables'
+  // RPATH names (cmake/CpuRuntime.cmake) rounds differently, and an RPATH outranks
+  // LD_LIBRARY_PATH, so the restart preloads the pthread build's libblas.so.3, which then
+  // serves libtorch's lookup of that name.
   std::error_code ec;
-  if (loaded_blas().find("openblas") == std::string::npos
-      && std::filesystem::exists(std::filesystem::path{openblas_dir} / "libblas.so.3", ec)) {
-    const char* old = std::getenv("LD_LIBRARY_PATH");
-    auto value = std::string{openblas_dir} + (old && *old ? ":" + std::string{old} : "");
-    setenv("LD_LIBRARY_PATH", value.c_str(), 1);
+  const auto pthread_blas = std::filesystem::path{openblas_dir} / "libblas.so.3";
+  if (loaded_blas().rfind(openblas_dir, 0) != 0 && std::filesystem::exists(pthread_blas, ec)) {
+    const char* old = std::getenv("LD_PRELOAD");
+    setenv("SORL_LD_PRELOAD_BEFORE", old ? old : "", 1);
+    auto value = pthread_blas.string() + (old && *old ? ":" + std::string{old} : "");
+    setenv("LD_PRELOAD", value.c_str(), 1);
     restart = true;
   }
   if (restart) {

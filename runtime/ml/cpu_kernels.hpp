@@ -22,11 +22,13 @@ std::string loaded_blas();
 inline constexpr const char* openblas_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
 
 /// On an x86-64 CPU with AVX2 and FMA, caps libtorch's vector kernels (ATEN_CPU_CAPABILITY)
-/// and oneDNN (ONEDNN_MAX_CPU_ISA) at AVX2, and uses OpenBLAS with its Haswell kernels
-/// whatever BLAS the system's alternative names. ATen and oneDNN read their cap on first
-/// use; the BLAS is chosen and initialised when the process is loaded, so the process starts
-/// itself again (execv of /proc/self/exe with `argv`, at most once, about a second of library
-/// loading) with OPENBLAS_CORETYPE and LD_LIBRARY_PATH set. A variable the user set is kept;
+/// and oneDNN (ONEDNN_MAX_CPU_ISA) at AVX2, and uses OpenBLAS's pthread build with its
+/// Haswell kernels whatever BLAS the system's alternative or the executable's RPATH names.
+/// ATen and oneDNN read their cap on first use; the BLAS is chosen and initialised when the
+/// process is loaded, so the process starts itself again (execv of /proc/self/exe with
+/// `argv`, at most once, about a second of library loading) with OPENBLAS_CORETYPE set and
+/// the pthread build's libblas.so.3 in LD_PRELOAD (taken out again after the restart, so
+/// child processes get the caller's LD_PRELOAD). A variable the user set is kept;
 /// with SORL_NATIVE_KERNELS set nothing is changed (every library's own, fastest choice).
 /// Returns when nothing (more) needs a restart, or when the restart failed.
 void pin_cpu_kernels(char** argv);
