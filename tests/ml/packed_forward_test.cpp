@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 using namespace sorl::ml;
@@ -50,6 +51,17 @@ std::pair<at::Tensor, at::Tensor> pad(const std::vector<std::vector<std::int32_t
       mask[b][static_cast<std::int64_t>(t)] = 1;
     }
   return {ids, mask};
+}
+
+// Two copies of one random policy that record gradients, computing on the bf16 image or not.
+std::pair<policy_model, policy_model> twin_models(const model_dims& d, std::uint64_t seed, bool bf16) {
+  policy_model a = random_policy(d, seed);
+  policy_model b = a.clone(at::kFloat);
+  for (policy_model* m : {&a, &b}) {
+    m->set_requires_grad(true);
+    m->set_bf16_compute(bf16);
+  }
+  return {std::move(a), std::move(b)};
 }
 
 // Every parameter's gradient in a and b, relative to its scale: sums over every position
@@ -105,12 +117,7 @@ TEST_CASE("packed and padded forwards give the same gradients, on the bf16 image
     for (const auto attention : {packed_attention::batched, packed_attention::per_sequence}) {
       INFO("bf16 " << bf16 << ", per_sequence " << (attention == packed_attention::per_sequence));
       const model_dims d = small_dims();
-      policy_model a = random_policy(d, 5);
-      policy_model b = a.clone(at::kFloat);
-      for (policy_model* m : {&a, &b}) {
-        m->set_requires_grad(true);
-        m->set_bf16_compute(bf16);
-      }
+      auto [a, b] = twin_models(d, 5, bf16);
       a.set_packed_attention(attention);
       const auto seqs = sequences(d.vocab);
       const packed_input p = pack(seqs);
@@ -203,12 +210,7 @@ TEST_CASE("shared prompts give the gradients of each sequence packed whole", "[m
   for (const bool bf16 : {false, true}) {
     INFO("bf16 " << bf16);
     const model_dims d = small_dims();
-    policy_model a = random_policy(d, 17);
-    policy_model b = a.clone(at::kFloat);
-    for (policy_model* m : {&a, &b}) {
-      m->set_requires_grad(true);
-      m->set_bf16_compute(bf16);
-    }
+    auto [a, b] = twin_models(d, 17, bf16);
     const shared_input s = shared_prompts(d.vocab);
     const packed_input p = pack(s.seqs);
     // Every sequence's every position weighed by a fixed random tensor, read through each
