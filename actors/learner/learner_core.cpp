@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
