@@ -28,6 +28,7 @@
 #include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/interrupt.hpp"
 #include "runtime/log.hpp"
+#include "runtime/version.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/role_names.hpp"
 #include "runtime/topology.hpp"
@@ -442,6 +443,7 @@ int main(int argc, char** argv) {
              "                                             start another node; it finds the hub\n"
              "Exit codes: 0 job finished, 1 job failed, 2 nothing started, 130 / 143 stopped by\n"
              "SIGINT / SIGTERM (after a checkpoint; a second signal exits at once).");
+  app.set_version_flag("--version", sorl::version_line(), "print the version and the commit built from");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
     ->capture_default_str();

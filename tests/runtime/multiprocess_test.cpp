@@ -1,6 +1,7 @@
 // Real `sorl node` processes on loopback (port 0), every wait bounded.
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <csignal>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "runtime/version.hpp"
 #include "tests/support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -296,6 +298,19 @@ TEST_CASE("sorl node refuses to connect to a non-loopback address without TLS, b
                    1s));
   if (listener)
     CHECK_FALSE(listener->was_connected());
+}
+
+TEST_CASE("sorl --version prints the version and the commit the binary was built from") {
+  // The test links the same generated build info as the binary (cmake/BuildInfo.cmake).
+  std::string commit = sorl::build_commit();
+  REQUIRE(std::regex_match(commit, std::regex{"[0-9a-f]{40}"})); // tests run from a checkout
+  std::string expected = fmt::format("sorl {} (commit {}{})", sorl::version(), commit.substr(0, 12),
+                                     sorl::build_dirty() ? ", dirty" : "");
+  CHECK(sorl::version_line() == expected);
+  CHECK(std::regex_match(expected, std::regex{R"(sorl \d+\.\d+\.\d+ \(commit [0-9a-f]{12}(, dirty)?\))"}));
+  child_process p{{SORL_BIN, "--version"}};
+  CHECK(p.wait_exit(slack) == 0);
+  CHECK(p.output() == expected + "\n");
 }
 
 TEST_CASE("sorl check reports a file name that is too long as a config error, exit 2") {
