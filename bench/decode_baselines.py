@@ -21,7 +21,9 @@ outer loop, so load from other processes spreads over every batch size. Per repe
   decode_tok_s    steady decode, batch * (new_tokens - 1) / (time of the last token - first)
   generate_tok_s  the whole call, batch * new_tokens / wall time of generate (or the loop)
 Output: one JSON line per (impl, dtype, batch) with every repeat's figures (lists) to stdout
-or --json FILE, then a table of medians on stderr.
+or --json FILE, then a table of medians on stderr, and the run's record of that table
+(bench/record.py; --record PATH, default under runs/bench/; bench/decode_model.sh passes
+"none" and keeps the peers in its own record).
 
 Both implementations spin in their thread barriers, so a machine shared with a build skews
 them far more than its load suggests (a run with 2 threads on 2 busy cores can be 20x
@@ -44,6 +46,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record as bench_record  # noqa: E402  (bench/record.py; record() below is a row)
 
 HERE = os.path.abspath(__file__)
 BUILT_IN_PROMPT = "Write a short story about a robot who learns to paint."
@@ -77,6 +82,7 @@ def parse_args(argv):
                                                     os.path.expanduser("~/.cache/sorl-bench-venv")))
     p.add_argument("--gguf-dir", help="where the GGUF files go (default VENV/gguf)")
     p.add_argument("--json", help="write the JSON lines here instead of stdout")
+    bench_record.add_record_argument(p, "decode-baselines")
     p.add_argument("--worker", choices=["hf", "llama.cpp"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.batches = [int(b) for b in a.batches.split(",") if b]
@@ -482,7 +488,32 @@ def table(rows):
                                for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
 
 
+def add_record_table(rec, rows):
+    """The table of medians, as table() prints it, into the run's record."""
+    c = bench_record.column
+    t = rec.add_table("peers", "peer implementations' decode on the same prompt and settings, medians of the repeats",
+                      [c("impl", "impl"), c("dtype", "dtype"), c("threads", "threads"), c("batch", "batch"),
+                       c("prompt", "prompt", "tokens"), c("new", "new", "tokens"),
+                       c("prefill_s", "prefill", "s", 3, baseline=True),
+                       c("prompt_tok_s", "prompt", "tokens/s", 0, baseline=True),
+                       c("decode_tok_s", "decode", "tokens/s", 1, baseline=True),
+                       c("decode_min", "decode min", "tokens/s", 1, baseline=True),
+                       c("decode_max", "decode max", "tokens/s", 1, baseline=True),
+                       c("generate_tok_s", "generate", "tokens/s", 1, baseline=True),
+                       c("others_cores", "others' cores", "", 2)])
+    for r in rows:
+        d = r["decode_tok_s"]
+        seen = [b for b in r.get("busy_before", []) if b is not None]
+        t["rows"].append([r["impl"], r["dtype"], r["threads"], r["batch"], r["prompt_tokens"], r["new_tokens"],
+                          median(r["prefill_s"]), median(r["prompt_tok_s"]), median(d), min(d), max(d),
+                          median(r["generate_tok_s"]), max(seen) if seen else None])
+
+
 def driver(args):
+    rec = bench_record.Record("decode-baselines", threads=args.threads)
+    rec.set_parameter("model", os.path.relpath(args.model))
+    for key in ("new_tokens", "temperature", "top_p", "top_k", "repeats", "seed"):
+        rec.set_parameter(key, getattr(args, key))
     rows = []
     out = open(args.json, "w") if args.json else sys.stdout
     for impl in args.impls:
@@ -513,6 +544,10 @@ def driver(args):
         out.close()
     if rows:
         print(table(rows), file=sys.stderr)
+        add_record_table(rec, rows)
+        path = bench_record.record_path("decode-baselines", args.record)
+        if rec.write(path):
+            bench_record.note_written(path)
     return 0 if rows else 1
 
 

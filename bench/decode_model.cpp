@@ -14,8 +14,10 @@
 //             stop token: every sample runs --new tokens).
 // --profile B,... adds a table of one decode step's time by kind of operation.
 // bench/decode_model.sh runs it with the thread settings and, when the bench virtualenv exists,
-// the Hugging Face and llama.cpp baselines.
+// the Hugging Face and llama.cpp baselines. --record PATH writes the run's record
+// (bench/record.hpp; tables "limits", "decode", "profile"), by default under runs/bench/.
 
+#include "bench/record_ml.hpp"
 #include "runtime/ml/decode_kernels.hpp"
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/hf_model.hpp"
@@ -59,6 +61,7 @@ struct options {
   int threads = 2;
   std::string json;
   std::string prompt_out;
+  std::string record;
   bool baseline = true;
 };
 
@@ -73,7 +76,7 @@ std::vector<std::int64_t> split_ints(const std::string& s) {
 void usage() {
   std::cerr << "usage: decode_model_bench MODEL_DIR [--batches 1,8,32,64] [--profile 1,32] [--prompt 32]\n"
                "                          [--new 64] [--repeats 3] [--temperature 0.7] [--threads 2]\n"
-               "                          [--no-baseline] [--json FILE] [--prompt-out FILE]\n"
+               "                          [--no-baseline] [--json FILE] [--prompt-out FILE] [--record FILE]\n"
                "  --prompt-out  writes the rollouts' prompt as a JSONL line {\"ids\": [...]}, for\n"
                "                bench/decode_baselines.py --prompts\n";
 }
@@ -95,6 +98,7 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = std::stoi(value());
     else if (a == "--json") o.json = value();
     else if (a == "--prompt-out") o.prompt_out = value();
+    else if (a == "--record") o.record = value();
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "-h" || a == "--help") {
       usage();
@@ -312,7 +316,9 @@ std::string join(const std::vector<double>& v) {
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
+  sorl::bench::bench_record rec("decode-model", argc, argv);
   at::set_num_threads(o.threads);
+  rec.set_threads(o.threads);
   hf_load_options lo;
   lo.max_seq = std::max<std::int64_t>(o.prompt + o.new_tokens + 16, 512);
   policy_model m = load_hf_model(o.model_dir, lo).model.clone(at::kBFloat16);
@@ -330,6 +336,13 @@ int main(int argc, char** argv) try {
   fmt::print("model: {} ({} layers, d {}, vocab {}); bf16 weights read per decode step: {:.1f} MB\n",
              o.model_dir, d.n_layers, d.d_model, d.vocab, c.weight_bytes / 1e6);
   fmt::print("threads: {}; bf16_linear: {}\n", o.threads, bf16_linear_isa());
+  rec.set_runtime(sorl::bench::ml_record_runtime());
+  rec.set_parameter("model_dir", o.model_dir);
+  rec.set_parameter("prompt_tokens", o.prompt);
+  rec.set_parameter("new_tokens", o.new_tokens);
+  rec.set_parameter("repeats", o.repeats);
+  rec.set_parameter("temperature", o.temperature);
+  rec.set_parameter("bf16_linear_isa", bf16_linear_isa());
 
   // Limits, measured first, with the bench's threads.
   const double bw = stream_read_gbs(std::int64_t{1} << 30, 4);
@@ -347,6 +360,26 @@ int main(int argc, char** argv) try {
              gemm_rows, rate_aten / 1e9, rate_onednn / 1e9, rate_bf16 / 1e9);
   fmt::print("memory bound uses {:.1f} GB/s (the 1 GiB read); compute bound uses {:.1f} GFLOP/s (the fastest)\n\n", bw,
              rate / 1e9);
+  auto& limits = rec.add_table("limits", "this machine's limits, measured with the bench's threads",
+                               {{"limit", "limit"}, {"value", "value", "", 1}, {"unit", "unit"}});
+  limits.add_row({"streaming read, 1 GiB buffer (the memory bound's)", bw, "GB/s"});
+  limits.add_row({"streaming read, a buffer the size of the weights", bw_weights, "GB/s"});
+  limits.add_row({fmt::format("fp32 GEMM on the model's shapes at {} rows, at::linear", gemm_rows), rate_aten / 1e9,
+                  "GFLOP/s"});
+  limits.add_row({fmt::format("the same, oneDNN"), rate_onednn / 1e9, "GFLOP/s"});
+  limits.add_row({fmt::format("the same, bf16_linear ({})", bf16_linear_isa()), rate_bf16 / 1e9, "GFLOP/s"});
+  limits.add_row({"bf16 weights read per decode step", c.weight_bytes / 1e6, "MB"});
+  auto& decode = rec.add_table(
+    "decode", "steady decode and whole rollouts, tokens/s (medians of the repeats), against this machine's bounds",
+    {{"batch", "batch"},
+     {"steady_tok_s", "sorl", "tokens/s", 1},
+     {"rollout_tok_s", "sorl rollouts", "tokens/s", 1},
+     {"before_tok_s", "sorl before", "tokens/s", 1, true},
+     {"mem_bound_tok_s", "memory bound", "tokens/s", 0, true},
+     {"of_mem_bound", "of memory bound", "%", 0},
+     {"compute_bound_tok_s", "compute bound", "tokens/s", 0, true},
+     {"of_compute_bound", "of compute bound", "%", 0},
+     {"sampling_share", "rollout time outside the model", "%", 0}});
   if (json.is_open())
     json << fmt::format(R"({{"kind":"limits","read_gbs":{:.3f},"read_weights_gbs":{:.3f},"gemm_rows":{},"aten_gflops":{:.3f},"onednn_gflops":{:.3f},"bf16_linear_gflops":{:.3f},"weight_bytes":{:.0f},"threads":{},"isa":"{}"}})",
                         bw, bw_weights, gemm_rows, rate_aten / 1e9, rate_onednn / 1e9, rate_bf16 / 1e9, c.weight_bytes,
@@ -378,6 +411,8 @@ int main(int argc, char** argv) try {
     fmt::print("{:>5}  {:>22.1f}  {:>12}  {:>12.1f}  {:>7.0f}%  {:>7.0f}%  {:>14.1f}  {:>9.0f}%\n", B, med,
                o.baseline ? fmt::format("{:.1f}", median(before)) : "-", mem_bound, 100.0 * med / mem_bound,
                100.0 * med / comp_bound, median(roll), 100.0 * share);
+    decode.add_row({B, med, median(roll), o.baseline ? sorl::bench::record_cell(median(before)) : sorl::bench::record_cell{},
+                    mem_bound, 100.0 * med / mem_bound, comp_bound, 100.0 * med / comp_bound, 100.0 * share});
     if (json.is_open())
       json << fmt::format(R"({{"kind":"decode","batch":{},"steady_tok_s":[{}],"before_tok_s":[{}],"rollout_tok_s":[{}],"mem_bound_tok_s":{:.3f},"compute_bound_tok_s":{:.3f},"prompt":{},"new_tokens":{},"temperature":{}}})",
                           B, join(now), join(before), join(roll), mem_bound, comp_bound, o.prompt, o.new_tokens,
@@ -385,6 +420,17 @@ int main(int argc, char** argv) try {
            << "\n";
   }
 
+  std::vector<sorl::bench::record_column> prof_cols{{"kind", "kind"}};
+  for (const std::int64_t B : o.profile) {
+    prof_cols.emplace_back(fmt::format("ms_b{}", B), fmt::format("batch {}", B), "ms", 2);
+    prof_cols.emplace_back(fmt::format("share_b{}", B), "share", "%", 1);
+  }
+  auto& profile = rec.add_table("profile", "one decode step's time by kind of operation (forward_cached)",
+                                std::move(prof_cols));
+  std::vector<std::vector<sorl::bench::record_cell>> prof_rows(decode_profile::kinds + 1);
+  for (int k = 0; k < decode_profile::kinds; ++k)
+    prof_rows[static_cast<std::size_t>(k)].emplace_back(decode_profile::name(k));
+  prof_rows.back().emplace_back("step");
   for (const std::int64_t B : o.profile) {
     decode_profile prof;
     const std::int64_t steps = std::max<std::int64_t>(8, std::min<std::int64_t>(o.new_tokens, 512 / B));
@@ -398,9 +444,19 @@ int main(int argc, char** argv) try {
       const double ms = 1e3 * prof.seconds[k] / static_cast<double>(prof.calls);
       fmt::print("  {:<14} {:>8.3f} ms  {:>5.1f}%\n", decode_profile::name(k), ms, 100.0 * prof.seconds[k] / total);
       js += fmt::format("{}\"{}\":{:.4f}", js.empty() ? "" : ",", decode_profile::name(k), ms);
+      prof_rows[static_cast<std::size_t>(k)].emplace_back(ms);
+      prof_rows[static_cast<std::size_t>(k)].emplace_back(100.0 * prof.seconds[k] / total);
     }
+    prof_rows.back().emplace_back(1e3 * total / static_cast<double>(prof.calls));
+    prof_rows.back().emplace_back();
     if (json.is_open()) json << fmt::format(R"({{"kind":"profile","batch":{},"ms":{{{}}}}})", B, js) << "\n";
   }
+  if (!o.profile.empty())
+    for (auto& row : prof_rows)
+      profile.add_row(std::move(row));
+  const std::string record_path = sorl::bench::record_path("decode-model", o.record);
+  if (rec.write(record_path))
+    std::cerr << "record: " << record_path << "\n";
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "decode_model_bench: " << e.what() << "\n";

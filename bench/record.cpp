@@ -72,8 +72,14 @@ bool valid_key(const std::string& key) {
 }
 
 json cell_json(const record_cell& c) {
-  if (const double* v = std::get_if<double>(&c.value))
-    return std::isfinite(*v) ? json(*v) : json(nullptr);
+  if (const double* v = std::get_if<double>(&c.value)) {
+    if (!std::isfinite(*v))
+      return json(nullptr);
+    // Counts stay integers in the file (a batch of 8, not 8.0).
+    if (std::trunc(*v) == *v && std::fabs(*v) < 9.0e15)
+      return json(static_cast<std::int64_t>(*v));
+    return json(*v);
+  }
   if (const std::string* s = std::get_if<std::string>(&c.value))
     return json(*s);
   return json(nullptr);
@@ -253,6 +259,8 @@ std::string bench_record::to_json() const {
         col["digits"] = c.digits;
       if (c.baseline)
         col["baseline"] = true;
+      if (c.significant > 0)
+        col["significant"] = c.significant;
       cols.push_back(col);
     }
     json rows = json::array();

@@ -48,11 +48,14 @@ struct record_column {
   /// True for a figure measured in the same run as a point of comparison (a peer, the previous
   /// path, a limit of the machine), not for sorl's own figure.
   bool baseline = false;
+  /// Significant digits the renderer shows instead of `digits` when > 0 (figures that span
+  /// decades, such as a mismatch of 4.1e-6 nats).
+  int significant = 0;
 
   record_column(std::string key_, std::string label_, std::string unit_ = "", int digits_ = -1,
-                bool baseline_ = false)
+                bool baseline_ = false, int significant_ = 0)
     : key(std::move(key_)), label(std::move(label_)), unit(std::move(unit_)), digits(digits_),
-      baseline(baseline_) {}
+      baseline(baseline_), significant(significant_) {}
 };
 
 /// A named table of results: the columns, then rows of exactly one cell per column.

@@ -175,10 +175,11 @@ def add_record_argument(parser, bench):
                              f"runs/bench/{bench}-UTC.json; 'none': no record; docs/benchmarks.md)")
 
 
-def column(key, label, unit="", digits=None, baseline=False):
+def column(key, label, unit="", digits=None, baseline=False, significant=None):
     """One column of a result table (bench/record.hpp record_column): `key` is what a docs
     marker selects it by, `digits` the decimals shown (None: the number as written),
-    `baseline` true for a figure measured in the same run as a point of comparison."""
+    `baseline` true for a figure measured in the same run as a point of comparison,
+    `significant` the significant digits shown instead (figures that span decades)."""
     if not _KEY.match(key):
         raise ValueError(f"column key {key!r}: letters, digits, '_', '.' or '-' only")
     c = {"key": key, "label": label, "unit": unit}
@@ -186,6 +187,8 @@ def column(key, label, unit="", digits=None, baseline=False):
         c["digits"] = digits
     if baseline:
         c["baseline"] = True
+    if significant:
+        c["significant"] = significant
     return c
 
 

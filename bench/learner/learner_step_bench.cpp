@@ -3,6 +3,7 @@
 //
 //   BUILD/bench/learner/learner_step_bench CONFIG [--repeats K] [--prompts B] [--group G]
 //                                                 [--arms padded,packed,shared,packed-seq]
+//                                                 [--record PATH]
 //
 // One batch of B prompts × G rollouts is sampled once (the bf16 rollout copy of the config's
 // weights, the config's sampling settings, the task's rewards), then every arm starts from the
@@ -34,11 +35,14 @@
 // /proc/self/clear_refs before each arm, after returning freed heap to the system), and how
 // far it rose above the RSS at the arm's start (the model, AdamW's moments, the sampled batch
 // and libtorch are there before the first step).
+// The run's record (bench/record.hpp: tables "arms", the means per arm, and "gemm", the
+// baseline per shape) goes to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/.
 
 #include "actors/common/train_setup.hpp"
 #include "actors/learner/learner_core.hpp"
 #include "actors/roles.hpp"
 #include "bench/learner/rollout_batch.hpp"
+#include "bench/record_ml.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/torch_compat.hpp"
@@ -68,11 +72,12 @@ struct bench_options {
   std::int64_t prompts = 0; ///< 0 = the config's prompts_per_step
   std::int64_t group = 0;   ///< 0 = the config's sagc.group_size
   std::vector<std::string> arms{"padded", "packed", "shared"};
+  std::string record; ///< --record PATH; "" = record_path's default
 };
 
 [[noreturn]] void usage(const std::string& why) {
   throw std::invalid_argument(why + "\nusage: learner_step_bench CONFIG [--repeats K] [--prompts B] [--group G] "
-                                    "[--arms padded,packed,shared,packed-seq]");
+                                    "[--arms padded,packed,shared,packed-seq] [--record PATH]");
 }
 
 std::int64_t positive(const std::string& flag, const char* text) {
@@ -98,6 +103,8 @@ bench_options parse(int argc, char** argv) {
       o.prompts = positive(flag, value);
     } else if (flag == "--group") {
       o.group = positive(flag, value);
+    } else if (flag == "--record") {
+      o.record = value;
     } else if (flag == "--arms") {
       o.arms.clear();
       const std::string list = value;
@@ -208,7 +215,18 @@ double gemm_seconds(std::int64_t rows, std::int64_t in, std::int64_t out) {
   return best;
 }
 
-int run_bench(const experiment_config& cfg, const bench_options& o) {
+/// What an arm is, in a record's table.
+const char* arm_description(const std::string& arm) {
+  if (arm == "padded")
+    return "padded";
+  if (arm == "packed")
+    return "packed, every rollout's prompt";
+  if (arm == "shared")
+    return "packed, each group's prompt once";
+  return "packed, attention one sequence at a time";
+}
+
+int run_bench(const experiment_config& cfg, const bench_options& o, bench::bench_record& rec) {
   const ml::named_tensors source = bench::source_weights(cfg);
   const ml::model_dims d = model_dims_from(cfg);
   const std::int64_t B = o.prompts > 0 ? o.prompts : cfg.algorithm.prompts_per_step;
@@ -247,6 +265,9 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
     {"q_proj", S, d.d_model, q, 1},       {"k/v_proj", S, d.d_model, kv, 2}, {"o_proj", S, q, d.d_model, 1},
     {"gate/up_proj", S, d.d_model, d.d_ff, 2}, {"down_proj", S, d.d_ff, d.d_model, 1}, {"lm_head", R, d.d_model, d.vocab, 0},
   };
+  bench::record_table& gemm = rec.add_table(
+    "gemm", "at::linear fp32 on the model's shapes at the step's token count, best of 3 (the baseline)",
+    {{"shape", "GEMM"}, {"rows", "rows"}, {"in", "in"}, {"out", "out"}, {"gflops", "rate", "GFLOP/s", 1, true}});
   double mix_flops = 0, mix_seconds = 0;
   for (const gemm_shape& g : shapes) {
     const double s = gemm_seconds(g.rows, g.in, g.out);
@@ -257,9 +278,29 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
     std::printf("GEMM at::linear fp32 [%lld, %lld] x [%lld, %lld] (%s): %.1f GFLOP/s\n", static_cast<long long>(g.rows),
                 static_cast<long long>(g.in), static_cast<long long>(g.in), static_cast<long long>(g.out), g.what,
                 flops / s / 1e9);
+    gemm.add_row({g.what, g.rows, g.in, g.out, flops / s / 1e9});
   }
   const double gemm_rate = mix_flops / mix_seconds;
   std::printf("GEMM mix of one forward's linear layers: %.1f GFLOP/s\n", gemm_rate / 1e9);
+  rec.set_parameter("sequences", N);
+  rec.set_parameter("real_tokens", S);
+  rec.set_parameter("response_rows", R);
+  rec.set_parameter("repeats", o.repeats);
+  rec.set_parameter("sampling_s", gen_s);
+  gemm.add_row({"mix of one forward's linear layers", {}, {}, {}, gemm_rate / 1e9});
+  bench::record_table& arms = rec.add_table(
+    "arms", "one learner step of the batch per arm, mean of the repeats after the first",
+    {{"arm", "arm"},
+     {"what", "learner step"},
+     {"step_s", "step", "s", 2},
+     {"forward_s", "forward", "s", 2},
+     {"backward_s", "backward", "s", 2},
+     {"needed_gflop", "FLOPs a step needs", "GFLOP", 0},
+     {"gflops", "useful rate", "GFLOP/s", 1},
+     {"of_gemm", "of the GEMM rate", "%", 0},
+     {"gemm_gflops", "GEMM rate", "GFLOP/s", 0, true},
+     {"peak_rss_mib", "peak RSS", "MiB", 0},
+     {"rss_rise_mib", "RSS rise over the arm", "MiB", 0}});
 
   std::printf("%-11s %5s %8s %8s %8s %9s %9s %9s %7s %9s\n", "arm", "step", "step_s", "fwd_s", "bwd_s", "fwd_GF/s",
               "bwd_GF/s", "step_GF/s", "%gemm", "peakMiB");
@@ -295,6 +336,9 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
       sum_needed += fwd_flops + bwd_flops;
       ++counted;
     }
+    arms.add_row({arm, arm_description(arm), sum_step / counted, sum_fwd / counted, sum_bwd / counted,
+                  sum_needed / counted / 1e9, sum_needed / sum_step / 1e9, 100.0 * sum_needed / sum_step / gemm_rate,
+                  gemm_rate / 1e9, peak_rss_mib(), peak_rss_mib() - rss_before});
     std::printf("%-11s mean of %d: step %.3f s (forward %.3f, backward %.3f), %.1f GFLOP/s = %.0f%% of the GEMM mix; "
                 "peak RSS %.0f MiB (%.0f MiB above the RSS before its first step)%s\n",
                 arm.c_str(), counted, sum_step / counted, sum_fwd / counted, sum_bwd / counted,
@@ -311,9 +355,17 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
 int main(int argc, char** argv) {
   try {
     const bench_options o = parse(argc, argv);
+    bench::bench_record rec("learner-step", argc, argv);
     const experiment_config cfg = load_config(argv[1], role_names(builtin_roles()));
     at::set_num_threads(static_cast<int>(cfg.run.threads > 0 ? cfg.run.threads : 1));
-    return run_bench(cfg, o);
+    rec.set_threads(at::get_num_threads());
+    rec.set_runtime(bench::ml_record_runtime());
+    rec.set_parameter("config", argv[1]);
+    const int rc = run_bench(cfg, o, rec);
+    const std::string path = bench::record_path("learner-step", o.record);
+    if (rec.write(path))
+      std::fprintf(stderr, "record: %s\n", path.c_str());
+    return rc;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "learner_step_bench: %s\n", e.what());
     return 2;

@@ -3,6 +3,7 @@
 //
 //   BUILD/bench/learner/onpolicy_bench CONFIG [--steps K] [--prompts B] [--group G]
 //                                             [--arms LIST] [--gemm automatic|aten]
+//                                             [--record PATH]
 //
 // Each arm starts from the config's weights (bench/war/source_weights.hpp) and runs K steps of
 // the synchronous loop in one thread: the bf16 rollout copy of the learner's master (cast as
@@ -19,12 +20,15 @@
 // training_logprob) and the sampler's formula over the learner's logits. Equal formula-over-
 // learner and worker values mean the two passes' logits agree to that float; equal learner
 // and formula-over-learner values mean the two formulas agree on identical logits.
-// --gemm aten decodes with at::linear (the learner's BLAS) instead of oneDNN.
+// --gemm aten decodes with at::linear (the learner's BLAS) instead of oneDNN. The run's record
+// (bench/record.hpp: tables "steps" and "arms") goes to --record PATH, else
+// $SORL_BENCH_RECORD, else runs/bench/.
 
 #include "actors/common/train_setup.hpp"
 #include "actors/learner/learner_core.hpp"
 #include "actors/roles.hpp"
 #include "bench/learner/rollout_batch.hpp"
+#include "bench/record_ml.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/generate.hpp"
@@ -53,11 +57,13 @@ struct bench_options {
   std::int64_t group = 0;   ///< 0 = the config's sagc.group_size
   std::vector<std::string> arms{"bf16-rollout", "bf16-recompute", "fp32-recompute"};
   ml::decode_gemm gemm = ml::decode_gemm::automatic;
+  std::string record; ///< --record PATH; "" = record_path's default
 };
 
 [[noreturn]] void usage(const std::string& why) {
   throw std::invalid_argument(why + "\nusage: onpolicy_bench CONFIG [--steps K] [--prompts B] [--group G] "
-                                    "[--arms bf16-rollout,bf16-recompute,fp32-recompute] [--gemm automatic|aten]");
+                                    "[--arms bf16-rollout,bf16-recompute,fp32-recompute] [--gemm automatic|aten] "
+                                    "[--record PATH]");
 }
 
 std::int64_t positive(const std::string& flag, const char* text) {
@@ -83,6 +89,8 @@ bench_options parse(int argc, char** argv) {
       o.prompts = positive(flag, value);
     } else if (flag == "--group") {
       o.group = positive(flag, value);
+    } else if (flag == "--record") {
+      o.record = value;
     } else if (flag == "--gemm") {
       const std::string g = value;
       if (g != "automatic" && g != "aten")
@@ -155,7 +163,7 @@ bitwise_sources sources_of(const ml::policy_model& model, const std::vector<lear
   return out;
 }
 
-int run_bench(const experiment_config& cfg, const bench_options& o) {
+int run_bench(const experiment_config& cfg, const bench_options& o, bench::bench_record& rec) {
   const ml::any_task task = make_task_from(cfg);
   if (task.is_multi_turn())
     throw std::invalid_argument("onpolicy_bench runs single-turn tasks only");
@@ -164,6 +172,24 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
   const std::int64_t B = o.prompts > 0 ? o.prompts : cfg.algorithm.prompts_per_step;
   const std::int64_t G = o.group > 0 ? o.group : cfg.sagc.group_size;
   const double temperature = cfg.algorithm.temperature > 0 ? cfg.algorithm.temperature : 1.0;
+  bench::record_table& steps = rec.add_table(
+    "steps", "per arm and step: the learner's time, the mismatch and where the bitwise share is lost",
+    {{"arm", "arm"},
+     {"step", "step"},
+     {"reward", "reward", "", 3},
+     {"learn_s", "learner", "s", 2},
+     {"forwards", "forwards"},
+     {"mismatch_mean", "mean |Δ|", "nats", -1, false, 2},
+     {"mismatch_max", "max |Δ|", "nats", -1, false, 2},
+     {"k3", "k3", "", -1, false, 2},
+     {"bitwise", "learner == worker", "%", 2},
+     {"formula", "learner == formula on the learner's logits", "%", 2},
+     {"logits", "formula on the learner's logits == worker", "%", 2},
+     {"tokens", "trained tokens"},
+     {"gen_s", "generation", "s", 1}});
+  bench::record_table& means = rec.add_table(
+    "arms", "per arm: the mean learner time over the steps",
+    {{"arm", "arm"}, {"steps", "steps"}, {"learn_s", "learner", "s", 2}});
   std::printf("%-15s %4s %8s %8s %6s %10s %10s %10s %9s %9s %9s %9s %7s\n", "arm", "step", "reward", "learn_s",
               "fwd", "mis_mean", "mis_max", "k3", "bitwise", "formula", "logits", "tokens", "gen_s");
   for (const std::string& arm : o.arms) {
@@ -198,8 +224,13 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
                   src.learner_eq_worker / src.tokens, src.learner_eq_formula / src.tokens,
                   src.formula_eq_worker / src.tokens, src.tokens, gen_s);
       std::fflush(stdout);
+      steps.add_row({arm, step + 1, reward_sum / static_cast<double>(batch.size()), m.seconds, m.forwards,
+                     m.mismatch_mean, m.mismatch_max, m.mismatch_k3, 100.0 * src.learner_eq_worker / src.tokens,
+                     100.0 * src.learner_eq_formula / src.tokens, 100.0 * src.formula_eq_worker / src.tokens,
+                     src.tokens, gen_s});
     }
     std::printf("%-15s mean learner time %.2f s over %d steps\n", arm.c_str(), learn_sum / o.steps, o.steps);
+    means.add_row({arm, o.steps, learn_sum / o.steps});
   }
   std::printf("bitwise: learner == worker; formula: learner == the sampler's formula on the learner's logits;\n"
               "logits: the sampler's formula on the learner's logits == worker (the passes' logits agree)\n");
@@ -211,9 +242,18 @@ int run_bench(const experiment_config& cfg, const bench_options& o) {
 int main(int argc, char** argv) {
   try {
     const bench_options o = parse(argc, argv);
+    bench::bench_record rec("onpolicy", argc, argv);
     const experiment_config cfg = load_config(argv[1], role_names(builtin_roles()));
     at::set_num_threads(static_cast<int>(cfg.run.threads > 0 ? cfg.run.threads : 1));
-    return run_bench(cfg, o);
+    rec.set_threads(at::get_num_threads());
+    rec.set_runtime(bench::ml_record_runtime());
+    rec.set_parameter("config", argv[1]);
+    rec.set_parameter("decode_gemm", o.gemm == ml::decode_gemm::aten ? "aten" : "automatic");
+    const int rc = run_bench(cfg, o, rec);
+    const std::string path = bench::record_path("onpolicy", o.record);
+    if (rec.write(path))
+      std::fprintf(stderr, "record: %s\n", path.c_str());
+    return rc;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "onpolicy_bench: %s\n", e.what());
     return 2;
