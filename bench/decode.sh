@@ -11,6 +11,8 @@
 # each and the ratios of the medians.
 # Needs python3-torch and python3-numpy (`scripts/install-deps --with-extras`); says so and
 # exits 2 before building anything when they are missing.
+# The run's record (bench/record.hpp: the table above) goes to --record PATH, else
+# $SORL_BENCH_RECORD, else runs/bench/decode-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 me=bench/decode.sh
@@ -22,12 +24,16 @@ build_target "$build" decode_bench -DSORL_ONLY_ML=ON -DSORL_BUILD_TESTS=OFF
 # it starts its own threads, one per core, unless told), so that no implementation gets more
 # cores than --threads says.
 threads=2
+record=${SORL_BENCH_RECORD:-runs/bench/decode-$(date -u +%Y%m%dT%H%M%SZ).json}
 args=("$@")
 for ((i = 0; i < ${#args[@]}; ++i)); do
   if [[ ${args[i]} == --threads && $((i + 1)) -lt ${#args[@]} ]]; then threads=${args[i + 1]}; fi
+  if [[ ${args[i]} == --record && $((i + 1)) -lt ${#args[@]} ]]; then record=${args[i + 1]}; fi
 done
+source "$root/bench/record.sh"
+record_command "$me" "$@"
 export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$build/bench/decode_bench" --json "$tmp/sorl.jsonl" --dump "$tmp" "$@"
-/usr/bin/python3 "$root/bench/decode_reference.py" --sorl "$tmp/sorl.jsonl" --parity "$tmp"
+"$build/bench/decode_bench" --json "$tmp/sorl.jsonl" --dump "$tmp" "$@" --record "$record"
+/usr/bin/python3 "$root/bench/decode_reference.py" --sorl "$tmp/sorl.jsonl" --parity "$tmp" --record "$record"

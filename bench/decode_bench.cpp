@@ -12,8 +12,12 @@
 // token ids, sorl's logits (full and cached paths) and the baseline's, for the Python
 // reference to compare; it checks sorl against the baseline itself first and exits 1 when
 // they differ by more than parity_tolerance.
+//
+// The run's record (bench/record.hpp: table "decode", or "mixed" with --mixed; decode_reference.py
+// adds the eager loop's columns) goes to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/.
 
 #include "bench/decode_parity.hpp"
+#include "bench/record_ml.hpp"
 #include "runtime/ml/generate.hpp"
 #include "runtime/ml/model.hpp"
 
@@ -49,6 +53,7 @@ struct options {
   int threads = 2;
   std::string json;
   std::string dump;
+  std::string record;
   bool mixed = false;
 };
 
@@ -63,7 +68,7 @@ std::vector<std::string> split(const std::string& s) {
 void usage() {
   std::cerr << "usage: decode_bench [--quick] [--presets tiny,50m] [--batches 1,8,64] [--prompt 8]\n"
                "                    [--new-tiny 64] [--new-50m 32] [--repeats 5] [--threads 2]\n"
-               "                    [--gemm auto|aten] [--json FILE] [--dump DIR] [--mixed]\n"
+               "                    [--gemm auto|aten] [--json FILE] [--dump DIR] [--mixed] [--record FILE]\n"
                "  --quick     tiny preset, batches 1 and 8, 3 repeats (options after it still apply)\n"
                "  --repeats   timed runs per configuration and implementation; medians are reported\n"
                "  --mixed     instead: time of a step that admits one prefill of 8..1024 tokens next to\n"
@@ -94,6 +99,7 @@ options parse(int argc, char** argv) {
     else if (a == "--gemm") o.gemm = value();
     else if (a == "--json") o.json = value();
     else if (a == "--dump") o.dump = value();
+    else if (a == "--record") o.record = value();
     else if (a == "--mixed") o.mixed = true;
     else if (a == "-h" || a == "--help") {
       usage();
@@ -203,8 +209,14 @@ double run_mixed_step(const policy_model& m, std::int64_t batch, std::int64_t pr
 }
 
 // --mixed: median step time of a prefill joining decoding samples, one pass vs two.
-void mixed(const options& o) {
+void mixed(const options& o, sorl::bench::bench_record& rec) {
   const policy_model m(preset("tiny-2k"), 0, 0.02);
+  auto& table = rec.add_table("mixed", "median step time of one prefill joining batch - 1 decoding samples (tiny-2k)",
+                              {{"batch", "batch"},
+                               {"prefill", "prefill", "tokens"},
+                               {"one_pass_ms", "one pass", "ms", 2},
+                               {"two_passes_ms", "two passes", "ms", 2, true},
+                               {"ratio", "one / two", "", 2}});
   std::printf("%6s %8s %14s %14s %7s\n", "batch", "prefill", "one pass ms", "two passes ms", "ratio");
   run_mixed_step(m, 8, 8, 2);  // warm up
   for (const std::int64_t b : o.batches) {
@@ -218,6 +230,7 @@ void mixed(const options& o) {
       std::sort(two.begin(), two.end());
       const double a = one[one.size() / 2] * 1e3, c = two[two.size() / 2] * 1e3;
       std::printf("%6lld %8lld %14.2f %14.2f %7.2f\n", static_cast<long long>(b), static_cast<long long>(n), a, c, a / c);
+      table.add_row({b, n, a, c, a / c});
     }
   }
 }
@@ -283,13 +296,43 @@ bool dump(const std::string& dir) {
 
 }  // namespace
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
+  sorl::bench::bench_record rec("decode", argc, argv);
   at::set_num_threads(o.threads);
+  rec.set_threads(o.threads);
+  rec.set_runtime(sorl::bench::ml_record_runtime());
+  rec.set_parameter("repeats", o.repeats);
+  rec.set_parameter("prompt_tokens", o.prompt);
+  rec.set_parameter("gemm", o.gemm);
+  const std::string record_path = sorl::bench::record_path("decode", o.record);
+  auto write_record = [&] {
+    if (rec.write(record_path))
+      std::cerr << "record: " << record_path << "\n";
+  };
   if (o.mixed) {
-    mixed(o);
+    mixed(o, rec);
+    write_record();
     return 0;
   }
+  auto& table = rec.add_table(
+    "decode", "steady decode of the presets, tokens/s: medians of the repeats, the libtorch loop the baseline",
+    {{"preset", "preset"},
+     {"params_m", "params", "M", 2},
+     {"batch", "batch"},
+     {"new_tokens", "new", "tokens"},
+     {"sorl_tok_s", "sorl", "tokens/s", 1},
+     {"sorl_min", "sorl min", "tokens/s", 0},
+     {"sorl_max", "sorl max", "tokens/s", 0},
+     {"loop_aten_tok_s", "libtorch loop, at::linear", "tokens/s", 1, true},
+     {"loop_onednn_tok_s", "libtorch loop, oneDNN", "tokens/s", 1, true},
+     {"sorl_over_loop", "sorl / faster loop", "x", 2}});
   std::FILE* json = o.json.empty() ? stdout : std::fopen(o.json.c_str(), "w");
   if (json == nullptr) throw std::runtime_error("cannot open " + o.json);
   if (!o.dump.empty() && !dump(o.dump)) return 1;
@@ -327,9 +370,15 @@ int main(int argc, char** argv) try {
                    static_cast<long long>(o.repeats), json_list(sorl_runs).c_str(), json_list(ref_runs).c_str(),
                    json_list(ref_onednn_runs).c_str(), load);
       std::fflush(json);
+      const double loop = std::max(median_of(ref_runs), median_of(ref_onednn_runs));
+      table.add_row({name, static_cast<double>(d.parameter_count()) / 1e6, b, new_tokens, median_of(sorl_runs),
+                     *std::min_element(sorl_runs.begin(), sorl_runs.end()),
+                     *std::max_element(sorl_runs.begin(), sorl_runs.end()), median_of(ref_runs),
+                     median_of(ref_onednn_runs), median_of(sorl_runs) / loop});
     }
   }
   if (json != stdout) std::fclose(json);
+  write_record();
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "decode_bench: " << e.what() << '\n';

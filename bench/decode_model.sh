@@ -36,9 +36,8 @@ for ((i = 1; i + 1 < ${#args[@]}; ++i)); do
     --record) record=${args[i + 1]} ;;
   esac
 done
-# The record names this script's command line, not the bench's.
-: "${SORL_BENCH_COMMAND:=$me $(printf '%q ' "$@")}"
-export SORL_BENCH_COMMAND=${SORL_BENCH_COMMAND% }
+source "$root/bench/record.sh"
+record_command "$me" "$@"
 export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 out=${DECODE_OUT:-$(mktemp -d)}
 mkdir -p "$out"

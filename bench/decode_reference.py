@@ -8,7 +8,9 @@ through a plain eager PyTorch decode loop written the way Hugging Face's Llama c
 log-probs), as many times, and prints the three as median (min-max) with the ratios of the
 medians. With --parity DIR it first loads the weights decode_bench dumped, computes the
 logits itself and compares sorl's (full and cached paths) and the libtorch loop model's with
-them: PASS or FAIL against the tolerance decode_bench wrote, exit 1 on any FAIL.
+them: PASS or FAIL against the tolerance decode_bench wrote, exit 1 on any FAIL. With --record
+PATH (the record decode_bench wrote in the same run, bench/record.py) it adds the eager loop's
+columns and sorl over it to the record's "decode" table.
 
 Run with Debian's /usr/bin/python3 (python3-torch); bench/decode.sh does everything.
 """
@@ -20,6 +22,9 @@ import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # noqa: E402  (bench/record.py)
 
 try:
     import numpy as np
@@ -213,6 +218,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sorl", required=True, help="JSON lines written by decode_bench --json")
     ap.add_argument("--parity", help="directory written by decode_bench --dump")
+    ap.add_argument("--record", help="decode_bench's record of the same run: the eager columns are added to it")
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.sorl) if line.strip()]
     if not rows:
@@ -238,9 +244,11 @@ def main():
     print(header)
     print("-" * len(header))
     loads = [float(row["load_1min"]) for row in rows if float(row.get("load_1min", -1)) >= 0]
+    eager_runs = {}
     for row in rows:
         loads.append(os.getloadavg()[0])
         ours, (loop, tag), eager = row["sorl_tokens_per_s"], best_loop(row), run(row)
+        eager_runs[(row["preset"], row["batch"])] = (eager, statistics.median(ours))
         m = statistics.median(ours)
         print(f"{row['preset']:<7}{row['params'] / 1e6:>8.2f}M{row['batch']:>6}{row['new_tokens']:>5}  "
               f"{spread(ours):<22}{spread(loop, tag):<24}{spread(eager):<22}"
@@ -249,6 +257,28 @@ def main():
     cores = os.cpu_count()
     print(f"1-minute load average as the runs started: {min(loads):.1f} to {max(loads):.1f} on {cores} cores"
           + (" (other work competed for the cores: expect a wide min-max)" if max(loads) > cores / 2 else ""))
+    if args.record and args.record != "none":
+        add_eager_to_record(args.record, eager_runs)
+
+
+def add_eager_to_record(path, eager_runs):
+    """The eager loop's median, min, max and sorl over it as columns of the record's "decode"
+    table, matched by preset and batch."""
+    data = record.load(path)
+    t = record.table(data, "decode")
+    if t is None:
+        sys.exit(f"decode_reference: {path} has no \"decode\" table")
+    c = record.column
+    t["columns"] += [c("eager_tok_s", "torch eager", "tokens/s", 1, baseline=True),
+                     c("eager_min", "torch eager min", "tokens/s", 0, baseline=True),
+                     c("eager_max", "torch eager max", "tokens/s", 0, baseline=True),
+                     c("sorl_over_eager", "sorl / torch eager", "x", 2)]
+    for r in t["rows"]:
+        eager, ours = eager_runs.get((r[0], r[2]), (None, None))
+        r += ([statistics.median(eager), min(eager), max(eager), ours / statistics.median(eager)]
+              if eager else [None] * 4)
+    data["parameters"]["torch_eager"] = torch.__version__
+    record.write(data, path)
 
 
 if __name__ == "__main__":

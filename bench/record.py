@@ -302,7 +302,60 @@ def load(path):
     return data
 
 
+def merge(out_path, parts):
+    """One record of a driver's several bench runs: `parts` is [(record path, table, new
+    name)], each source's table renamed into the output. The first source gives the command,
+    date, machine and runtime; every source's argv, date, duration and load go to "parts".
+    Raises ValueError when the sources were measured with different sorl builds."""
+    sources = [(load(p), table_name, new) for p, table_name, new in parts]
+    if not sources:
+        raise ValueError("merge: no records to merge")
+    first = sources[0][0]
+    out = {k: v for k, v in first.items() if k != "tables"}
+    out["tables"], out["parts"] = [], []
+    for (data, table_name, new), (path, _, _) in zip(sources, parts):
+        if (data["sorl"].get("commit"), data["sorl"].get("dirty")) != \
+                (first["sorl"].get("commit"), first["sorl"].get("dirty")):
+            raise ValueError(f"merge: {path} was measured with sorl {data['sorl'].get('commit')}, "
+                             f"{parts[0][0]} with {first['sorl'].get('commit')}")
+        t = table(data, table_name)
+        if t is None:
+            raise ValueError(f"merge: {path} has no table {table_name!r}")
+        add_table(out, new, t["title"], t["columns"], t["rows"], t.get("baseline_rows", ()))
+        out["parts"].append({"argv": data.get("argv"), "date_utc": data["date_utc"],
+                             "duration_s": data.get("duration_s"),
+                             "load_1min_at_start": data["machine"].get("load_1min_at_start")})
+    out["duration_s"] = round(sum(p["duration_s"] or 0 for p in out["parts"]), 1)
+    return write(out, out_path)
+
+
 def note_written(path):
     """Says on stderr where the record went (stdout stays the bench's own output)."""
     if path != "none":
         print(f"record: {path}", file=sys.stderr)
+
+
+def main(argv):
+    """python3 bench/record.py merge OUT SRC:TABLE=NAME ...   (merge, for shell drivers)"""
+    if len(argv) < 3 or argv[0] != "merge":
+        print("usage: python3 bench/record.py merge OUT SRC:TABLE=NAME ...", file=sys.stderr)
+        return 2
+    parts = []
+    for spec in argv[2:]:
+        src_table, eq, new = spec.rpartition("=")
+        src, colon, table_name = src_table.rpartition(":")
+        if not eq or not colon or not src or not table_name or not new:
+            print(f"record.py merge: {spec!r} is not SRC:TABLE=NAME", file=sys.stderr)
+            return 2
+        parts.append((src, table_name, new))
+    try:
+        if merge(argv[1], parts):
+            note_written(argv[1])
+    except (OSError, ValueError) as e:
+        print(f"record.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

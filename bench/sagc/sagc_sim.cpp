@@ -38,8 +38,12 @@
 //                 [--drift-tail Q] [--g-min G] [--g-max G] [--group-size G]
 //                 [--load-slowdown BETA] [--decode-tokens-per-s R]
 //                 [--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift]
+//                 [--record PATH]
 // (--group-size: sagc's initial G and the deadline baseline's G; --scenarios: which tables,
-// "long" being the trace when --trace is given; the rest set sim_options.)
+// "long" being the trace when --trace is given; the rest set sim_options.) The run's record
+// (bench/record.hpp) holds every table printed: per scenario S, "S" (every policy), "S-vs-sagc"
+// (sagc against each) and, for the drift, "drift-phases"; it goes to --record PATH, else
+// $SORL_BENCH_RECORD, else runs/bench/.
 
 #include <algorithm>
 #include <cmath>
@@ -51,6 +55,7 @@
 
 #include "actors/sagc/group_policy.hpp"
 #include "actors/sagc/simulator.hpp"
+#include "bench/record.hpp"
 
 using namespace sorl::sagc;
 
@@ -64,6 +69,7 @@ struct args {
   /// Comma-separated scenarios to run: "long" (the long-tailed mixture, or the trace),
   /// "light", "drift".
   std::string scenarios = "long,light,drift";
+  std::string record; ///< --record PATH; "" = record_path's default
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -72,7 +78,8 @@ struct args {
                "[--prompts B] [--workers W] [--batch-limit L] [--epsilon E] [--v V] "
                "[--kappa K] [--deadline-kappa K] [--drift-tail Q] [--g-min G] [--g-max G] "
                "[--group-size G] [--load-slowdown BETA] [--decode-tokens-per-s R] "
-               "[--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift]\n",
+               "[--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift] "
+               "[--record PATH]\n",
                why);
   std::exit(2);
 }
@@ -137,6 +144,8 @@ args parse(int argc, char** argv) {
       a.sim.overhead_s = number(flag, value);
     else if (flag == "--scenarios")
       a.scenarios = value;
+    else if (flag == "--record")
+      a.record = value;
     else
       usage(("unknown option " + flag).c_str());
   }
@@ -152,11 +161,14 @@ args parse(int argc, char** argv) {
   return a;
 }
 
-void print_row(const sim_summary& m) {
+/// Prints a policy's row and adds it to the scenario's record table.
+void print_row(const sim_summary& m, sorl::bench::record_table& t) {
   std::printf("%-12s %6.2f %8.3f %9.1f %9.1f %10.3f %7.3f %6.2f %7.3f %8.3f\n",
               m.label.c_str(), m.mean_g, m.straggler_rate, m.mean_step_s, m.p99_step_s,
               m.rollouts_per_s, m.mean_utility, 100 * m.cut_fraction, m.length_ratio,
               m.weighted_rollouts_per_s);
+  t.add_row({m.label, m.mean_g, m.straggler_rate, m.mean_step_s, m.p99_step_s, m.rollouts_per_s,
+             m.mean_utility, 100 * m.cut_fraction, m.length_ratio, m.weighted_rollouts_per_s});
 }
 
 /// A named range of steps [begin, end) summarised on its own.
@@ -173,9 +185,22 @@ sim_summary summarize_phase(const std::vector<sim_step>& steps, const phase& ph)
   return summarize(std::vector<sim_step>(steps.begin() + b, steps.begin() + e), ph.name);
 }
 
-void run_scenario(const std::string& title, const sim_options& sim,
-                  const group_policy_options& base, const std::vector<phase>& phases = {}) {
+void run_scenario(const std::string& name, const std::string& title, const sim_options& sim,
+                  const group_policy_options& base, sorl::bench::bench_record& rec,
+                  const std::vector<phase>& phases = {}) {
   std::printf("\n== %s ==\n", title.c_str());
+  sorl::bench::record_table& table =
+    rec.add_table(name, title,
+                  {{"policy", "policy"},
+                   {"mean_g", "mean G", "", 2},
+                   {"straggler_rate", "steps with a straggler", "share", 3},
+                   {"step_mean_s", "step mean", "s", 1},
+                   {"step_p99_s", "step p99", "s", 1},
+                   {"rollouts_per_s", "rollouts/s", "1/s", 3},
+                   {"mean_u", "mean U", "", 3},
+                   {"cut", "cut", "%", 2},
+                   {"length_ratio", "length ratio", "", 3},
+                   {"u_rollouts_per_s", "U-roll/s", "1/s", 3}});
   std::printf("%-12s %6s %8s %9s %9s %10s %7s %6s %7s %8s\n", "policy", "mean G", "strag/st",
               "step mean", "step p99", "rollouts/s", "mean U", "cut %", "len rat", "U-roll/s");
   std::vector<sim_summary> statics;
@@ -186,20 +211,31 @@ void run_scenario(const std::string& title, const sim_options& sim,
     statics.push_back(r.summary);
     if (!phases.empty())
       static_steps.push_back(std::move(r.steps));
-    print_row(statics.back());
+    print_row(statics.back(), table);
   }
   group_policy_options d = base;
   d.policy = sorl::group_policy_kind::deadline;
   auto deadline = make_group_policy(d);
   const sim_summary deadline_run =
     simulate(*deadline, sim, "deadline " + std::to_string(d.group_size)).summary;
-  print_row(deadline_run);
+  print_row(deadline_run, table);
   group_policy_options s = base;
   s.policy = sorl::group_policy_kind::sagc;
   sagc_group_policy sagc(s);
   const sim_result sagc_run = simulate(sagc, sim, "sagc");
   const sim_summary& m = sagc_run.summary;
-  print_row(m);
+  print_row(m, table);
+  sorl::bench::record_table& versus =
+    rec.add_table(name + "-vs-sagc", "sagc against every static G and the deadline: " + title,
+                  {{"policy", "policy"},
+                   {"mean_g", "mean G", "", 2},
+                   {"straggler_rate", "steps with a straggler", "share", 3},
+                   {"meets", "meets ε"},
+                   {"u_rollouts_per_s", "U-roll/s", "1/s", 3, true},
+                   {"rollouts_per_s", "rollouts/s", "1/s", 3, true},
+                   {"sagc_over_u", "sagc / it, U-roll/s", "", 3},
+                   {"sagc_over_rollouts", "sagc / it, rollouts/s", "", 3},
+                   {"mark", "mark"}});
 
   // Every static G next to sagc on the objective and on the constraint, with three marks:
   // L, the largest G that meets epsilon (best_static: what sagc's own objective, mean U,
@@ -213,6 +249,11 @@ void run_scenario(const std::string& title, const sim_options& sim,
   std::printf("  %-12s %6s %8s %6s %8s %10s %12s %13s  %s\n", "policy", "mean G", "strag/st",
               "meets", "U-roll/s", "rollouts/s", "sagc/x U-r/s", "sagc/x roll/s", "mark");
   auto compare = [&](const sim_summary& x, const std::string& mark) {
+    const bool meets = meets_straggler_target(x.straggler_rate, base.target_rate, sim.steps);
+    versus.add_row({x.label, x.mean_g, x.straggler_rate, meets ? "yes" : "no",
+                    x.weighted_rollouts_per_s, x.rollouts_per_s,
+                    m.weighted_rollouts_per_s / x.weighted_rollouts_per_s,
+                    m.rollouts_per_s / x.rollouts_per_s, mark});
     std::printf("  %-12s %6.2f %8.3f %6s %8.3f %10.3f %12.3f %13.3f  %s\n", x.label.c_str(),
                 x.mean_g, x.straggler_rate,
                 meets_straggler_target(x.straggler_rate, base.target_rate, sim.steps) ? "yes"
@@ -261,14 +302,24 @@ void run_scenario(const std::string& title, const sim_options& sim,
   if (!on_c || *on_c != *on_o)
     shown.push_back(*on_o);
   std::printf("per phase (mean G, strag/st, U-roll/s):\n");
+  sorl::bench::record_table& per_phase =
+    rec.add_table(name + "-phases", "per phase, sagc and the best static G: " + title,
+                  {{"phase", "phase"},
+                   {"policy", "policy"},
+                   {"mean_g", "mean G", "", 2},
+                   {"straggler_rate", "steps with a straggler", "share", 3},
+                   {"u_rollouts_per_s", "U-roll/s", "1/s", 3}});
   for (const auto& ph : phases) {
     const sim_summary a = summarize_phase(sagc_run.steps, ph);
+    per_phase.add_row({ph.name, "sagc", a.mean_g, a.straggler_rate, a.weighted_rollouts_per_s});
     std::printf("  %-34s sagc %5.2f %6.3f %7.3f", ph.name.c_str(), a.mean_g, a.straggler_rate,
                 a.weighted_rollouts_per_s);
     for (size_t i : shown) {
       const sim_summary c = summarize_phase(static_steps[i], ph);
       std::printf(" | %-9s %5.2f %6.3f %7.3f", statics[i].label.c_str(), c.mean_g,
                   c.straggler_rate, c.weighted_rollouts_per_s);
+      per_phase.add_row({ph.name, statics[i].label, c.mean_g, c.straggler_rate,
+                         c.weighted_rollouts_per_s});
     }
     std::printf("\n");
   }
@@ -288,7 +339,16 @@ void set_long_tailed_mixture(sim_durations& d) {
 
 int main(int argc, char** argv) try {
   args a = parse(argc, argv);
+  sorl::bench::bench_record rec("sagc-sim", argc, argv);
+  rec.set_threads(1);
   const sim_options& o = a.sim;
+  rec.set_parameter("steps", o.steps);
+  rec.set_parameter("seed", static_cast<double>(o.seed));
+  rec.set_parameter("prompts", o.prompts_per_step);
+  rec.set_parameter("workers", o.workers);
+  rec.set_parameter("g_min", a.policy.g_min);
+  rec.set_parameter("g_max", a.policy.g_max);
+  rec.set_parameter("epsilon", a.policy.target_rate);
   std::printf("sagc_sim: %lld steps per policy, seed %llu; B = %lld prompts, W = %lld workers x "
               "batch limit %lld, load slowdown beta = %g per concurrent rollout; tokens = %g x "
               "base seconds, learner %g tokens/s, overhead %g s per step\n",
@@ -327,7 +387,7 @@ int main(int argc, char** argv) try {
       title = "long-tailed: lognormal(median 20 s, sigma 0.3) + 0.2% Pareto(x_m 60 s, alpha 1.5, "
               "cap 300 s)";
     }
-    run_scenario(title, heavy, a.policy);
+    run_scenario("long", title, heavy, a.policy, rec);
   }
 
   if (wants("light")) {
@@ -335,12 +395,19 @@ int main(int argc, char** argv) try {
     light.durations.median_s = 20;
     light.durations.sigma = 0.25;
     light.durations.tail_fraction = 0;
-    run_scenario("light-tailed: lognormal(median 20 s, sigma 0.25), no long rollouts", light,
-                 a.policy);
+    run_scenario("light", "light-tailed: lognormal(median 20 s, sigma 0.25), no long rollouts",
+                 light, a.policy, rec);
   }
 
-  if (!wants("drift"))
+  const std::string record_path = sorl::bench::record_path("sagc-sim", a.record);
+  auto write_record = [&] {
+    if (rec.write(record_path))
+      std::fprintf(stderr, "record: %s\n", record_path.c_str());
+  };
+  if (!wants("drift")) {
+    write_record();
     return 0;
+  }
   // Drifting tail (a modelling assumption, header comment): the long-tailed mixture with q
   // = 0 over the first third, a linear ramp to q_end over the middle third, q_end after.
   sim_options drift = o;
@@ -356,10 +423,12 @@ int main(int argc, char** argv) try {
     {"heavy [" + std::to_string(2 * third) + ", " + std::to_string(o.steps) + ") q=" + q_end,
      2 * third, o.steps},
   };
-  run_scenario("drifting tail: lognormal(median 20 s, sigma 0.3) + Pareto(x_m 60 s, alpha 1.5, "
+  run_scenario("drift",
+               "drifting tail: lognormal(median 20 s, sigma 0.3) + Pareto(x_m 60 s, alpha 1.5, "
                  "cap 300 s) with q = 0 for the first third, linear to "
                  + std::string(q_end) + " over the middle third, then " + q_end,
-               drift, a.policy, phases);
+               drift, a.policy, rec, phases);
+  write_record();
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "sagc_sim: %s\n", e.what());

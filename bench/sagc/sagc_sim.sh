@@ -20,4 +20,7 @@ me=bench/sagc/sagc_sim.sh
 source "$root/scripts/lib/need.sh"
 build=${BUILD_DIR:-$root/build}
 build_target "$build" sagc_sim -DSORL_BUILD_TESTS=OFF -DSORL_WITH_CUDA=OFF
+# The run's record (--record PATH, else $SORL_BENCH_RECORD, else runs/bench/) names this command.
+source "$root/bench/record.sh"
+record_command "$me" "$@"
 exec "$build/bench/sagc/sagc_sim" "$@"

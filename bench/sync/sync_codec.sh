@@ -24,4 +24,7 @@ source "$root/scripts/lib/need.sh"
 build=${BUILD_DIR:-$root/build}
 build_target "$build" sync_codec_bench -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSORL_BUILD_TESTS=OFF \
   -DSORL_WITH_CUDA=OFF
+# The run's record (--record PATH, else $SORL_BENCH_RECORD, else runs/bench/) names this command.
+source "$root/bench/record.sh"
+record_command "$me" "$@"
 exec "$build/bench/sync/sync_codec_bench" "$@"

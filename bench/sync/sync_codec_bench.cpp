@@ -5,9 +5,12 @@
 // many threads as the encode it is compared with. Rows: consecutive weight versions of sorl's
 // own learner (AdamW on a synthetic GRPO batch) and a synthetic bf16 tensor. Every row's round
 // trip is checked bit for bit (a mismatch exits 1); a missed target exits 3 unless
-// --report-only. Run through bench/sync/sync_codec.sh.
+// --report-only. Run through bench/sync/sync_codec.sh. The run's record (bench/record.hpp:
+// tables "bytes", "speed", "targets") goes to --record PATH, else $SORL_BENCH_RECORD, else
+// runs/bench/.
 
 #include "actors/learner/learner_core.hpp"
+#include "bench/record_ml.hpp"
 #include "runtime/ml/model.hpp"
 #include "runtime/sync/delta_codec.hpp"
 
@@ -444,8 +447,18 @@ double gbs(const row& r, double s) {
   return ratio(static_cast<double>(r.dense), s) / 1e9;
 }
 
-void print_size_row(const row& r) {
+double mib(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+/// Prints a row of the bytes table and adds it to the record's.
+void print_size_row(const row& r, bench::record_table& t) {
   const auto ours = static_cast<double>(r.ours);
+  t.add_row({r.name, 100 * ratio(static_cast<double>(r.changed), static_cast<double>(r.elements)),
+             100 * ratio(static_cast<double>(r.plus_minus_one), static_cast<double>(r.changed)),
+             mib(r.dense), mib(r.naive), mib(r.ours), mib(r.zstd_step), mib(r.zstd_xor), mib(r.zstd_new),
+             mib(r.lz4_step), mib(r.lz4_xor), ratio(static_cast<double>(r.dense), ours),
+             ratio(static_cast<double>(r.zstd_step), ours), 8 * ratio(ours, static_cast<double>(r.changed))});
   std::printf(
     "| %-26s | %8.4f%% | %5.1f%% | %10s | %10s | %10s | %10s | %10s | %10s | %10s | "
     "%10s | %8.1fx | %7.2fx | %5.2f |\n",
@@ -457,7 +470,13 @@ void print_size_row(const row& r) {
     ratio(static_cast<double>(r.zstd_step), ours), 8 * ratio(ours, static_cast<double>(r.changed)));
 }
 
-void print_speed_row(const row& r) {
+/// Prints a row of the speed table and adds it to the record's.
+void print_speed_row(const row& r, bench::record_table& t) {
+  t.add_row({r.name, gbs(r, r.scan_s), gbs(r, r.encode_s), gbs(r, r.memcpy_s), 100 * ratio(r.memcpy_s, r.encode_s),
+             gbs(r, r.encode_mt_s), gbs(r, r.memcpy_mt_s), 100 * ratio(r.memcpy_mt_s, r.encode_mt_s),
+             gbs(r, r.check_s), gbs(r, r.apply_checked_s), gbs(r, r.apply_s),
+             1e3 * ratio(r.encode_s, static_cast<double>(r.versions)),
+             1e3 * ratio(r.apply_s, static_cast<double>(r.versions))});
   std::printf("| %-26s | %7.2f | %7.2f | %7.2f | %6.0f%% | %7.2f | %7.2f | %6.0f%% | %7.2f | "
               "%7.2f | %7.2f | %9.3f | %9.3f |\n",
               r.name.c_str(), gbs(r, r.scan_s), gbs(r, r.encode_s), gbs(r, r.memcpy_s),
@@ -495,9 +514,10 @@ int main(int argc, char** argv) {
   int warmup = 2, steps = 3;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> presets = {"tiny", "50m"};
+  std::string record_flag;
   const char* usage =
     "usage: sync_codec_bench [--quick] [--report-only] [--threads T] [--synthetic-elements N] "
-    "[--warmup W] [--steps S] [--presets tiny,50m | none]\n";
+    "[--warmup W] [--steps S] [--presets tiny,50m | none] [--record PATH]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -526,6 +546,8 @@ int main(int argc, char** argv) {
         warmup = std::stoi(value());
       } else if (a == "--steps") {
         steps = std::stoi(value());
+      } else if (a == "--record") {
+        record_flag = value();
       } else if (a == "--presets") {
         presets_set = true;
         presets.clear();
@@ -555,6 +577,13 @@ int main(int argc, char** argv) {
   at::set_num_threads(2);
   const int reps = quick ? 5 : 3;
   const std::string nt = std::to_string(threads) + "t";
+  bench::bench_record rec("sync-codec", argc, argv);
+  rec.set_threads(static_cast<int>(threads));
+  rec.set_runtime(bench::ml_record_runtime());
+  rec.set_parameter("warmup_steps", warmup);
+  rec.set_parameter("steps", steps);
+  rec.set_parameter("synthetic_elements", synthetic_elements);
+  rec.set_parameter("rounds", reps);
 
   std::printf("SparseRL-Sync codec (runtime/sync/delta_codec.hpp): bytes per version and speed.\n");
   std::printf("learner rows: sorl learner_core, AdamW (wd 0.01), GRPO batch of 2 groups x 4 "
@@ -597,8 +626,24 @@ int main(int argc, char** argv) {
               "version pair", "changed", "+-1", "dense", "naive", "ours", "zstd step", "zstd xor",
               "zstd new", "lz4 step", "lz4 xor", "dense/us", "zstd/us", "b/chg");
   std::printf("|%s|\n", std::string(190, '-').c_str());
+  bench::record_table& bytes = rec.add_table(
+    "bytes", "bytes per version: the codec against dense, naive, zstd -3 and lz4 on the same versions",
+    {{"pair", "version pair"},
+     {"changed", "changed", "%", 4},
+     {"plus_minus_one", "±1 ULP", "% of changes", 1},
+     {"dense_mib", "dense", "MiB", -1, true, 3},
+     {"naive_mib", "naive", "MiB", -1, true, 3},
+     {"ours_mib", "ours", "MiB", -1, false, 3},
+     {"zstd_step_mib", "zstd step", "MiB", -1, true, 3},
+     {"zstd_xor_mib", "zstd xor", "MiB", -1, true, 3},
+     {"zstd_new_mib", "zstd new", "MiB", -1, true, 3},
+     {"lz4_step_mib", "lz4 step", "MiB", -1, true, 3},
+     {"lz4_xor_mib", "lz4 xor", "MiB", -1, true, 3},
+     {"dense_over_ours", "dense / ours", "x", 1},
+     {"zstd_over_ours", "zstd step / ours", "x", 2},
+     {"bits_per_change", "ours per change", "bits", 2}});
   for (const auto& r : rows)
-    print_size_row(r);
+    print_size_row(r, bytes);
 
   std::printf("\nSpeed in GB/s = dense bf16 bytes / time, best of %d rounds that "
               "each time every operation once, back to back (learner rows: summed over their "
@@ -616,8 +661,23 @@ int main(int argc, char** argv) {
               "version pair", "scan 1t", "enc 1t", "mc 1t", "enc/mc", enc_nt.c_str(), mc_nt.c_str(),
               "enc/mc", "check", "apply c", "apply", "enc 1t ms", "apply ms");
   std::printf("|%s|\n", std::string(144, '-').c_str());
+  bench::record_table& speed = rec.add_table(
+    "speed", "GB/s of dense bf16 bytes, best of the rounds; memcpy on as many threads is the baseline",
+    {{"pair", "version pair"},
+     {"scan_1t", "scan 1t", "GB/s", 2},
+     {"encode_1t", "encode 1t", "GB/s", 2},
+     {"memcpy_1t", "memcpy 1t", "GB/s", 2, true},
+     {"encode_of_memcpy_1t", "encode / memcpy 1t", "%", 0},
+     {"encode_nt", "encode " + nt, "GB/s", 2},
+     {"memcpy_nt", "memcpy " + nt, "GB/s", 2, true},
+     {"encode_of_memcpy_nt", "encode / memcpy " + nt, "%", 0},
+     {"check", "check", "GB/s", 2},
+     {"apply_checked", "apply checked", "GB/s", 2},
+     {"apply", "apply", "GB/s", 2},
+     {"encode_1t_ms", "encode 1t per version", "ms", 3},
+     {"apply_ms", "apply per version", "ms", 3}});
   for (const auto& r : rows)
-    print_speed_row(r);
+    print_speed_row(r, speed);
 
   // Targets, on the synthetic 1 % row (the change fraction they are set for).
   const row& one = rows[rows.size() - 2];
@@ -648,12 +708,24 @@ int main(int argc, char** argv) {
     std::printf("  note: load average %.1f on %u hardware threads at the end of the run: the "
                 "speed targets' verdicts are unreliable; rerun on an idle machine.\n",
                 load, hw);
+  bench::record_table& verdicts = rec.add_table(
+    "targets", "targets on the " + one.name + " row",
+    {{"target", "target"}, {"measured", "measured"}, {"verdict", "verdict"}});
   for (const auto& t : targets) {
     const bool pass = t.value >= t.threshold;
     missed += !pass;
     std::printf("  %-4s %-30s %s\n", pass ? "PASS" : "FAIL", t.what.c_str(), t.shown.c_str());
+    verdicts.add_row({t.what, t.shown, pass ? "PASS" : "FAIL"});
   }
   std::fflush(stdout);
+  try {
+    const std::string path = bench::record_path("sync-codec", record_flag);
+    if (rec.write(path))
+      std::fprintf(stderr, "record: %s\n", path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sync_codec_bench: %s\n", e.what());
+    return 1;
+  }
   if (missed > 0) {
     std::fprintf(stderr, "sync_codec_bench: %d of %zu targets missed%s\n", missed, targets.size(),
                  report_only ? " (--report-only: exit 0)" : "");

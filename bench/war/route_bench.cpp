@@ -5,6 +5,7 @@
 //       [--groups 128] [--group-size 4] [--max-new 16] [--cache-families F/W]
 //       [--policies round_robin,least_loaded,cache_aware,sglang_cache_aware] [--repeats 1]
 //       [--temperature T] [--warm N] [--cache-imbalance R] [--seed 1] [--json FILE] [--write-trace FILE] [--task trace|config]
+//       [--record PATH]
 //
 // --task config runs CONFIG's own task instead of the trace (episodes of a multi-turn task
 // included: each worker runs its episodes' environments), with the config's weights (its
@@ -52,7 +53,8 @@
 // routed by a cached prefix or balanced away) and the generation estimate the siblings' moves
 // were weighed against (placement.hpp). Tokens are the same
 // under every policy (a rollout's tokens depend on its prompt, seed and stream only), so the
-// policies decode the same work.
+// policies decode the same work. The run's record (bench/record.hpp: table "placement") goes to
+// --record PATH, else $SORL_BENCH_RECORD, else runs/bench/.
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
@@ -60,6 +62,7 @@
 #include "actors/sagc/timing.hpp"
 #include "actors/scheduler/placement.hpp"
 #include "actors/scheduler/prefix_index.hpp"
+#include "bench/record_ml.hpp"
 #include "bench/war/flag_values.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
@@ -115,6 +118,7 @@ struct bench_options {
   std::vector<std::string> policies{"round_robin", "least_loaded", "cache_aware", "sglang_cache_aware"};
   std::string json_path;
   std::string write_trace;  // write the trace's prompts here and stop
+  std::string record;  // --record PATH; "" = record_path's default
 };
 
 // One arm of the bench: a placement policy and the workers' speculation mode.
@@ -335,9 +339,10 @@ measured run_policy(const experiment_config& cfg, const ml::model_dims& dims, co
 
 double median(std::vector<double> v) { return sagc::nearest_rank_percentile(std::move(v), 50); }
 
-// Every policy in turn, --repeats rounds; prints the table and writes the JSON.
+// Every policy in turn, --repeats rounds; prints the table and writes the JSON and the record's table.
 int report(const experiment_config& cfg, const ml::model_dims& dims, const ml::named_tensors& weights,
-           const ml::any_task& task, const ml::prompt_format& format, const bench_options& o) {
+           const ml::any_task& task, const ml::prompt_format& format, const bench_options& o,
+           bench::bench_record& rec) {
   std::map<std::string, std::vector<double>> rate, ratio, hit, est, p50, p99, wall, acc;
   std::map<std::string, measured> last;
   for (int r = 0; r < o.repeats; ++r) {
@@ -360,10 +365,28 @@ int report(const experiment_config& cfg, const ml::model_dims& dims, const ml::n
               "hit_rate", "est_hit", "prefill_tok", "evictions", "p50_s", "p99_s", "makespan", "accept",
               "rollouts per worker");
   json rows = json::array();
+  bench::record_table& table = rec.add_table(
+    "placement", "one step's rollouts placed across the workers per policy; medians of the rounds, round_robin the baseline",
+    {{"policy", "policy"},
+     {"tokens_per_s", "decode", "tokens/s", 1},
+     {"speedup", "over round_robin", "x", 2},
+     {"hit_rate", "prefix hit rate", "", 3},
+     {"estimated_hit_rate", "estimated hit rate", "", 3},
+     {"prefill_tokens", "prefill", "tokens"},
+     {"evictions", "evictions"},
+     {"p50_s", "p50 latency", "s", 2},
+     {"p99_s", "p99 latency", "s", 2},
+     {"makespan_s", "makespan", "s", 2},
+     {"acceptance", "acceptance", "", 3},
+     {"per_worker", "rollouts per worker"}});
   for (const auto& p : o.policies) {
     const auto& m = last[p];
     std::string per;
     for (const auto n : m.per_worker) per += (per.empty() ? "" : " ") + std::to_string(n);
+    if (p == "round_robin")
+      table.baseline_rows.push_back(table.rows.size());
+    table.add_row({p, median(rate[p]), median(ratio[p]), median(hit[p]), median(est[p]), m.prefill_tokens,
+                   m.evictions, median(p50[p]), median(p99[p]), median(wall[p]), median(acc[p]), per});
     std::printf("%-24s %10.1f %7.2fx %8.3f %8.3f %12lld %10lld %8.2f %8.2f %9.2f %7.3f  %s\n", p.c_str(),
                 median(rate[p]), median(ratio[p]), median(hit[p]), median(est[p]),
                 static_cast<long long>(m.prefill_tokens), static_cast<long long>(m.evictions), median(p50[p]),
@@ -400,7 +423,7 @@ int report(const experiment_config& cfg, const ml::model_dims& dims, const ml::n
   return 0;
 }
 
-int run_bench(const experiment_config& cfg, bench_options o) {
+int run_bench(const experiment_config& cfg, bench_options o, bench::bench_record& rec) {
   ml::model_dims dims = model_dims_from(cfg);
   const ml::prompt_format format = prompt_format_from(cfg);
   if (o.temperature < 0) o.temperature = cfg.algorithm.temperature;
@@ -417,7 +440,7 @@ int run_bench(const experiment_config& cfg, bench_options o) {
                  cfg.task.name.c_str(), o.groups, o.group_size, o.max_new, o.workers,
                  static_cast<long long>(cfg.rollout.max_batch), o.temperature,
                  static_cast<long long>(cfg.rollout.prefix_cache_bytes));
-    return report(cfg, dims, weights, task, format, o);
+    return report(cfg, dims, weights, task, format, o, rec);
   }
   if (o.group_size == 0) o.group_size = 4;
   if (o.warm < 0) o.warm = 0;
@@ -446,7 +469,7 @@ int run_bench(const experiment_config& cfg, bench_options o) {
                "%d workers, max_batch %lld, temperature %g\n",
                o.groups, o.group_size, o.families, o.prefix_tokens, o.question_tokens, o.max_new, o.workers,
                static_cast<long long>(cfg.rollout.max_batch), o.temperature);
-  const int rc = report(cfg, dims, weights, task, format, o);
+  const int rc = report(cfg, dims, weights, task, format, o, rec);
   std::filesystem::remove(t.dataset);
   return rc;
 }
@@ -456,6 +479,7 @@ const char* usage =
     "                   [--groups 128] [--group-size 4] [--max-new 16] [--cache-families F/W]\n"
     "                   [--policies round_robin,least_loaded,cache_aware,sglang_cache_aware]\n"
     "                   [--repeats 1] [--warm N] [--cache-imbalance R] [--zipf 0] [--temperature T] [--seed 1] [--json FILE]\n"
+    "                   [--record PATH]\n"
     "                   [--write-trace FILE: write the trace's prompts (JSONL, task \"jsonl\") and stop]\n"
     "                   [--task trace|config: the shared-prefix trace (default) or CONFIG's own task]\n"
     "       a policy may be POLICY+MODE, MODE = off | on | auto (speculative decoding)\n"
@@ -487,6 +511,7 @@ bench_options parse(int argc, char** argv) {
     }
     else if (name == "seed") o.seed = static_cast<std::uint64_t>(integer(name, v, 0, 1LL << 62));
     else if (name == "json") o.json_path = v;
+    else if (name == "record") o.record = v;
     else if (name == "write-trace") o.write_trace = v;
     else if (name == "task") {
       if (v != "trace" && v != "config")
@@ -545,8 +570,20 @@ int main(int argc, char** argv) {
   try {
     at::set_num_threads(1);
     const bench_options o = parse(argc, argv);
+    bench::bench_record rec("route", argc, argv);
+    rec.set_threads(o.workers);
+    rec.set_runtime(bench::ml_record_runtime());
+    rec.set_parameter("config", argv[1]);
+    rec.set_parameter("workers", o.workers);
+    rec.set_parameter("task", o.config_task ? "config" : "trace");
+    rec.set_parameter("groups", o.groups);
+    rec.set_parameter("repeats", o.repeats);
     const experiment_config cfg = load_config(argv[1], role_names(builtin_roles()));
-    return run_bench(cfg, o);
+    const int rc = run_bench(cfg, o, rec);
+    // --write-trace measures nothing.
+    const std::string path = o.write_trace.empty() ? bench::record_path("route", o.record) : "none";
+    if (rec.write(path)) std::fprintf(stderr, "record: %s\n", path.c_str());
+    return rc;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "route_bench: %s\n", e.what());
     return 2;

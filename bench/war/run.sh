@@ -3,7 +3,7 @@
 # WAR; the figures are explained in bench/war/war_bench.cpp):
 #
 #   bench/war/run.sh [--config FILE] [--groups N] [--group-size G] [--batches LIST]
-#                    [--rollouts N] [--no-arctic]
+#                    [--rollouts N] [--no-arctic] [--record PATH]
 #
 # 1. Records N groups of G rollouts (default 100 x 4) of the config's task and model
 #    (default configs/agent.toml: the multi-turn file_search agent from its warm start) with
@@ -20,9 +20,14 @@
 # --config configs/default.toml makes its own in about a minute on first use (run
 # build/sorl train configs/default.toml once) and gives a quick look; a Hugging Face model
 # comes from scripts/fetch-model.
+# The run's record (bench/record.hpp: tables "throughput" and "draft", sorl's drafter and
+# ArcticInference's) goes to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/record.sh
+record_command bench/war/run.sh "$@"
 config=configs/agent.toml groups=100 group_size=4 batches=1,4,16,64 rollouts="" arctic=1
+record=${SORL_BENCH_RECORD:-runs/bench/war-$(date -u +%Y%m%dT%H%M%SZ).json}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --config) config=$2; shift 2 ;;
@@ -31,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     --batches) batches=$2; shift 2 ;;
     --rollouts) rollouts=$2; shift 2 ;;
     --no-arctic) arctic=0; shift ;;
+    --record) record=$2; shift 2 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +50,7 @@ echo "== 1. recording $groups x $group_size rollouts of $config"
 $bench record "$config" "$turns" --groups "$groups" --group-size "$group_size"
 
 echo "== 2. drafting on the recorded turns"
-$bench draft "$turns" > "$out/draft_sorl.json"
+$bench draft "$turns" --record "$out/draft_record.json" > "$out/draft_sorl.json"
 if [[ $arctic == 1 ]]; then
   venv=${SORL_ARCTIC_VENV:-.venv-arctic}
   if ! "$venv/bin/python" -c "import arctic_inference.suffix_decoding, numpy" >/dev/null 2>&1; then
@@ -71,5 +77,27 @@ PY
 echo "== 3. rollout throughput, speculation off / on / auto"
 extra=()
 [[ -n $rollouts ]] && extra=(--rollouts "$rollouts")
-$bench throughput "$config" --batches "$batches" --json "$out/throughput.json" "${extra[@]}"
+$bench throughput "$config" --batches "$batches" --json "$out/throughput.json" "${extra[@]}" \
+  --record "$record"
+if [[ $record != none ]]; then
+  # Step 2's drafter table (war_bench draft's record), with ArcticInference's row as its
+  # baseline, into the record the throughput step wrote.
+  python3 - "$out" "$record" <<'PY'
+import json, os, sys
+sys.path.insert(0, "bench")
+import record
+out, path = sys.argv[1:3]
+data = record.load(path)
+t = record.table(record.load(os.path.join(out, "draft_record.json")), "draft")
+arctic = os.path.join(out, "draft_arctic.json")
+if os.path.exists(arctic):
+    j = json.load(open(arctic))
+    t["baseline_rows"] = [len(t["rows"])]
+    t["rows"].append(["arctic-inference", j["us_per_call"], j["us_per_call_p50"], j["acceptance_rate"],
+                      j["tokens_per_step"], j["accepted"], j["proposed"]])
+record.add_table(data, "draft", "sorl's suffix drafter and ArcticInference's on the same recorded turns",
+                 t["columns"], t["rows"], t.get("baseline_rows", ()))
+record.write(data, path)
+PY
+fi
 echo "results under $out/"

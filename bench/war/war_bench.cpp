@@ -26,12 +26,15 @@
 //       verification), so the modes decode the same work. The modes run in turn, R rounds
 //       (default 3); prints the median tokens/s, the median over rounds of the speed-up over
 //       that round's "off", acceptance and mean accepted draft tokens per verifying step.
+// draft and throughput write the run's record (bench/record.hpp: table "draft" or
+// "throughput") to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/.
 
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "actors/rollout/worker_core.hpp"
 #include "actors/sagc/timing.hpp"
 #include "actors/suffix_index/suffix_drafter.hpp"
+#include "bench/record_ml.hpp"
 #include "bench/war/flag_values.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
@@ -147,7 +150,19 @@ int record(const experiment_config& cfg, const std::string& out_path, const std:
   return 0;
 }
 
-int draft(const std::string& path, const std::map<std::string, std::string>& f) {
+// The columns of a drafter's row: war_bench draft's record and bench/war/run.sh's, which adds
+// ArcticInference's row to it.
+std::vector<bench::record_column> draft_columns() {
+  return {{"drafter", "drafter"},
+          {"us_per_call", "per call", "µs", 2},
+          {"us_per_call_p50", "p50 per call", "µs", 2},
+          {"acceptance", "acceptance", "", 4},
+          {"tokens_per_step", "tokens per step", "", 4},
+          {"accepted", "accepted"},
+          {"proposed", "proposed"}};
+}
+
+int draft(const std::string& path, const std::map<std::string, std::string>& f, bench::bench_record& rec) {
   suffix_index::drafter_options o;
   o.max_depth = static_cast<std::int32_t>(integer("max-depth", flag(f, "max-depth", "32"), 2, 256));
   o.draft.max_tokens = static_cast<std::int32_t>(integer("max-spec-tokens", flag(f, "max-spec-tokens", "16"), 1, 256));
@@ -225,6 +240,16 @@ int draft(const std::string& path, const std::map<std::string, std::string>& f) 
          {"global_tree_bytes", stats.global_bytes},
          {"wall_s", wall}};
   std::printf("%s\n", j.dump().c_str());
+  rec.set_parameter("trajectories", path);
+  rec.set_parameter("max_depth", o.max_depth);
+  rec.set_parameter("max_spec_tokens", o.draft.max_tokens);
+  rec.set_parameter("spec_factor", o.draft.spec_factor);
+  rec.set_parameter("min_token_prob", o.draft.min_token_prob);
+  rec.add_table("draft", "the suffix drafter replayed on recorded turns", draft_columns())
+    .add_row({"sorl", j["us_per_call"].get<double>(), j["us_per_call_p50"].get<double>(),
+              proposed ? bench::record_cell(static_cast<double>(accepted) / static_cast<double>(proposed))
+                       : bench::record_cell{},
+              j["tokens_per_step"].get<double>(), accepted, proposed});
   return 0;
 }
 
@@ -274,7 +299,7 @@ measured measure(const experiment_config& cfg, const ml::named_tensors& weights,
 // The middle of a mode's rounds (nearest rank, as the step metrics' percentiles).
 double median(std::vector<double> v) { return sagc::nearest_rank_percentile(std::move(v), 50); }
 
-int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f) {
+int throughput(const experiment_config& cfg, const std::map<std::string, std::string>& f, bench::bench_record& rec) {
   const auto warm = static_cast<std::uint64_t>(integer("warm", flag(f, "warm", "32"), 0, 1'000'000));
   const int repeats = static_cast<int>(integer("repeats", flag(f, "repeats", "3"), 1, 100));
   const auto modes = split(flag(f, "modes", "off,on,auto"));
@@ -298,6 +323,19 @@ int throughput(const experiment_config& cfg, const std::map<std::string, std::st
   std::printf("%6s %5s %10s %8s %9s %10s %9s %8s\n", "batch", "mode", "tokens/s", "speedup", "accepted",
               "mean_acc", "spec_share", "wall_s");
   json rows = json::array();
+  rec.set_parameter("warm", static_cast<double>(warm));
+  rec.set_parameter("repeats", repeats);
+  bench::record_table& table = rec.add_table(
+    "throughput", "rollouts of the workload with speculation off (the baseline), on and auto; medians of the rounds",
+    {{"batch", "batch"},
+     {"mode", "mode"},
+     {"rollouts", "rollouts"},
+     {"tokens_per_s", "decode", "tokens/s", 1},
+     {"speedup", "over off", "x", 2},
+     {"acceptance", "acceptance", "", 3},
+     {"mean_accepted", "accepted per verify step", "tokens", 2},
+     {"spec_share", "verifying steps", "share", 2},
+     {"wall_s", "wall", "s", 2}});
   for (const long long b : batches) {
     const auto n = static_cast<std::uint64_t>(
         integer("rollouts", flag(f, "rollouts", std::to_string(std::max<long long>(4 * b, 64))), 1, 1'000'000));
@@ -324,6 +362,9 @@ int throughput(const experiment_config& cfg, const std::map<std::string, std::st
           sc.verify_steps + sc.plain_steps ? double(sc.verify_steps) / double(sc.verify_steps + sc.plain_steps) : 0.0;
       std::printf("%6lld %5s %10.1f %7.2fx %9.3f %10.2f %9.2f %8.2f\n", static_cast<long long>(b), mode.c_str(),
                   median(rate[mode]), median(ratio[mode]), acc, mean_acc, share, median(wall[mode]));
+      if (mode == "off")
+        table.baseline_rows.push_back(table.rows.size());
+      table.add_row({b, mode, n, median(rate[mode]), median(ratio[mode]), acc, mean_acc, share, median(wall[mode])});
       rows.push_back({{"batch", b}, {"mode", mode}, {"rollouts", n}, {"repeats", repeats},
                       {"tokens_per_s", rate[mode]}, {"speedup", ratio[mode]}, {"wall_s", wall[mode]},
                       {"acceptance", acc}, {"mean_accepted", mean_acc}, {"spec_share", share}});
@@ -339,9 +380,9 @@ int throughput(const experiment_config& cfg, const std::map<std::string, std::st
 const char* usage =
     "usage: war_bench record CONFIG OUT.jsonl [--groups N] [--group-size G] [--first N]\n"
     "       war_bench draft TRAJ.jsonl [--max-depth 32] [--max-spec-tokens 16] [--spec-factor 1]\n"
-    "                 [--min-token-prob 0.1] [--global-bytes 1073741824]\n"
+    "                 [--min-token-prob 0.1] [--global-bytes 1073741824] [--record PATH]\n"
     "       war_bench throughput CONFIG [--batches 1,4,16,64] [--modes off,on,auto] [--rollouts N]\n"
-    "                 [--warm 32] [--repeats 3] [--json FILE]\n"
+    "                 [--warm 32] [--repeats 3] [--json FILE] [--record PATH]\n"
     "(bench/war/war_bench.cpp explains each figure)\n";
 
 int main(int argc, char** argv) {
@@ -359,14 +400,26 @@ int main(int argc, char** argv) {
   }
   try {
     at::set_num_threads(1);
-    if (cmd == "draft")
-      return draft(argv[2], flags(argc, argv, 3, {"max-depth", "max-spec-tokens", "spec-factor", "min-token-prob",
-                                                  "global-bytes"}));
+    bench::bench_record rec("war-" + cmd, argc, argv);
+    rec.set_threads(1);
+    rec.set_runtime(bench::ml_record_runtime());
+    auto write_record = [&](int rc, const std::map<std::string, std::string>& f) {
+      const std::string path = bench::record_path("war-" + cmd, flag(f, "record", ""));
+      if (rec.write(path)) std::fprintf(stderr, "record: %s\n", path.c_str());
+      return rc;
+    };
+    if (cmd == "draft") {
+      const auto f = flags(argc, argv, 3, {"max-depth", "max-spec-tokens", "spec-factor", "min-token-prob",
+                                           "global-bytes", "record"});
+      return write_record(draft(argv[2], f, rec), f);
+    }
     const auto f = cmd == "record" ? flags(argc, argv, 4, {"groups", "group-size", "first"})
-                                   : flags(argc, argv, 3, {"batches", "modes", "rollouts", "warm", "repeats", "json"});
+                                   : flags(argc, argv, 3, {"batches", "modes", "rollouts", "warm", "repeats", "json",
+                                                           "record"});
     const experiment_config cfg = load_config(argv[2], role_names(builtin_roles()));
     if (cmd == "record") return record(cfg, argv[3], f);
-    return throughput(cfg, f);
+    rec.set_parameter("config", argv[2]);
+    return write_record(throughput(cfg, f, rec), f);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "war_bench: %s\n", e.what());
     return 2;

@@ -112,6 +112,30 @@ class RecordTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, f"{path}: not a sorl bench record"):
             record.load(path)
 
+    def test_merge_renames_each_part_and_keeps_every_run(self):
+        paths = []
+        for i, name in enumerate(("u", "s")):
+            rec = record.Record("route", argv=["route_bench", str(i)], threads=2,
+                                sorl={"commit": "0123456789ab", "dirty": False})
+            t = rec.add_table("placement", "per policy", [record.column("policy", "policy")])
+            t["rows"].append([f"row {name}"])
+            paths.append(os.path.join(self.tmp.name, f"{name}.json"))
+            rec.write(paths[-1])
+        out = os.path.join(self.tmp.name, "merged.json")
+        self.assertTrue(record.merge(out, [(paths[0], "placement", "uniform"),
+                                           (paths[1], "placement", "skewed")]))
+        data = record.load(out)
+        self.assertEqual([(t["name"], t["rows"]) for t in data["tables"]],
+                         [("uniform", [["row u"]]), ("skewed", [["row s"]])])
+        self.assertEqual([p["argv"] for p in data["parts"]], [["route_bench", "0"], ["route_bench", "1"]])
+        with self.assertRaisesRegex(ValueError, "has no table 'nosuch'"):
+            record.merge(out, [(paths[0], "nosuch", "x")])
+        other = record.Record("route", argv=["x"], sorl={"commit": "fedcba987654", "dirty": False})
+        other.add_table("placement", "", [])
+        other.write(paths[1])
+        with self.assertRaisesRegex(ValueError, "measured with sorl fedcba987654"):
+            record.merge(out, [(paths[0], "placement", "a"), (paths[1], "placement", "b")])
+
     def test_note_written_goes_to_stderr(self):
         err = io.StringIO()
         with redirect_stderr(err):
