@@ -511,7 +511,7 @@ def add_record_table(rec, rows):
 
 def driver(args):
     rec = bench_record.Record("decode-baselines", threads=args.threads)
-    rec.set_parameter("model", os.path.relpath(args.model))
+    rec.set_parameter("model", bench_record.display_path(args.model))
     for key in ("new_tokens", "temperature", "top_p", "top_k", "repeats", "seed"):
         rec.set_parameter(key, getattr(args, key))
     rows = []

@@ -59,14 +59,11 @@ def add_peers_to_record(path, peers, peer_cols, hf_new, ratios):
 
 
 def main(argv):
-    record_path = None
-    if "--record" in argv:
-        i = argv.index("--record")
-        if i + 1 >= len(argv):
-            print("decode_model_table: --record needs a path", file=sys.stderr)
-            return 2
-        record_path = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+    try:
+        record_path, argv = record.pop_record_flag(argv)
+    except ValueError as e:
+        print(f"decode_model_table: {e}", file=sys.stderr)
+        return 2
     if not argv or len(argv) > 2:
         print(__doc__, file=sys.stderr)
         return 2

@@ -102,6 +102,30 @@ std::string command_name(const std::string& argv0) {
   return rel.string();
 }
 
+/// $SORL_BENCH_START, "YYYY-MM-DDTHH:MM:SSZ LOAD" (bench/record.sh sets it when a driver
+/// starts): the date and load of the driver's start, which the record reports instead of this
+/// process's. False when unset or malformed.
+bool driver_start(std::string& date, double& load, std::time_t& epoch) {
+  const char* env = std::getenv("SORL_BENCH_START");
+  if (env == nullptr)
+    return false;
+  const std::string text = env;
+  const std::size_t space = text.find(' ');
+  if (space != 20 || text[19] != 'Z')
+    return false;
+  std::tm tm{};
+  if (strptime(text.substr(0, 19).c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr)
+    return false;
+  char* end = nullptr;
+  const double l = std::strtod(text.c_str() + space + 1, &end);
+  if (end == text.c_str() + space + 1)
+    return false;
+  date = text.substr(0, 20);
+  load = l;
+  epoch = timegm(&tm);
+  return true;
+}
+
 } // namespace
 
 void record_table::add_row(std::vector<record_cell> cells) {
@@ -171,6 +195,9 @@ std::string record_path(const std::string& bench, const std::string& flag) {
 bench_record::bench_record(std::string bench, int argc, char** argv)
   : bench_(std::move(bench)), date_(utc_now()), start_s_(steady_seconds()),
     machine_(read_record_machine()) {
+  std::time_t epoch = 0;
+  if (driver_start(date_, machine_.load_1min, epoch))
+    start_s_ = steady_seconds() - static_cast<double>(std::time(nullptr) - epoch);
   for (int i = 0; i < argc; ++i)
     argv_.emplace_back(argv[i]);
   if (const char* env = std::getenv("SORL_BENCH_COMMAND"); env != nullptr && *env != '\0') {

@@ -112,7 +112,9 @@ public:
   /// `bench`: the bench's name in file names and records, e.g. "decode-model". The command is
   /// $SORL_BENCH_COMMAND when a driver script set it (the command a reader reruns, e.g.
   /// `bench/decode_model.sh MODEL ...`), else `argv` shell-quoted with argv[0] relative to
-  /// the working directory; `argv` itself is kept as well.
+  /// the working directory; `argv` itself is kept as well. Likewise $SORL_BENCH_START
+  /// ("YYYY-MM-DDTHH:MM:SSZ LOAD", bench/record.sh) gives the driver's start date and load
+  /// average, and the duration counts from it.
   bench_record(std::string bench, int argc, char** argv);
 
   /// The threads the bench's measured code ran with (libtorch's intra-op threads, the codec's

@@ -46,6 +46,13 @@ def shell_quote(arg):
     return shlex.quote(arg)
 
 
+def display_path(path):
+    """`path` relative to the working directory when it lies under it, else as given: what a
+    record's parameters show of a file."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return path if rel.startswith("..") else rel
+
+
 def command_line(argv=None):
     """$SORL_BENCH_COMMAND when a driver set it, else `argv` (default sys.argv, run as
     `python3 SCRIPT ...`) shell-quoted with the script relative to the working directory."""
@@ -175,6 +182,17 @@ def add_record_argument(parser, bench):
                              f"runs/bench/{bench}-UTC.json; 'none': no record; docs/benchmarks.md)")
 
 
+def pop_record_flag(argv):
+    """(PATH, the other arguments) for a script that reads its arguments by hand: `--record
+    PATH` taken out of `argv` (PATH None when absent). Raises ValueError when PATH is missing."""
+    if "--record" not in argv:
+        return None, list(argv)
+    i = argv.index("--record")
+    if i + 1 >= len(argv):
+        raise ValueError("--record needs a path")
+    return argv[i + 1], argv[:i] + argv[i + 2:]
+
+
 def column(key, label, unit="", digits=None, baseline=False, significant=None):
     """One column of a result table (bench/record.hpp record_column): `key` is what a docs
     marker selects it by, `digits` the decimals shown (None: the number as written),
@@ -201,13 +219,26 @@ def clean_cell(v):
     return v
 
 
+def driver_start():
+    """$SORL_BENCH_START, "YYYY-MM-DDTHH:MM:SSZ LOAD" (bench/record.sh sets it when a driver
+    starts), as (date, load, seconds since then); None when unset or malformed."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ([0-9.]+)$", os.environ.get("SORL_BENCH_START", ""))
+    if not m:
+        return None
+    then = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    elapsed = (datetime.datetime.now(datetime.timezone.utc) - then).total_seconds()
+    return m.group(1), float(m.group(2)), elapsed
+
+
 class Record:
-    """One run's record, started at the bench's start (date, load and machine are read then)."""
+    """One run's record, started at the bench's start (date, load and machine are read then;
+    a driver's start from $SORL_BENCH_START instead, as bench/record.hpp does)."""
 
     def __init__(self, bench, argv=None, threads=None, sorl=None, runtime=None):
         if not _KEY.match(bench):
             raise ValueError(f"bench name {bench!r}: letters, digits, '_', '.' or '-' only")
         self._start = time.monotonic()
+        start = driver_start()
         self.data = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -223,6 +254,9 @@ class Record:
             "parameters": {},
             "tables": [],
         }
+        if start:
+            self.data["date_utc"], self.data["machine"]["load_1min_at_start"] = start[0], start[1]
+            self._start -= start[2]
 
     def set_threads(self, threads):
         self.data["machine"]["threads_used"] = threads

@@ -6,7 +6,7 @@
 # after with its standard error sqrt(p (1 - p) / n), and wall-clock.
 #
 #   bench/default_job/control.sh [--config FILE] [--seed N] [--steps N]
-#                                [--set TABLE.KEY=VALUE ...]
+#                                [--set TABLE.KEY=VALUE ...] [--record PATH]
 #
 # --config picks another config, e.g. configs/agent.toml (a model.checkpoint relative to
 # configs/, "../runs/...", is made absolute). --set changes one key of it in both runs (VALUE as TOML
@@ -16,10 +16,14 @@
 # Both runs use the config's warm start (for configs/default.toml
 # runs/warm-start/arithmetic-tiny-carry), written by the first run when missing, inside that
 # run's wall-clock. Runs land in runs/NAME-control/, NAME the config's file name without
-# .toml.
+# .toml. The run's record (bench/record.py: table "runs", the frozen run the baseline) goes to
+# --record PATH, else $SORL_BENCH_RECORD, else runs/bench/default-job-control-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+source bench/record.sh
+record_command bench/default_job/control.sh "$@"
+record=${SORL_BENCH_RECORD:-runs/bench/default-job-control-$(date -u +%Y%m%dT%H%M%SZ).json}
 seed=""
 steps=""
 config=configs/default.toml
@@ -30,6 +34,7 @@ while (($#)); do
     --seed) seed=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) echo "control.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -86,9 +91,12 @@ PY
   echo $((SECONDS - start)) > "$out/$run.wall_s"
   tail -1 "$out/$run.log" >&2
 done
-/usr/bin/python3 - "$out" <<'PY'
-import math, re, sys
-out = sys.argv[1]
+/usr/bin/python3 - "$out" "$record" "$config" <<'PY'
+import math, os, re, sys
+sys.path.insert(0, "bench")
+import record
+out, record_path, config = sys.argv[1:4]
+rows = []
 print(f"{'run':<8} {'reward first10':>14} {'last10':>7} {'held-out before':>16} {'after':>14}  {'n':>4} {'wall s':>7}")
 for run in ("rl", "frozen"):
     log = open(f"{out}/{run}.log").read()
@@ -103,4 +111,20 @@ for run in ("rl", "frozen"):
     wall = float(open(f"{out}/{run}.wall_s").read())
     print(f"{run:<8} {first:>14.3f} {last:>7.3f} {before:>9.3f} ± {se(before):.3f} "
           f"{after:>6.3f} ± {se(after):.3f}  {n:>4} {wall:>7.0f}")
+    rows.append([run, first, last, before, se(before), after, se(after), n, wall])
+if record_path != "none":
+    rec = record.Record("default-job-control", sorl=record.sorl_build("build/sorl"),
+                        runtime=record.sorl_runtime("build/sorl", open(f"{out}/rl.log").read()))
+    m = re.search(r"(?ms)^\[run\]$.*?^threads = (\d+)", open(f"{out}/rl.toml").read())
+    rec.set_threads(int(m.group(1)) if m else None)
+    rec.set_parameter("config", config)
+    c = record.column
+    rec.add_table("runs", "the job as shipped (rl) and with algorithm.lr = 0 (frozen, the control)",
+                  [c("run", "run"), c("reward_first10", "mean reward, first 10 steps", "", 3),
+                   c("reward_last10", "last 10 steps", "", 3), c("heldout_before", "held-out before", "", 3),
+                   c("heldout_before_se", "± s.e.", "", 3), c("heldout_after", "held-out after", "", 3),
+                   c("heldout_after_se", "± s.e.", "", 3), c("n", "held-out prompts"), c("wall_s", "wall", "s", 0)],
+                  rows, baseline_rows=[1])
+    if rec.write(record_path):
+        record.note_written(record_path)
 PY

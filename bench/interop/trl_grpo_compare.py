@@ -5,6 +5,7 @@ the CPU, step by step: seconds per step (and where they go) and mean reward.
     python3 bench/interop/trl_grpo_compare.py [--config configs/smollm2-chain_sum.toml]
         [--steps 10] [--sorl-metrics runs/smollm2-chain_sum/metrics.jsonl] [--skip 1]
         [--json OUT] [--threads N] [--keep-padding-idx] [--output-dir DIR] [--load JSON]
+        [--record PATH] [--sorl-binary build/sorl] [--sorl-log LOG] [--sorl-time TIME_V]
 
 What it measures. TRL 1.16's GRPOTrainer runs --steps optimizer steps of the sorl experiment
 file's job, in fp32 on the CPU with torch limited to [run].threads intra-op threads (2 in
@@ -101,10 +102,14 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 try:
     import tomllib
@@ -437,6 +442,65 @@ def print_comparison(rows, summary, sorl_path):
           f"sorl {fmt(m['mean_sorl_reward'], '.4f')}")
 
 
+def peak_rss_of_time_v(path):
+    """MiB from `/usr/bin/time -v`'s "Maximum resident set size (kbytes): N" in `path`."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", f.read())
+    if not m:
+        sys.exit(f"{path}: no 'Maximum resident set size (kbytes)' line (the output of /usr/bin/time -v)")
+    return int(m.group(1)) / 1024
+
+
+def fill_record(rec, a, settings, trl_run, rows, summary):
+    """The run's tables: per step, the means, and peak memory where measured."""
+    c = record.column
+    rec.set_threads(settings.get("threads"))
+    rec.set_parameter("config", record.display_path(settings.get("config", a.config)))
+    if a.sorl_metrics:
+        rec.set_parameter("sorl_metrics", record.display_path(a.sorl_metrics))
+    rec.set_parameter("steps", a.steps)
+    rec.set_parameter("skip", a.skip)
+    for name, version in trl_run.get("versions", {}).items():
+        rec.set_parameter(name, version)
+    if rows:
+        t = rec.add_table("steps", "seconds per step and mean reward, TRL (the baseline) and sorl, step by step",
+                          [c("step", "step"), c("trl_s", "TRL", "s", 1, baseline=True),
+                           c("trl_gen_s", "TRL generation", "s", 1, baseline=True),
+                           c("trl_train_s", "TRL training", "s", 1, baseline=True),
+                           c("sorl_s", "sorl", "s", 1), c("sorl_rollout_s", "sorl rollout", "s", 1),
+                           c("sorl_learn_s", "sorl learn", "s", 1), c("sorl_sync_s", "sorl sync", "s", 1),
+                           c("trl_reward", "TRL reward", "", 4, baseline=True),
+                           c("sorl_reward", "sorl reward", "", 4)])
+        for r in rows:
+            t["rows"].append([r["step"], r["trl_s"], r["trl_gen_s"], r["trl_train_s"], r["sorl_s"],
+                              r["sorl_rollout_s"], r["sorl_learn_s"], r["sorl_sync_s"], r["trl_reward"],
+                              r["sorl_reward"]])
+        m = summary
+        timed = m["timed_steps"]
+        span = f"steps {timed[0]}-{timed[-1]}" if timed else "no steps"
+        t = rec.add_table("means", f"mean over {span}; reward over every common step",
+                          [c("run", "run"), c("s_per_step", "s/step", "s", 1),
+                           c("generation_s", "generation / rollout", "s", 1),
+                           c("training_s", "training / learn", "s", 1), c("sync_s", "sync", "s", 1),
+                           c("tokens_per_s", "generated", "tokens/s", 1),
+                           c("trl_over_this", "TRL s/step over this", "x", 2),
+                           c("mean_reward", "mean reward", "", 4)], baseline_rows=[0])
+        ratio = m["ratio_trl_over_sorl"]
+        t["rows"].append(["TRL GRPOTrainer", m["mean_trl_s"], m["mean_trl_gen_s"], m["mean_trl_train_s"], None,
+                          m["mean_trl_tokens_per_s"], 1.0 if m["mean_trl_s"] else None, m["mean_trl_reward"]])
+        t["rows"].append(["sorl", m["mean_sorl_s"], m["mean_sorl_rollout_s"], m["mean_sorl_learn_s"],
+                          m["mean_sorl_sync_s"], m["mean_sorl_tokens_per_s"], ratio, m["mean_sorl_reward"]])
+    memory = []
+    if a.sorl_time:
+        memory.append(["sorl (build/sorl train, the run of --sorl-metrics)", peak_rss_of_time_v(a.sorl_time)])
+    if not a.load:
+        # This process trained TRL: its high-water mark is TRL's peak (KiB on Linux).
+        memory.append(["TRL GRPOTrainer (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
+    if memory:
+        rec.add_table("memory", "whole-process peak RSS", [c("process", "process"), c("peak_rss", "peak RSS", "MiB", 0)],
+                      memory, baseline_rows=[len(memory) - 1] if not a.load else ())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -451,9 +515,22 @@ def main():
                     help="run TRL as shipped: keep the embedding's padding_idx (no gradient to that row)")
     ap.add_argument("--output-dir", help="TRL's output_dir (default a temporary directory; nothing is saved)")
     ap.add_argument("--load", help="read TRL's steps from an earlier --json file instead of training")
+    record.add_record_argument(ap, "trl-compare")
+    ap.add_argument("--sorl-binary", default=os.path.join(REPO, "build", "sorl"),
+                    help="the sorl binary that made --sorl-metrics, for the record (default %(default)s)")
+    ap.add_argument("--sorl-log", help="that run's log (its 'CPU kernels:' line goes into the record)")
+    ap.add_argument("--sorl-time", help="`/usr/bin/time -v` output of that run: its peak RSS goes into the record")
     a = ap.parse_args()
     if a.steps < 1 or a.skip < 0:
         ap.error("--steps must be >= 1 and --skip >= 0")
+    # Read before hours of training: a record that cannot name the sorl build is refused now.
+    try:
+        sorl = record.sorl_build(a.sorl_binary) if a.sorl_metrics else None
+    except RuntimeError as e:
+        ap.error(f"--sorl-binary: {e}")
+    log_text = open(a.sorl_log, encoding="utf-8", errors="replace").read() if a.sorl_log else None
+    rec = record.Record("trl-compare", sorl=sorl,
+                        runtime=record.sorl_runtime(a.sorl_binary, log_text) if a.sorl_metrics else None)
 
     if a.load:
         with open(a.load, encoding="utf-8") as f:
@@ -477,6 +554,7 @@ def main():
         settings["keep_padding_idx"] = a.keep_padding_idx
 
     result = {"settings": settings, "trl": trl_run}
+    rows, summary = [], None
     if a.sorl_metrics:
         sorl = read_sorl_metrics(a.sorl_metrics)
         rows, summary = compare(trl_run["steps"], sorl, a.skip)
@@ -497,6 +575,10 @@ def main():
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {a.json}")
+    fill_record(rec, a, settings, trl_run, rows, summary)
+    path = record.record_path("trl-compare", a.record)
+    if rec.write(path):
+        record.note_written(path)
     return 0
 
 

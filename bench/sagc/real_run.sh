@@ -6,6 +6,7 @@
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N]
 #                          [--policies "static4 static8 static16 static32 deadline sagc"]
+#                          [--record PATH]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
 # other (never side by side: they would share the cores), then prints one table: wall-clock
@@ -15,10 +16,14 @@
 # the config's own) is ≥ R, summing wall_s, which leaves the evaluations out ("—" when never
 # reached or not measured), final reward (mean of the last 5 steps), held-out greedy accuracy
 # before → after training, mean response length, straggler-event rate and mean G. Runs land
-# in runs/sagc-real/<policy>.
+# in runs/sagc-real/<policy>. The run's record (bench/record.py: that table) goes to --record
+# PATH, else $SORL_BENCH_RECORD, else runs/bench/sagc-real-run-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+source bench/record.sh
+record_command bench/sagc/real_run.sh "$@"
+record=${SORL_BENCH_RECORD:-runs/bench/sagc-real-run-$(date -u +%Y%m%dT%H%M%SZ).json}
 config=configs/guess.toml
 steps=30
 target=0.30
@@ -33,6 +38,7 @@ while (($#)); do
     --heldout-target) heldout_target=$2; shift 2 ;;
     --eval-every) eval_every=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -75,4 +81,4 @@ PY
   tail -1 "$out/$p.log" >&2
 done
 /usr/bin/python3 "$root/bench/sagc/real_run_table.py" "$out" "$target" $policies \
-  ${heldout_target:+--heldout-target "$heldout_target"}
+  ${heldout_target:+--heldout-target "$heldout_target"} --record "$record"

@@ -1,15 +1,22 @@
 #!/usr/bin/python3
 """Table of bench/sagc/real_run.sh:
-real_run_table.py RUNS_DIR TARGET POLICY... [--heldout-target R]
+real_run_table.py RUNS_DIR TARGET POLICY... [--heldout-target R] [--record PATH]
 
 TARGET is the sampled-reward target (trailing 5-step mean); R, when given, a held-out target:
 the wall-clock until the first step whose greedy held-out accuracy (`heldout_accuracy`,
 recorded every run.eval_every steps) is ≥ R, summing wall_s, which leaves the evaluations'
-own time (eval_s) out."""
+own time (eval_s) out. --record PATH writes the run's record (bench/record.py: table
+"policies", the static and deadline rows the baselines), naming build/sorl's build and the
+first policy's CPU kernels (RUNS_DIR/POLICY.log)."""
 import argparse
 import json
 import math
+import os
 import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 
 def heldout_reach(recs, target):
@@ -27,7 +34,35 @@ def heldout_reach(recs, target):
     return None
 
 
-def main(out, target, policies, heldout_target=None):
+def write_record(path, out, target, heldout_target, policies, rows):
+    binary = os.path.join(record.repo_root(), "build", "sorl")
+    log = open(f"{out}/{policies[0]}.log", encoding="utf-8", errors="replace").read()
+    rec = record.Record("sagc-real-run", sorl=record.sorl_build(binary), runtime=record.sorl_runtime(binary, log))
+    m = re.search(r"(?ms)^\[run\]$.*?^threads = (\d+)", open(f"{out}/{policies[0]}.toml").read())
+    rec.set_threads(int(m.group(1)) if m else None)
+    rec.set_parameter("target_reward", target)
+    rec.set_parameter("heldout_target", heldout_target)
+    c = record.column
+    t = rec.add_table("policies", "per group-size policy: wall-clock to the targets, reward, held-out accuracy",
+                      [c("policy", "policy"), c("steps", "steps"), c("mean_g", "mean G", "", 1),
+                       c("wall_s", "wall", "s", 1), c("to_target_s", "to target", "s", 1),
+                       c("to_target_step", "at step"), c("to_heldout_s", "to held-out target", "s", 1),
+                       c("to_heldout_step", "at step"), c("reward_first5", "reward steps 1-5", "", 3),
+                       c("reward_last5", "reward last 5", "", 3), c("heldout_before", "held-out before", "", 2),
+                       c("heldout_after", "held-out after", "", 2), c("len_p50", "length p50", "tokens", 1),
+                       c("len_p99", "length p99", "tokens", 1), c("straggler_rate", "steps with a straggler", "", 3),
+                       c("rollout_s", "rollout", "s", 2)])
+    for r in rows:
+        if r["policy"] != "sagc":
+            t.setdefault("baseline_rows", []).append(len(t["rows"]))
+        reach, h = r["reach"] or (None, None), r["heldout_reach"] or (None, None)
+        t["rows"].append([r["policy"], r["steps"], r["g"], r["total"], reach[1], reach[0], h[1], h[0], r["first"],
+                          r["final"], r["before"], r["after"], r["length"], r["length99"], r["rate"], r["rollout"]])
+    if rec.write(path):
+        record.note_written(path)
+
+
+def main(out, target, policies, heldout_target=None, record_path=None):
     rows = []
     for p in policies:
         recs = [json.loads(l) for l in open(f"{out}/{p}/metrics.jsonl") if l.strip()]
@@ -75,6 +110,8 @@ def main(out, target, policies, heldout_target=None):
     sagc = next((r for r in rows if r["policy"] == "sagc"), None)
     compare_to_best_static(rows, sagc, "reach", "the target")
     compare_to_best_static(rows, sagc, "heldout_reach", "the held-out target")
+    if record_path and record_path != "none":
+        write_record(record_path, out, target, heldout_target, policies, rows)
 
 
 def compare_to_best_static(rows, sagc, key, what):
@@ -97,5 +134,6 @@ if __name__ == "__main__":
     parser.add_argument("policies", nargs="+")
     parser.add_argument("--heldout-target", type=float, default=None,
                         help="greedy held-out accuracy target (needs run.eval_every > 0)")
+    record.add_record_argument(parser, "sagc-real-run")
     args = parser.parse_args()
-    main(args.runs_dir, args.target, args.policies, args.heldout_target)
+    main(args.runs_dir, args.target, args.policies, args.heldout_target, args.record)

@@ -33,6 +33,7 @@ class RecordTest(unittest.TestCase):
         self.addCleanup(patcher.stop)
         os.environ.pop("SORL_BENCH_COMMAND", None)
         os.environ.pop("SORL_BENCH_RECORD", None)
+        os.environ.pop("SORL_BENCH_START", None)
 
     def test_the_version_line_of_the_measured_binary(self):
         b = fake_binary(self.tmp.name, "sorl 0.1.0 (commit 0123456789ab, dirty)")
@@ -86,6 +87,15 @@ class RecordTest(unittest.TestCase):
         os.environ["SORL_BENCH_COMMAND"] = "bench/default_job/control.sh --steps 3"
         rec = record.Record("x", argv=["python3", "-"], sorl={"commit": "unknown"})
         self.assertEqual(rec.data["command"], "bench/default_job/control.sh --steps 3")
+
+    def test_a_driver_start_gives_the_date_and_load(self):
+        os.environ["SORL_BENCH_START"] = "2026-12-07T10:11:12Z 0.42"
+        rec = record.Record("x", argv=["x"], sorl={"commit": "unknown"})
+        self.assertEqual(rec.data["date_utc"], "2026-12-07T10:11:12Z")
+        self.assertEqual(rec.data["machine"]["load_1min_at_start"], 0.42)
+        os.environ["SORL_BENCH_START"] = "yesterday"
+        rec = record.Record("x", argv=["x"], sorl={"commit": "unknown"})
+        self.assertNotEqual(rec.data["date_utc"], "2026-12-07T10:11:12Z")
 
     def test_where_the_record_goes(self):
         os.environ["SORL_BENCH_RECORD"] = "/tmp/env.json"

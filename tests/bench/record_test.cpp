@@ -63,6 +63,7 @@ bench_record sample_record() {
 
 TEST_CASE("a record holds the binary's commit, the command, the machine and the tables") {
   scoped_env command("SORL_BENCH_COMMAND", nullptr);
+  scoped_env start("SORL_BENCH_START", nullptr);
   const json j = json::parse(sample_record().to_json());
   CHECK(j["format"] == "sorl-bench-record");
   CHECK(j["format_version"] == 1);
@@ -101,6 +102,17 @@ TEST_CASE("a driver's command line replaces the process's own") {
   const json j = json::parse(sample_record().to_json());
   CHECK(j["command"] == "bench/decode_model.sh models/x --batches 1");
   CHECK(j["argv"][0] == "bench/example");
+}
+
+TEST_CASE("a driver's start gives the record's date and load, and a malformed one is ignored") {
+  scoped_env start("SORL_BENCH_START", "2026-01-02T03:04:05Z 0.42");
+  const json j = json::parse(sample_record().to_json());
+  CHECK(j["date_utc"] == "2026-01-02T03:04:05Z");
+  CHECK(j["machine"]["load_1min_at_start"] == 0.42);
+  CHECK(j["duration_s"].get<double>() > 1000.0); // counted from that (past) start
+  scoped_env bad("SORL_BENCH_START", "yesterday 0.42");
+  const json k = json::parse(sample_record().to_json());
+  CHECK(k["date_utc"] != "2026-01-02T03:04:05Z");
 }
 
 TEST_CASE("a row of the wrong width and a repeated or odd key are refused") {
