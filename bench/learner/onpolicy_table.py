@@ -47,6 +47,17 @@ def threads_of(out_dir, arm):
         return None
 
 
+def heldout_before_after(out_dir, arm):
+    """The greedy held-out accuracy before and after the run, from OUT_DIR/ARM.log (None each
+    when the log lacks it)."""
+    try:
+        with open(os.path.join(out_dir, arm + ".log"), encoding="utf-8", errors="replace") as f:
+            found = dict(re.findall(r"held-out accuracy \((before|after)[^)]*\): ([0-9.]+)", f.read()))
+    except OSError:
+        found = {}
+    return tuple(float(found[k]) if k in found else None for k in ("before", "after"))
+
+
 def new_record(out_dir, arms):
     binary = os.path.join(record.repo_root(), "build", "sorl")
     log = os.path.join(out_dir, arms[0] + ".log")
@@ -63,7 +74,9 @@ def new_record(out_dir, arms):
                            [c("arm", "learner_weights"), c("steps", "steps"),
                             c("mean_mismatch", "mean of mean |Δ| over steps 2..N", "nats", significant=2),
                             c("largest_max", "largest max |Δ|", "nats", significant=2),
+                            c("heldout_before", "held-out before", "", 3),
                             c("heldout", "held-out accuracy during the run"),
+                            c("heldout_after", "held-out after", "", 3),
                             c("reward_quarters", "mean reward per quarter"),
                             c("length_quarters", "median response length per quarter", "tokens"),
                             c("rollout_s", "rollout", "s", 1), c("learn_s", "learn", "s", 1),
@@ -127,10 +140,11 @@ def main(argv):
                            for k in ("rollout_s", "learn_s", "sync_s"))
         print(f"step time, mean of steps after the first (s): {split}\n")
         if arms_t is not None:
+            before, after = heldout_before_after(out_dir, arm)
             arms_t["rows"].append([
                 arm, len(rs), statistics.mean(later) if later else None,
-                max(number(r, "mismatch_max") for r in rs),
-                ", ".join(f"{a:.3f} (step {s})" for s, a in evals) or None,
+                max(number(r, "mismatch_max") for r in rs), before,
+                ", ".join(f"{a:.3f} (step {s})" for s, a in evals) or None, after,
                 ", ".join(f"{statistics.mean(number(r, 'reward_mean') for r in part):.3f}" for part in quarters),
                 ", ".join(f"{statistics.median(number(r, 'resp_len_p50') for r in part):.0f}" for part in quarters)]
                 + [statistics.mean(number(r, k) for r in timed) for k in ("rollout_s", "learn_s", "sync_s")])
