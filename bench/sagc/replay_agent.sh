@@ -5,7 +5,7 @@
 #   bench/sagc/replay_agent.sh [--config FILE] [--checkpoint DIR|demonstrations] [--episodes N]
 #                              [--metrics FILE] [--seconds-per-token S]
 #                              [--workers "32 64"] [--steps N] [--episodes-file CSV]
-#                              [--task-seed N]
+#                              [--task-seed N] [--record PATH]
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
@@ -31,11 +31,16 @@
 # The comparison does not depend on S except through the fixed per-step costs (learner
 # tokens/s and the per-step overhead, --learner-tokens-per-s and --overhead-s of sagc_sim):
 # scaling every duration by c scales every rollout phase by c, and the straggler rule is a
-# ratio to the median. Extra arguments go to sagc_sim. Files land in runs/sagc-replay/.
+# ratio to the median. Extra arguments go to sagc_sim. Files land in runs/sagc-replay/. The
+# run's record (bench/record.py: sagc_sim's tables per W, "long-wW" and "long-vs-sagc-wW") goes
+# to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/sagc-replay-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 me=bench/sagc/replay_agent.sh
+source bench/record.sh
+record_command "$me" "$@"
+record=${SORL_BENCH_RECORD:-runs/bench/sagc-replay-$(date -u +%Y%m%dT%H%M%SZ).json}
 config=configs/agent.toml
 checkpoint=
 episodes=400
@@ -57,6 +62,7 @@ while (($#)); do
     --metrics) metrics=$2; shift 2 ;;
     --episodes-file) episodes_file=$2; shift 2 ;;
     --task-seed) task_seed=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -126,9 +132,15 @@ fi
 awk -F, -v s="$spt" 'NR == 1 { print "# seconds = tokens x " s; next } { printf "%.6f\n", $1 * s }' \
   "$episodes_csv" >"$trace"
 rate=$(awk -v s="$spt" 'BEGIN { printf "%.6g", 1 / s }')
+parts=()
 for w in $workers; do
   echo
   echo "### W = $w rollout workers, trace $trace ($(grep -vc '^#' "$trace") episodes x $spt s/token)"
   BUILD_DIR=$build nice -n 5 bench/sagc/sagc_sim.sh --trace "$trace" --scenarios long \
-    --workers "$w" --prompts 8 --steps "$steps" --decode-tokens-per-s "$rate" "${extra[@]}"
+    --workers "$w" --prompts 8 --steps "$steps" --decode-tokens-per-s "$rate" "${extra[@]}" \
+    --record "$out/sim-w$w.record.json"
+  parts+=("$out/sim-w$w.record.json:long=long-w$w" "$out/sim-w$w.record.json:long-vs-sagc=long-vs-sagc-w$w")
 done
+if [[ $record != none ]]; then
+  python3 bench/record.py merge "$record" "${parts[@]}"
+fi

@@ -3,7 +3,7 @@
 
     bench/salt/salt_eval.py [--config FILE] [--steps N] [--eval-every N] [--prompts P]
         [--groups "8 16 32"] [--seeds "1 2 3"] [--arms "grpo grpo+measure grpo+salt grpo+salt4
-        dapo dapo+salt4"] [--target R] [--jobs J] [--out DIR] [--table-only]
+        dapo dapo+salt4"] [--target R] [--jobs J] [--out DIR] [--table-only] [--record PATH]
 
 Each arm is a config made from FILE (default configs/default.toml) with the run name, output
 directory, steps, seed, run.eval_every, algorithm.prompts_per_step, a static group size G and
@@ -26,7 +26,10 @@ them) at the middle and last evaluation, steps to the first evaluation at or abo
 arm of the same algorithm, and SALT's mean c, gamma, rank and update norm before / after.
 Means over seeds with their spread (min..max). Runs land in DIR (default runs/salt-eval);
 the table goes to DIR/table.md and stdout, held-out curves to DIR/heldout.png when
-matplotlib is there. --table-only rebuilds the table from the runs already in DIR.
+matplotlib is there. --table-only rebuilds the table from the runs already in DIR. The run's
+record (bench/record.py: one table per G, "g8", "g16", ..., the plain arms the baselines; the
+build of build/sorl, which with --table-only may not be the one that made the runs) goes to
+--record PATH, else $SORL_BENCH_RECORD, else runs/bench/salt-eval-UTC.json.
 """
 
 import argparse
@@ -40,6 +43,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import record  # noqa: E402  (bench/record.py)
 
 ALGORITHMS = {
     "grpo": {"name": '"grpo"', "dynamic_sampling": "false", "clip_eps_high": "0.2",
@@ -160,6 +165,7 @@ def table(out, arms, groups, seeds, target):
                     runs[(arm, g, seed)] = summarise(records(path))
     lines = []
     detail = {}
+    per_g = []  # (G, target, rows of cells as printed, indices of the plain arms' rows)
     for g in groups:
         base_of = {}
         # The target: halfway from the start to the plain arm's last evaluation, per G.
@@ -176,6 +182,7 @@ def table(out, arms, groups, seeds, target):
         lines.append(f"\nG = {g}" + (f", target held-out accuracy {t:.3f}" if t is not None else "") + "\n")
         lines.append("| arm | acc mid | acc last | steps to target | vs plain | learn s/step | overhead | c | γ | r | ‖Σa g‖ before → after |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        per_g.append((g, t, [], []))
         for arm in arms:
             rs = [runs[(arm, g, s)] for s in seeds if (arm, g, s) in runs]
             if not rs:
@@ -206,13 +213,16 @@ def table(out, arms, groups, seeds, target):
             na = [r["salt_norm_after"] for r in rs if r["salt_norm_after"] is not None]
             if nb:
                 norms = f"{fmt(nb)} → {fmt(na)}"
-            lines.append(
-                f"| {arm} | {fmt(mids)} | {fmt(lasts)} | {reach_s} | {fmt(speed, 2) + '×' if speed else '—'} | "
-                f"{fmt(learn)} | {fmt(over, pct=True) if arm != algo else ''} | {fmt([r['salt_cancellation'] for r in rs], 2)} | "
-                f"{fmt([r['salt_gamma'] for r in rs], 2)} | {fmt([r['salt_rank'] for r in rs], 1)} | {norms} |")
+            cells = [arm, fmt(mids), fmt(lasts), reach_s, fmt(speed, 2) + '×' if speed else '—', fmt(learn),
+                     fmt(over, pct=True) if arm != algo else '', fmt([r['salt_cancellation'] for r in rs], 2),
+                     fmt([r['salt_gamma'] for r in rs], 2), fmt([r['salt_rank'] for r in rs], 1), norms]
+            lines.append("| " + " | ".join(cells) + " |")
+            if arm == algo:
+                per_g[-1][3].append(len(per_g[-1][2]))
+            per_g[-1][2].append(cells)
             detail[f"{arm} G{g}"] = {"seeds": [s for s in seeds if (arm, g, s) in runs], "steps_to_target": reach,
                                      "acc_last": lasts, "learn_s": learn, "overhead": over, "target": t}
-    return "\n".join(lines) + "\n", runs, detail
+    return "\n".join(lines) + "\n", runs, detail, per_g
 
 
 def plot(out, runs, arms, groups, seeds):
@@ -257,7 +267,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out")
     ap.add_argument("--table-only", action="store_true")
+    record.add_record_argument(ap, "salt-eval")
     args = ap.parse_args()
+    record_path = record.record_path("salt-eval", args.record)
+    if record_path != "none":
+        record_path = os.path.abspath(record_path)  # before the chdir below
     os.chdir(ROOT)
     groups = [int(x) for x in args.groups.split()]
     seeds = [int(x) for x in args.seeds.split()]
@@ -272,6 +286,7 @@ def main():
     out = os.path.abspath(args.out or os.path.join("runs", "salt-eval"))
     os.makedirs(out, exist_ok=True)
     sorl = os.path.join(ROOT, "build", "sorl")
+    rec = record.Record("salt-eval", threads=args.jobs, sorl=record.sorl_build(sorl)) if record_path != "none" else None
 
     if not args.table_only:
         base = open(config).read()
@@ -305,7 +320,7 @@ def main():
         if any(rcs):
             print(f"salt_eval: {sum(1 for r in rcs if r)} of {total} runs failed", file=sys.stderr)
 
-    text, runs, detail = table(out, arms, groups, seeds, args.target)
+    text, runs, detail, per_g = table(out, arms, groups, seeds, args.target)
     # The plain update and SALT with beta = 0 must train identically (the bit-exact guarantee).
     for g in groups:
         for s in seeds:
@@ -325,6 +340,28 @@ def main():
     p = plot(out, runs, arms, groups, seeds)
     if p:
         print(p)
+    if rec is not None:
+        write_record(rec, record_path, out, sorl, args, config, seeds, per_g)
+
+
+def write_record(rec, path, out, sorl, args, config, seeds, per_g):
+    """The tables printed, one per G, into the run's record."""
+    logs = sorted(f for f in os.listdir(out) if f.endswith(".log"))
+    log_text = open(os.path.join(out, logs[0]), encoding="utf-8", errors="replace").read() if logs else None
+    rec.data["runtime"] = record.sorl_runtime(sorl, log_text)
+    for key, value in (("config", os.path.relpath(config, ROOT)), ("steps", args.steps), ("prompts", args.prompts),
+                       ("eval_every", args.eval_every), ("seeds", " ".join(map(str, seeds))), ("jobs", args.jobs)):
+        rec.set_parameter(key, value)
+    c = record.column
+    for g, target, rows, plain in per_g:
+        title = f"G = {g}, means over seeds (min..max)" + (f"; target held-out accuracy {target:.3f}" if target else "")
+        rec.add_table(f"g{g}", title,
+                      [c("arm", "arm"), c("acc_mid", "held-out, middle evaluation"), c("acc_last", "held-out, last"),
+                       c("steps_to_target", "steps to target"), c("vs_plain", "vs plain"),
+                       c("learn_s", "learner", "s/step"), c("overhead", "overhead"), c("c", "c"), c("gamma", "γ"),
+                       c("rank", "r"), c("norms", "‖Σa g‖ before → after")], rows, plain)
+    if rec.write(path):
+        record.note_written(path)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 #   cache_aware+auto     both, with speculation switched per batch size by measurement
 #
 #   bench/war/load.sh [--config configs/agent.toml] [--loads "1x2 1x8 4x8 32x8"] [--repeats 5]
-#                     [--cache-imbalance R] [--arms LIST] [--out DIR]
+#                     [--cache-imbalance R] [--arms LIST] [--out DIR] [--record PATH]
 #
 # --arms replaces the four arms (comma-separated, round_robin first; route_bench's POLICY+MODE
 # names, e.g. adding least_loaded and sglang_cache_aware); --out is where the JSON goes
@@ -22,9 +22,14 @@
 # holds earlier responses and `auto` has measured its arms, while no KV survives. Every arm
 # decodes the same tokens (a rollout's tokens depend on its prompt, seed and stream only). Needs build/bench/war/route_bench (scripts/build) and the
 # config's model: for configs/agent.toml its warm start (about 18 minutes of
-# `build/sorl sft configs/agent.toml`). About 10 minutes with the defaults on 2 cores.
+# `build/sorl sft configs/agent.toml`). About 10 minutes with the defaults on 2 cores. The run's
+# record (bench/record.py: route_bench's table per load, "load-NxG") goes to --record PATH,
+# else $SORL_BENCH_RECORD, else runs/bench/war-load-UTC.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/record.sh
+record_command bench/war/load.sh "$@"
+record=${SORL_BENCH_RECORD:-runs/bench/war-load-$(date -u +%Y%m%dT%H%M%SZ).json}
 config=configs/agent.toml
 loads="1x2 1x8 4x8 32x8"
 repeats=5
@@ -39,19 +44,22 @@ while [[ $# -gt 0 ]]; do
     --cache-imbalance) extra=(--cache-imbalance "$2"); shift 2 ;;
     --arms) arms=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) echo "load.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 bench=build/bench/war/route_bench
 [[ -x $bench ]] || { echo "load.sh: $bench not built (run scripts/build)" >&2; exit 1; }
 mkdir -p "$out"
+parts=()
 for g in $loads; do
   [[ $g =~ ^([0-9]+)(x([0-9]+))?$ ]] || { echo "load.sh: load $g is not N or NxG" >&2; exit 2; }
   size=()
   [[ -n ${BASH_REMATCH[3]} ]] && size=(--group-size "${BASH_REMATCH[3]}")
   echo "== $g" >&2
   $bench "$config" --task config --groups "${BASH_REMATCH[1]}" "${size[@]}" --repeats "$repeats" \
-    "${extra[@]}" --policies "$arms" --json "$out/load-$g.json"
+    "${extra[@]}" --policies "$arms" --json "$out/load-$g.json" --record "$out/load-$g.record.json"
+  parts+=("$out/load-$g.record.json:placement=load-$g")
 done
 python3 - "$out" "$arms" $loads <<'EOF'
 import json, statistics, sys
@@ -84,3 +92,6 @@ for g in loads:
     print(f"| {g} | " + " | ".join(cells) + " |")
 print("prefill tokens computed (last round) / p99 rollout latency (median) / rollouts per worker")
 EOF
+if [[ $record != none ]]; then
+  python3 bench/record.py merge "$record" "${parts[@]}"
+fi

@@ -7,7 +7,7 @@
 #
 #   bench/war/route_nodes.sh [--steps 5] [--groups 128] [--modes nodes] [--trace uniform]
 #                            [--policies "round_robin least_loaded cache_aware sglang_cache_aware"]
-#                            [--config FILE]
+#                            [--config FILE] [--record PATH]
 #
 # --config FILE trains FILE's own task and model instead of a trace (the agentic workload:
 # bench/war/route_nodes.sh --config configs/agent-docs.toml --groups 32): its sections as
@@ -34,9 +34,13 @@
 # the ~19 s a step takes here; with every advantage 0 it skips the update's forward and
 # backward), so a run is about 1.5 minutes and the defaults about 6 minutes on 2 cores. With
 # --trace long that forward covers 512 x 1,072 tokens (about 84 s a step): --steps 4 takes
-# about 50 minutes.
+# about 50 minutes. The run's record (bench/record.py: table "placement", each mode's first policy
+# the baseline) goes to --record PATH, else $SORL_BENCH_RECORD, else runs/bench/route-nodes-UTC.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/record.sh
+record_command bench/war/route_nodes.sh "$@"
+record=${SORL_BENCH_RECORD:-runs/bench/route-nodes-$(date -u +%Y%m%dT%H%M%SZ).json}
 steps=5
 groups=128
 modes=nodes
@@ -51,6 +55,7 @@ while [[ $# -gt 0 ]]; do
     --policies) policies=$2; shift 2 ;;
     --trace) trace=$2; shift 2 ;;
     --config) own_config=$2; trace=config; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) echo "route_nodes.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -214,15 +219,19 @@ for mode in $modes; do
   done
 done
 
-python3 - "$out" $modes -- $policies <<'EOF'
-import json, statistics, sys
-out = sys.argv[1]
-args = sys.argv[2:]
+python3 - "$out" "$record" "$trace" $modes -- $policies <<'EOF'
+import json, re, statistics, sys
+sys.path.insert(0, "bench")
+import record
+out, record_path, trace = sys.argv[1:4]
+args = sys.argv[4:]
 modes, policies = args[:args.index("--")], args[args.index("--") + 1:]
 keys = ["tokens_per_s", "rollout_s", "prefix_hit_rate", "prefill_tokens", "episode_p99_s", "load_imbalance"]
 print(f"{'mode':8} {'policy':19} {'tokens/s':>9} {'vs rr':>6} {'rollout_s':>9} {'hit_rate':>8} "
       f"{'prefill':>9} {'p99_s':>6} {'imbalance':>9}")
 table = {}
+c = record.column
+record_rows, baseline_rows = [], []
 for mode in modes:
     base = None
     for p in policies:
@@ -231,9 +240,26 @@ for mode in modes:
         med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
         base = base or med["tokens_per_s"]
         table[f"{mode}/{p}"] = med
+        if p == policies[0]:
+            baseline_rows.append(len(record_rows))
+        record_rows.append([mode, p, med["tokens_per_s"], med["tokens_per_s"] / base, med["rollout_s"],
+                            med["prefix_hit_rate"], med["prefill_tokens"], med["episode_p99_s"], med["load_imbalance"]])
         print(f"{mode:8} {p:19} {med['tokens_per_s']:9.1f} {med['tokens_per_s'] / base:5.2f}x "
               f"{med['rollout_s']:9.2f} {med['prefix_hit_rate']:8.3f} {med['prefill_tokens']:9.0f} "
               f"{med['episode_p99_s']:6.2f} {med['load_imbalance']:9.2f}")
 json.dump(table, open(f"{out}/table.json", "w"), indent=1)
 print(f"results under {out}/ (table.json, one run directory and log per mode and policy)")
+if record_path != "none":
+    log = open(f"{out}/{modes[0]}-{policies[0]}.log", encoding="utf-8", errors="replace").read()
+    rec = record.Record("route-nodes", sorl=record.sorl_build("build/sorl"),
+                        runtime=record.sorl_runtime("build/sorl", log))
+    rec.set_parameter("trace", trace)
+    rec.add_table("placement", "medians over the steps after the first, per mode and scheduler policy",
+                  [c("mode", "mode"), c("policy", "policy"), c("tokens_per_s", "rollout", "tokens/s", 1),
+                   c("vs_first", f"over {policies[0]}", "x", 2), c("rollout_s", "rollout phase", "s", 2),
+                   c("hit_rate", "prefix hit rate", "", 3), c("prefill_tokens", "prefill", "tokens", 0),
+                   c("p99_s", "episode p99", "s", 2), c("imbalance", "load imbalance", "", 2)],
+                  record_rows, baseline_rows)
+    if rec.write(record_path):
+        record.note_written(record_path)
 EOF
