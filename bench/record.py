@@ -141,6 +141,15 @@ def sorl_build(binary=None):
             "source": "git checkout (no sorl binary measured)"}
 
 
+def sorl_build_of_tool(tool):
+    """The sorl build behind a measurement tool that does not report its own build (the tools
+    of build/runtime/ml/, sorl_grpo_loss): the repository's git state, with a source saying so
+    and naming the tool, so that a reader knows the commit is the checkout's at record time."""
+    build = sorl_build()
+    build["source"] = f"git checkout at record time ({tool} reports no build of its own)"
+    return build
+
+
 def sorl_runtime(binary=None, log_text=None):
     """The numeric libraries of a sorl binary a Python driver measured: libtorch's version from
     the libtorch_cpu the binary links (ldd), the BLAS and the CPU-kernels line from a sorl
@@ -211,7 +220,10 @@ def column(key, label, unit="", digits=None, baseline=False, significant=None):
 
 
 def clean_cell(v):
-    """A cell as JSON stores it: None for a missing or non-finite number."""
+    """A cell as JSON stores it: None for a missing or non-finite number; a numpy scalar as the
+    Python number it holds."""
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
@@ -308,12 +320,13 @@ def write(data, path):
             if len(r) != len(t["columns"]):
                 raise ValueError(f"table {t['name']!r} row {i}: {len(r)} cells for "
                                  f"{len(t['columns'])} columns")
+    data["parameters"] = {k: clean_cell(v) for k, v in data.get("parameters", {}).items()}
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"  # before the file is opened
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+        f.write(text)
     return True
 
 

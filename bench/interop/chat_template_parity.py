@@ -6,15 +6,23 @@ with and without the generation prompt; contents with Unicode, newlines, braces 
 text). Identical text is required on every one.
 
     python3 bench/interop/chat_template_parity.py MODEL_DIR [--sorl-chat-render BIN] [--n 500]
+        [--record PATH]
+
+The run's record (bench/record.py: table "parity") goes to --record PATH, else
+$SORL_BENCH_RECORD, else runs/bench/chat-template-parity-UTC.json.
 
 Needs `transformers` (tokenizers and Jinja only: torch is not imported), e.g. in a virtualenv:
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install transformers jinja2
 """
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 CONTENTS = [
     "What is 2+3?", "5", "", " leading space", "trailing space ", "two\nlines", "\n\nblank lines\n",
@@ -39,7 +47,9 @@ def main():
     ap.add_argument("--sorl-chat-render", default="build/runtime/ml/sorl_chat_render")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    record.add_record_argument(ap, "chat-template-parity")
     args = ap.parse_args()
+    rec = record.Record("chat-template-parity", threads=1, sorl=record.sorl_build_of_tool(args.sorl_chat_render))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model_dir)
@@ -59,6 +69,16 @@ def main():
         else:
             print(f"MISMATCH\n  chat: {json.dumps(c)}\n  transformers: {ref!r}\n  sorl:         {o!r}")
     print(f"chat templates: {same} / {len(chats)} identical ({args.model_dir})")
+    import transformers
+    rec.set_parameter("model_dir", record.display_path(args.model_dir))
+    rec.set_parameter("seed", args.seed)
+    rec.set_parameter("transformers", transformers.__version__)
+    c = record.column
+    rec.add_table("parity", "sorl_chat_render against transformers' apply_chat_template on random conversations",
+                  [c("conversations", "conversations"), c("identical", "identical text")], [[len(chats), same]])
+    path = record.record_path("chat-template-parity", args.record)
+    if rec.write(path):
+        record.note_written(path)
     sys.exit(0 if same == len(chats) == len(ours) else 1)
 
 

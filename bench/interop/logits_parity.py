@@ -6,7 +6,10 @@ the largest |logit| for scale, and the share of positions whose argmax agrees; t
 next-token NLL both ways. Exits 1 when max |delta| exceeds --atol (default 1e-3, relative to
 logits of magnitude ~10-30) or an argmax differs.
 
-    python3 bench/interop/logits_parity.py MODEL_DIR [--sorl-lm-score BIN] [--atol X]
+    python3 bench/interop/logits_parity.py MODEL_DIR [--sorl-lm-score BIN] [--atol X] [--record PATH]
+
+The run's record (bench/record.py: tables "prompts" and "nll") goes to --record PATH, else
+$SORL_BENCH_RECORD, else runs/bench/logits-parity-UTC.json.
 
 Needs torch and transformers. Debian's python3-torch (1.13, `scripts/install-deps
 --with-extras`) with transformers 4.40 in a virtualenv that sees it:
@@ -21,6 +24,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 PROMPTS = [
     "The capital of France is",
@@ -52,11 +58,20 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("--sorl-lm-score", default="build/runtime/ml/sorl_lm_score")
     ap.add_argument("--atol", type=float, default=1e-3)
+    record.add_record_argument(ap, "logits-parity")
     args = ap.parse_args()
+    rec = record.Record("logits-parity", sorl=record.sorl_build_of_tool(args.sorl_lm_score))
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
+    rec.set_threads(torch.get_num_threads())
+    c = record.column
+    per_prompt = rec.add_table("prompts", "sorl_lm_score against transformers, fp32 logits per prompt",
+                               [c("prompt", "prompt"), c("tokens", "tokens"),
+                                c("max_delta", "max |Δ logit|", "", significant=2),
+                                c("max_logit", "max |logit|", "", 1), c("argmax_agreement", "argmax agreement", "", 3)])
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32)
     model.eval()
@@ -79,6 +94,7 @@ def main():
         print(f"prompt {i}: {len(x):3d} tokens  max |delta logit| {delta:.2e}  max |logit| {np.abs(ref).max():.1f}  "
               f"argmax agreement {agree:.3f}")
         ok &= delta <= args.atol and agree == 1.0
+        per_prompt["rows"].append([i, len(x), delta, float(np.abs(ref).max()), agree])
         for logits, acc in ((ref, "ref"), (o, "ours")):
             lp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
             nll = -sum(lp[t - 1, x[t]] for t in range(1, len(x)))
@@ -89,6 +105,18 @@ def main():
         count += len(x) - 1
     print(f"mean next-token NLL: transformers {nll_ref / count:.5f}, sorl {nll_ours / count:.5f} ({count} tokens)")
     print("PASS" if ok else "FAIL")
+    rec.set_parameter("model_dir", record.display_path(args.model_dir))
+    rec.set_parameter("atol", args.atol)
+    rec.set_parameter("torch", torch.__version__)
+    rec.set_parameter("transformers", transformers.__version__)
+    rec.add_table("nll", "mean next-token NLL over the prompts, transformers the baseline",
+                  [c("model", "model"), c("nll", "mean NLL", "nats", 5), c("tokens", "tokens")],
+                  [["transformers", nll_ref / count, count], ["sorl", nll_ours / count, count]], baseline_rows=[0])
+    rec.add_table("verdict", f"max |Δ| <= {args.atol:g} and every argmax equal", [c("verdict", "verdict")],
+                  [["PASS" if ok else "FAIL"]])
+    path = record.record_path("logits-parity", args.record)
+    if rec.write(path):
+        record.note_written(path)
     sys.exit(0 if ok else 1)
 
 

@@ -14,7 +14,10 @@ answer in <answer> tags, to the reward-process scorer scripts/rewards/reasoning_
 (--adapter) in one protocol request and checks its rewards the same way. Exits 1 on any
 mismatch.
 
-    python3 bench/interop/reward_parity.py [--entries N] [--sorl-score-answers BIN]
+    python3 bench/interop/reward_parity.py [--entries N] [--sorl-score-answers BIN] [--record PATH]
+
+The run's record (bench/record.py: table "parity", one row per task and scorer) goes to
+--record PATH, else $SORL_BENCH_RECORD, else runs/bench/reward-parity-UTC.json.
 
 Needs reasoning-gym 0.1.25 (scripts/fetch-data installs it into .venv-data/; run this with
 that virtualenv's python).
@@ -22,10 +25,14 @@ that virtualenv's python).
 import argparse
 import collections
 import json
+import os
 import random
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 import reasoning_gym
 
@@ -73,7 +80,12 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--adapter", default="scripts/rewards/reasoning_gym_reward.py",
                     help="the reward-process scorer to check too, with this python ('' to skip)")
+    record.add_record_argument(ap, "reward-parity")
     args = ap.parse_args()
+    rec = record.Record("reward-parity", threads=1, sorl=record.sorl_build_of_tool(args.sorl_score_answers))
+    c = record.column
+    table = rec.add_table("parity", "scores identical to reasoning-gym's score_answer, case by case",
+                          [c("task", "task"), c("scorer", "scorer"), c("cases", "cases"), c("identical", "identical")])
     rng = random.Random(args.seed)
     ok = True
     for task, variants in (("countdown", countdown_variants), ("gsm_symbolic", gsm_variants)):
@@ -99,12 +111,19 @@ def main():
                 print(f"  MISMATCH answer={a!r} reasoning-gym={r} sorl={o}")
                 shown += 1
         ok &= same == len(cases) == len(ours)
+        table["rows"].append([task, "sorl_score_answers", len(cases), same])
         if args.adapter:
-            ok &= check_adapter(args.adapter, task, ds, cases)
+            ok &= check_adapter(args.adapter, task, ds, cases, table)
+    rec.set_parameter("entries", args.entries)
+    rec.set_parameter("seed", args.seed)
+    rec.set_parameter("reasoning_gym", getattr(reasoning_gym, "__version__", "unknown"))
+    path = record.record_path("reward-parity", args.record)
+    if rec.write(path):
+        record.note_written(path)
     sys.exit(0 if ok else 1)
 
 
-def check_adapter(adapter, task, ds, cases):
+def check_adapter(adapter, task, ds, cases, table):
     """The reward process speaks its protocol (runtime/ml/reward_process.hpp): every case sent
     as a completion with the answer in <answer> tags, in one request; its rewards must be
     reasoning-gym's score of the tagged answer, item by item."""
@@ -121,6 +140,7 @@ def check_adapter(adapter, task, ds, cases):
     got = reply.get("rewards", [])
     same = sum(1 for w, g in zip(want, got) if g is not None and w == g)
     print(f"{task}: reward process {adapter}: {len(items)} items in one request, {same} identical")
+    table["rows"].append([task, adapter, len(items), same])
     for it, w, g in zip(items, want, got):
         if g != w:
             print(f"  MISMATCH completion={it['completion']!r} reasoning-gym={w} reward process={g}")

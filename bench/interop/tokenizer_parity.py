@@ -18,7 +18,9 @@ texts, how many got identical ids, and the first mismatches with both id lists. 
 both over the corpus repeated N times (encode only, one thread: Python's `encode` loop and
 its `encode_batch` with TOKENIZERS_PARALLELISM=false, sorl's time inside `encode`) and
 prints tokens/s and the ratio. Exits 1 when any text differs. With --pipelines the same
-vocabulary is also checked under Llama 3's and Qwen2's pre-tokenizer pipelines.
+vocabulary is also checked under Llama 3's and Qwen2's pre-tokenizer pipelines. The run's
+record (bench/record.py: tables "parity" and "speed", Python's rows the baselines) goes to
+--record PATH, else $SORL_BENCH_RECORD, else runs/bench/tokenizer-parity-UTC.json.
 """
 
 import argparse
@@ -35,6 +37,9 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as sorl_tokenize
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 from tokenizers import Tokenizer  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 
 def hand_written():
@@ -249,9 +254,10 @@ def run_sorl(binary, path, texts, special, repeat):
     return ids, float(stats["encode_seconds"]), int(stats["tokens"])
 
 
-def compare(name, texts, py_ids, sorl_ids, show):
+def compare(name, texts, py_ids, sorl_ids, show, table):
     same = sum(1 for a, b in zip(py_ids, sorl_ids) if a == b)
     print(f"{name}: {len(texts)} texts, {same} identical")
+    table["rows"].append([name, len(texts), same])
     shown = 0
     for text, a, b in zip(texts, py_ids, sorl_ids):
         if a != b and shown < show:
@@ -298,7 +304,12 @@ def main():
     parser.add_argument("--show", type=int, default=5, help="mismatches to print per mode")
     parser.add_argument("--pipelines", action="store_true",
                         help="also check the file's vocabulary under Llama 3's and Qwen2's pipelines")
+    record.add_record_argument(parser, "tokenizer-parity")
     args = parser.parse_args()
+    rec = record.Record("tokenizer-parity", threads=1, sorl=record.sorl_build_of_tool(args.sorl_tokenize))
+    c = record.column
+    parity = rec.add_table("parity", "token ids identical to the tokenizers library's, per mode",
+                           [c("mode", "mode"), c("texts", "texts"), c("identical", "identical")])
 
     texts = corpus()
     ok = True
@@ -310,7 +321,7 @@ def main():
             tk.encode_special_tokens = not special
             py_ids = [tk.encode(t, add_special_tokens=False).ids for t in texts]
             sorl_ids, _, _ = run_sorl(args.sorl_tokenize, path, texts, special, 1)
-            ok &= compare(name, texts, py_ids, sorl_ids, args.show)
+            ok &= compare(name, texts, py_ids, sorl_ids, args.show, parity)
     for _, path in variants:
         os.unlink(path)
     tk = Tokenizer.from_file(args.tokenizer_json)
@@ -331,6 +342,20 @@ def main():
     print(f"  python encode_batch  {py_tokens / py_batch:12.0f} tokens/s")
     print(f"  sorl encode          {sorl_tokens / sorl_seconds:12.0f} tokens/s")
     print(f"  sorl / python loop {py_loop / sorl_seconds:.2f}x, sorl / python batch {py_batch / sorl_seconds:.2f}x")
+    import tokenizers
+    rec.set_parameter("tokenizer_json", record.display_path(args.tokenizer_json))
+    rec.set_parameter("texts_timed", len(many))
+    rec.set_parameter("tokens_timed", py_tokens)
+    rec.set_parameter("tokenizers", tokenizers.__version__)
+    rec.add_table("speed", "encoding the corpus repeated, plain mode, one thread",
+                  [c("encoder", "encoder"), c("tokens_per_s", "speed", "tokens/s", 0),
+                   c("sorl_over", "sorl over it", "x", 2)],
+                  [["python encode loop", py_tokens / py_loop, py_loop / sorl_seconds],
+                   ["python encode_batch", py_tokens / py_batch, py_batch / sorl_seconds],
+                   ["sorl encode", sorl_tokens / sorl_seconds, 1.0]], baseline_rows=[0, 1])
+    path = record.record_path("tokenizer-parity", args.record)
+    if rec.write(path):
+        record.note_written(path)
     sys.exit(0 if ok else 1)
 
 

@@ -3,7 +3,7 @@
 TRL's GRPOTrainer on identical batches, in fp32 on the CPU.
 
     python3 bench/interop/trl_loss_parity.py MODEL_DIR SORL_GRPO_LOSS [--tol 1e-4] [--keep DIR]
-                                             [--time-train-step]
+                                             [--time-train-step] [--record PATH]
 
 MODEL_DIR is a Hugging Face Llama / Qwen2 directory with a chat template (e.g.
 SmolLM2-135M-Instruct); SORL_GRPO_LOSS the built tool (CMake target sorl_grpo_loss). Needs
@@ -77,6 +77,9 @@ import tempfile
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 SEED = 1234
 PROMPTS = [
@@ -264,7 +267,18 @@ def main():
     ap.add_argument("--keep", help="write the batch files and TRL's output folders here")
     ap.add_argument("--time-train-step", action="store_true",
                     help="also time one whole GRPOTrainer training step (generation included)")
+    record.add_record_argument(ap, "trl-loss-parity")
     a = ap.parse_args()
+    rec = record.Record("trl-loss-parity", threads=torch.get_num_threads(),
+                        sorl=record.sorl_build_of_tool(a.sorl_grpo_loss))
+    c = record.column
+    checks = rec.add_table("checks", "sorl's GRPO loss and gradient norm against TRL's compute_loss on the same batches",
+                           [c("batch", "batch"), c("trl_loss_type", "TRL loss_type"), c("sorl_norm", "sorl loss_norm"),
+                            c("sorl_loss", "sorl loss", "", 9), c("trl_loss", "TRL loss", "", 9, baseline=True),
+                            c("loss_rel", "loss rel", "", significant=2), c("kappa", "kappa", "", 1),
+                            c("sorl_grad", "sorl |grad|", "", 7), c("trl_grad", "TRL |grad|", "", 7, baseline=True),
+                            c("grad_rel", "|grad| rel", "", significant=2),
+                            c("max_dlogp", "max |Δ log-prob|", "nats", significant=2), c("verdict", "verdict")])
 
     import transformers
     import trl
@@ -326,6 +340,8 @@ def main():
             failed |= not ok
             print(f"{name:9} {loss_type:5} {norm:8} {s['loss']:13.9f} {t_loss:13.9f} {rl:7.1e} {k:6.1f} "
                   f"{s['grad_norm']:11.7f} {t_grad:11.7f} {rg:7.1e} {dl:10.1e}  {'PASS' if ok else 'FAIL'}")
+            checks["rows"].append([name, loss_type, norm, s["loss"], t_loss, rl, k, s["grad_norm"], t_grad, rg, dl,
+                                   "PASS" if ok else "FAIL"])
             if loss_type == "grpo" and name == "hand-set" and shipped_padding_idx is not None:
                 embed.padding_idx = shipped_padding_idx
                 _, grad, _ = trl_loss_and_grad(trainer, inputs)
@@ -344,6 +360,12 @@ def main():
         print(f"one GRPOTrainer step ({len(rollouts)} completions of <= {MAX_NEW} tokens, generation included): "
               f"{time.perf_counter() - t0:.1f} s")
     print("FAIL" if failed else f"PASS: losses and gradient norms agree within {a.tol:g}")
+    for key, value in (("model_dir", record.display_path(a.model_dir)), ("tol", a.tol), ("torch", torch.__version__),
+                       ("transformers", transformers.__version__), ("trl", trl.__version__)):
+        rec.set_parameter(key, value)
+    path = record.record_path("trl-loss-parity", a.record)
+    if rec.write(path):
+        record.note_written(path)
     return 1 if failed else 0
 
 

@@ -18,13 +18,20 @@ numpy, which its cache module imports without declaring:
     python3 -m venv VENV && VENV/bin/pip install arctic-inference==0.3.0 numpy
 bench/war/run.sh does this into .venv-arctic on first use.
 
-Prints one JSON object with the keys `war_bench draft` prints.
+Prints one JSON object with the keys `war_bench draft` prints, and writes the run's record
+(bench/record.py: table "draft", ArcticInference's row) to --record PATH, else
+$SORL_BENCH_RECORD, else runs/bench/arctic-draft-UTC.json; bench/war/run.sh passes "none" and
+puts the row beside sorl's drafter in its own record.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import record  # noqa: E402  (bench/record.py)
 
 from arctic_inference.suffix_decoding import SuffixDecodingCache
 
@@ -38,7 +45,9 @@ def main():
     ap.add_argument("--min-token-prob", type=float, default=0.1)
     ap.add_argument("--max-cached-requests", type=int, default=-1, help="-1 = no limit")
     ap.add_argument("--context", type=int, default=32, help="tokens of context passed to speculate")
+    record.add_record_argument(ap, "arctic-draft")
     args = ap.parse_args()
+    rec = record.Record("arctic-draft", threads=1)
 
     lines = []
     with open(args.jsonl) as f:
@@ -81,6 +90,18 @@ def main():
             t += a + 1
         cache.stop_request(i)
     calls = len(lat)
+    c = record.column
+    rec.set_parameter("trajectories", record.display_path(args.jsonl))
+    rec.add_table("draft", "ArcticInference's suffix decoding cache replayed on recorded turns",
+                  [c("drafter", "drafter"), c("us_per_call", "per call", "µs", 2),
+                   c("us_per_call_p50", "p50 per call", "µs", 2), c("acceptance", "acceptance", "", 4),
+                   c("tokens_per_step", "tokens per step", "", 4), c("accepted", "accepted"), c("proposed", "proposed")],
+                  [["arctic-inference", sum(lat) / calls / 1e3 if calls else None,
+                    statistics.median(lat) / 1e3 if calls else None, accepted / proposed if proposed else None,
+                    tokens / steps if steps else None, accepted, proposed]], baseline_rows=[0])
+    path = record.record_path("arctic-draft", args.record)
+    if rec.write(path):
+        record.note_written(path)
     print(json.dumps({
         "trajectories": len(lines), "tokens": tokens, "calls": calls, "skipped_calls": skipped,
         "us_per_call": sum(lat) / calls / 1e3 if calls else 0.0,

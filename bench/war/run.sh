@@ -58,7 +58,7 @@ if [[ $arctic == 1 ]]; then
     [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
     "$venv/bin/pip" install -q arctic-inference==0.3.0 numpy
   fi
-  "$venv/bin/python" bench/war/arctic_replay.py "$turns" > "$out/draft_arctic.json"
+  "$venv/bin/python" bench/war/arctic_replay.py "$turns" --record none > "$out/draft_arctic.json"
 fi
 python3 - "$out" <<'PY'
 import json, os, sys
