@@ -262,14 +262,14 @@ std::string bench_record::to_json() const {
                {"commit", sorl::build_commit()},
                {"dirty", sorl::build_dirty()},
                {"source", "built into the measured binary"}};
-  j["machine"] = {{"cpu_model", machine_.cpu_model},
-                  {"cores_online", machine_.cores_online},
-                  {"cores_available", machine_.cores_available},
-                  {"threads_used", threads_ > 0 ? json(threads_) : json(nullptr)},
-                  {"load_1min_at_start", machine_.load_1min >= 0 ? json(machine_.load_1min)
-                                                                 : json(nullptr)},
-                  {"memory_gib", std::round(machine_.memory_gib * 10.0) / 10.0},
-                  {"gpu", machine_.gpu}};
+  j["machine"] = {
+    {"cpu_model", machine_.cpu_model},
+    {"cores_online", machine_.cores_online},
+    {"cores_available", machine_.cores_available},
+    {"threads_used", threads_ > 0 ? json(threads_) : json(nullptr)},
+    {"load_1min_at_start", machine_.load_1min >= 0 ? json(machine_.load_1min) : json(nullptr)},
+    {"memory_gib", std::round(machine_.memory_gib * 10.0) / 10.0},
+    {"gpu", machine_.gpu}};
   j["runtime"] = {{"libtorch", text_or_null(runtime_.libtorch)},
                   {"blas", text_or_null(runtime_.blas)},
                   {"cpu_kernels", text_or_null(runtime_.cpu_kernels)}};

@@ -7,6 +7,7 @@
 // writes the same format from Python, bench/render-records turns records into the docs'
 // tables; docs/benchmarks.md describes the fields.
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -27,11 +28,15 @@ struct record_cell {
   std::variant<std::monostate, double, std::string> value;
 
   record_cell() = default;
-  record_cell(double v) : value(v) {}
+  record_cell(double v) : value(v) {
+  }
   template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
-  record_cell(Int v) : value(static_cast<double>(v)) {}
-  record_cell(std::string s) : value(std::move(s)) {}
-  record_cell(const char* s) : value(std::string(s)) {}
+  record_cell(Int v) : value(static_cast<double>(v)) {
+  }
+  record_cell(std::string s) : value(std::move(s)) {
+  }
+  record_cell(const char* s) : value(std::string(s)) {
+  }
 };
 
 /// One column of a result table.
@@ -55,7 +60,8 @@ struct record_column {
   record_column(std::string key_, std::string label_, std::string unit_ = "", int digits_ = -1,
                 bool baseline_ = false, int significant_ = 0)
     : key(std::move(key_)), label(std::move(label_)), unit(std::move(unit_)), digits(digits_),
-      baseline(baseline_), significant(significant_) {}
+      baseline(baseline_), significant(significant_) {
+  }
 };
 
 /// A named table of results: the columns, then rows of exactly one cell per column.
@@ -74,12 +80,12 @@ struct record_table {
 
 /// The machine a record was taken on, read from /proc and the scheduler at the record's start.
 struct record_machine {
-  std::string cpu_model;     ///< /proc/cpuinfo's first "model name", or "unknown"
-  int cores_online = 0;      ///< online CPUs (nproc --all)
-  int cores_available = 0;   ///< CPUs this process may run on (sched_getaffinity, nproc)
-  double load_1min = -1;     ///< /proc/loadavg's 1-minute load average; -1 when unreadable
-  double memory_gib = 0;     ///< MemTotal, GiB
-  std::string gpu = "none";  ///< the NVIDIA driver's GPU models, comma-separated, or "none"
+  std::string cpu_model;    ///< /proc/cpuinfo's first "model name", or "unknown"
+  int cores_online = 0;     ///< online CPUs (nproc --all)
+  int cores_available = 0;  ///< CPUs this process may run on (sched_getaffinity, nproc)
+  double load_1min = -1;    ///< /proc/loadavg's 1-minute load average; -1 when unreadable
+  double memory_gib = 0;    ///< MemTotal, GiB
+  std::string gpu = "none"; ///< the NVIDIA driver's GPU models, comma-separated, or "none"
 };
 
 /// Reads the machine's facts now (see record_machine).

@@ -83,6 +83,24 @@ class RecordTest(unittest.TestCase):
         self.assertRegex(data["date_utc"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         self.assertFalse(rec.write("none"))
 
+    def test_a_tool_without_a_build_is_recorded_with_the_checkout_saying_so(self):
+        build = record.sorl_build_of_tool("build/runtime/ml/sorl_tokenize")
+        self.assertEqual(build["source"], "git checkout at record time "
+                                          "(build/runtime/ml/sorl_tokenize reports no build of its own)")
+        self.assertRegex(build["commit"], r"^([0-9a-f]{40}|unknown)$")
+
+    def test_library_scalars_are_written_as_plain_numbers(self):
+        class Scalar:  # what numpy's float32 and torch's 0-d values offer
+            def item(self):
+                return 0.25
+        rec = record.Record("x", argv=["x"], sorl={"commit": "unknown"})
+        rec.set_parameter("tol", Scalar())
+        rec.add_table("t", "", [record.column("v", "v")], [[Scalar()]])
+        path = os.path.join(self.tmp.name, "scalars.json")
+        rec.write(path)
+        data = record.load(path)
+        self.assertEqual((data["parameters"]["tol"], data["tables"][0]["rows"]), (0.25, [[0.25]]))
+
     def test_a_driver_command_wins(self):
         os.environ["SORL_BENCH_COMMAND"] = "bench/default_job/control.sh --steps 3"
         rec = record.Record("x", argv=["python3", "-"], sorl={"commit": "unknown"})
