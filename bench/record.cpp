@@ -43,22 +43,6 @@ std::string proc_field(const std::string& path, const std::string& key) {
   return "";
 }
 
-std::string gpu_models() {
-  // The NVIDIA driver's own listing: no CUDA library needed, and a machine without the
-  // driver has no folder.
-  std::set<std::string> models;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
-    const std::string model = proc_field((entry.path() / "information").string(), "Model");
-    if (!model.empty())
-      models.insert(model);
-  }
-  std::string out;
-  for (const std::string& m : models)
-    out += (out.empty() ? "" : ", ") + m;
-  return out.empty() ? "none" : out;
-}
-
 bool valid_key(const std::string& key) {
   if (key.empty())
     return false;
@@ -136,6 +120,22 @@ void record_table::add_row(std::vector<record_cell> cells) {
   rows.push_back(std::move(cells));
 }
 
+std::string record_gpu_models(const std::string& folder) {
+  // The NVIDIA driver's own listing: no CUDA library needed, and a machine without the
+  // driver has no folder.
+  std::set<std::string> models;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string model = proc_field((entry.path() / "information").string(), "Model");
+    if (!model.empty())
+      models.insert(model);
+  }
+  std::string out;
+  for (const std::string& m : models)
+    out += (out.empty() ? "" : ", ") + m;
+  return out.empty() ? "none" : out;
+}
+
 record_machine read_record_machine() {
   record_machine m;
   m.cpu_model = proc_field("/proc/cpuinfo", "model name");
@@ -151,7 +151,7 @@ record_machine read_record_machine() {
     m.load_1min = -1;
   const std::string mem = proc_field("/proc/meminfo", "MemTotal"); // "24576000 kB"
   m.memory_gib = std::strtod(mem.c_str(), nullptr) / (1024.0 * 1024.0);
-  m.gpu = gpu_models();
+  m.gpu = record_gpu_models();
   return m;
 }
 

@@ -91,6 +91,11 @@ struct record_machine {
 /// Reads the machine's facts now (see record_machine).
 record_machine read_record_machine();
 
+/// The GPU models the NVIDIA driver lists under `folder` (one subfolder per GPU, each with an
+/// `information` file whose "Model:" line names it), sorted, comma-separated; "none" when there
+/// are none or the folder does not exist (no driver).
+std::string record_gpu_models(const std::string& folder = "/proc/driver/nvidia/gpus");
+
 /// The numeric libraries the measured code ran on; empty fields are written as null (not
 /// linked). bench/record_ml.hpp fills them for the benches that link libtorch.
 struct record_runtime {

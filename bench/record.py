@@ -89,13 +89,6 @@ def machine(threads=None):
     except OSError:
         load = None
     mem_kb = _proc_field("/proc/meminfo", "MemTotal").split()
-    gpus = set()
-    gpu_dir = "/proc/driver/nvidia/gpus"
-    if os.path.isdir(gpu_dir):
-        for d in os.listdir(gpu_dir):
-            model = _proc_field(os.path.join(gpu_dir, d, "information"), "Model")
-            if model:
-                gpus.add(model)
     return {
         "cpu_model": _proc_field("/proc/cpuinfo", "model name") or "unknown",
         "cores_online": os.cpu_count(),
@@ -103,8 +96,20 @@ def machine(threads=None):
         "threads_used": threads,
         "load_1min_at_start": load,
         "memory_gib": round(int(mem_kb[0]) / (1024 * 1024), 1) if mem_kb else 0.0,
-        "gpu": ", ".join(sorted(gpus)) or "none",
+        "gpu": gpu_models(),
     }
+
+
+def gpu_models(folder="/proc/driver/nvidia/gpus"):
+    """The GPU models the NVIDIA driver lists under `folder` (each GPU's `information` file's
+    "Model:" line), sorted and comma-separated, or "none" (bench/record.hpp record_gpu_models)."""
+    gpus = set()
+    if os.path.isdir(folder):
+        for d in os.listdir(folder):
+            model = _proc_field(os.path.join(folder, d, "information"), "Model")
+            if model:
+                gpus.add(model)
+    return ", ".join(sorted(gpus)) or "none"
 
 
 def sorl_build(binary=None):

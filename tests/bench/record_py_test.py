@@ -101,6 +101,15 @@ class RecordTest(unittest.TestCase):
         data = record.load(path)
         self.assertEqual((data["parameters"]["tol"], data["tables"][0]["rows"]), (0.25, [[0.25]]))
 
+    def test_gpus_are_the_driver_s_models(self):
+        folder = os.path.join(self.tmp.name, "gpus")
+        for bus, model in (("0000:01:00.0", "NVIDIA H200"), ("0000:02:00.0", "NVIDIA H100 80GB HBM3")):
+            os.makedirs(os.path.join(folder, bus))
+            with open(os.path.join(folder, bus, "information"), "w") as f:
+                f.write(f"Model: \t\t {model}\nIRQ:   \t\t 34\n")
+        self.assertEqual(record.gpu_models(folder), "NVIDIA H100 80GB HBM3, NVIDIA H200")
+        self.assertEqual(record.gpu_models(os.path.join(self.tmp.name, "none")), "none")
+
     def test_a_driver_command_wins(self):
         os.environ["SORL_BENCH_COMMAND"] = "bench/default_job/control.sh --steps 3"
         rec = record.Record("x", argv=["python3", "-"], sorl={"commit": "unknown"})

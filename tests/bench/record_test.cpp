@@ -146,6 +146,19 @@ TEST_CASE("the record goes where the flag, then the environment, then runs/bench
   CHECK(p.substr(p.size() - 5) == ".json");
 }
 
+TEST_CASE("the GPUs are the models the NVIDIA driver lists, or none") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(SORL_TEST_DATA_DIR) / "bench_record_gpus";
+  fs::remove_all(dir);
+  for (const auto& [bus, model] : {std::pair{"0000:01:00.0", "NVIDIA H200"},
+                                   std::pair{"0000:02:00.0", "NVIDIA H100 80GB HBM3"}}) {
+    fs::create_directories(dir / bus);
+    std::ofstream(dir / bus / "information") << "Model: \t\t " << model << "\nIRQ:   \t\t 34\n";
+  }
+  CHECK(record_gpu_models(dir.string()) == "NVIDIA H100 80GB HBM3, NVIDIA H200");
+  CHECK(record_gpu_models((dir / "missing").string()) == "none");
+}
+
 TEST_CASE("write creates the folder and writes the JSON, and none writes nothing") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(SORL_TEST_DATA_DIR) / "bench_record_test";
