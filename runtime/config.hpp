@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace sorl {
@@ -478,10 +479,60 @@ experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
                                const std::string& base_dir = ".");
 
+/// The kind of value a key takes, as the configuration reference names it (to_string).
+enum class config_type {
+  integer,
+  number,      ///< a float; an integer is accepted too
+  boolean,
+  string,
+  string_list, ///< an array of strings
+  choice,      ///< a string, one of config_key::choices
+  table,       ///< a section, e.g. [run]
+  table_array, ///< an array of tables, e.g. [[node]]
+  role_list    ///< [[node]] actors: role names or { role = "...", count = N } tables
+};
+
+/// "integer", "number", "boolean", "string", "string list", "choice", "table",
+/// "array of tables" or "roles".
+std::string_view to_string(config_type type);
+
+/// A value of the configuration reference: a default or a bound. std::monostate = none.
+using config_value =
+  std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<std::string>>;
+
+/// One key of the experiment file as the parser reads it (runtime/config.cpp): recorded by
+/// the very reader call that parses and checks the key, so the reference (docs/config.md,
+/// `sorl config`, runtime/config_reference.hpp) cannot drift from the code.
+struct config_key {
+  /// The table the key sits in: "" = the top level (the sections and "node"), "run", ...,
+  /// "node" (a [[node]]), "node.actors" (an actors entry { role = ..., count = ... }).
+  std::string table;
+  std::string key;
+  config_type type = config_type::string;
+  /// What the parser leaves when the file omits the key (the struct field's value when the
+  /// key is read); std::monostate for a key with none (one the file must set, or one whose
+  /// absence means something no value says, as `listen`'s does).
+  config_value default_value;
+  /// For a key without a default: a value to show, as TOML text (e.g. "\"main\"").
+  std::string example;
+  bool required = false;    ///< the parser refuses a table that omits it
+  config_value lo;          ///< least value accepted (integer and number keys); none = unbounded
+  config_value hi;          ///< greatest value accepted; none = unbounded
+  bool lo_open = false;     ///< lo itself is refused: (lo, hi]
+  std::vector<std::string> choices; ///< a choice's spellings, in the order errors name them
+  std::string meaning;      ///< one line, with the unit
+};
+
+/// Every key and section of the experiment file in the order the parser reads them: each
+/// section's entry (table "") before its keys, `node` and its keys last. Read off the parser
+/// by running it once over an empty probe; built on first use, then shared (thread-safe).
+const std::vector<config_key>& config_keys();
+
 /// The keys each table accepts, read off the parser itself: "" holds the top-level names
 /// (sections and "node"), "node" the keys of a [[node]], "node.actors" those of an actors
-/// entry `{ role = ..., count = ... }`, every other entry a section's keys. An unknown key
-/// is reported with the nearest of these ("did you mean `temperature` in [algorithm]?").
+/// entry `{ role = ..., count = ... }`, every other entry a section's keys (config_keys() by
+/// table). An unknown key is reported with the nearest of these ("did you mean `temperature`
+/// in [algorithm]?").
 const std::map<std::string, std::set<std::string>>& known_config_keys();
 
 /// Names other RL trainers (TRL, OpenRLHF, veRL) use for a setting sorl calls otherwise,

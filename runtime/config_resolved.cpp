@@ -1,5 +1,7 @@
 #include "runtime/config_resolved.hpp"
 
+#include "runtime/config_reference.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -15,34 +17,6 @@ namespace sorl {
 namespace fs = std::filesystem;
 
 namespace {
-
-/// A TOML basic string: quotes, backslashes and control characters escaped; other bytes
-/// (UTF-8) as they are.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\')
-      out += {'\\', ch};
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\u{:04X}", c);
-    else
-      out += ch;
-  }
-  return out + "\"";
-}
-
-/// The shortest text that reads back as the same double, always a TOML float.
-std::string toml_float(double x) {
-  if (std::isnan(x))
-    return "nan";
-  if (std::isinf(x))
-    return x > 0 ? "inf" : "-inf";
-  auto s = fmt::format("{}", x);
-  if (s.find_first_of(".eE") == std::string::npos)
-    s += ".0";
-  return s;
-}
 
 std::string absolute(const std::string& p) {
   if (p.empty())
@@ -61,10 +35,10 @@ struct entry_list {
     entries.push_back({table, key, std::move(value)});
   }
   void str(const char* key, std::string_view v) {
-    add(key, quoted(std::string{v}));
+    add(key, toml_quoted(std::string{v}));
   }
   void path(const char* key, const std::string& v) {
-    add(key, quoted(absolute(v)));
+    add(key, toml_quoted(absolute(v)));
   }
   void integer(const char* key, int64_t v) {
     add(key, fmt::format("{}", v));
@@ -130,7 +104,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   {
     std::string list = "[";
     for (const auto& a : c.task.reward_command)
-      list += (list.size() > 1 ? ", " : "") + quoted(a);
+      list += (list.size() > 1 ? ", " : "") + toml_quoted(a);
     e.add("reward_command", list + "]");
   }
   e.integer("reward_timeout_ms", c.task.reward_timeout_ms);
@@ -247,7 +221,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
     std::string actors;
     for (const auto& r : n.actors)
       actors += fmt::format("{}{{ role = {}, count = {} }}", actors.empty() ? "" : ", ",
-                            quoted(r.role), r.count);
+                            toml_quoted(r.role), r.count);
     e.add("actors", "[" + actors + "]");
   }
   return std::move(e.entries);
