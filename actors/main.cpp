@@ -1,5 +1,6 @@
 // The sorl command line: `sorl train`, `sorl sft`, `sorl node`, `sorl check`,
-// `sorl convert-gguf`, `sorl export-hf`, `sorl eval`, `sorl roles`, `sorl metrics`.
+// `sorl convert-gguf`, `sorl export-hf`, `sorl eval`, `sorl roles`, `sorl metrics`,
+// `sorl config`.
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/cli_reference.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/ml/checkpoint.hpp"
@@ -24,6 +26,7 @@
 #include "runtime/ml/hf_eval.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
+#include "runtime/config_reference.hpp"
 #include "runtime/config_resolved.hpp"
 #include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/interrupt.hpp"
@@ -561,6 +564,18 @@ int main(int argc, char** argv) {
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
   auto* metrics =
     app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
+  std::string config_format = "markdown";
+  bool config_cli = false;
+  auto* config = app.add_subcommand(
+    "config", "Print the configuration reference: every key of the experiment file with its\n"
+              "type, default, range and meaning (docs/config.md); with --cli, the command line's");
+  config->add_option("--format", config_format,
+                     "markdown, json, or toml (a file with every key at its default; not with --cli)")
+    ->check(CLI::IsMember({"markdown", "json", "toml"}))
+    ->capture_default_str();
+  config->add_flag("--cli", config_cli,
+                   "the command-line reference instead: every subcommand, argument and option, read "
+                   "off this parser (docs/cli.md)");
 
   try {
     app.parse(argc, argv);
@@ -576,6 +591,23 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (config->parsed()) {
+    if (config_cli && config_format == "toml") {
+      std::cerr << "sorl config: --cli prints markdown or json\n";
+      return 2;
+    }
+    // `app` is the parser that read this command line: the reference walks it, not a copy.
+    if (config_cli)
+      fmt::print("{}", config_format == "json" ? sorl::cli_reference_json(app, "sorl")
+                                               : sorl::cli_reference_markdown(app, "sorl"));
+    else if (config_format == "json")
+      fmt::print("{}", sorl::config_reference_json(sorl::config_keys()));
+    else if (config_format == "toml")
+      fmt::print("{}", sorl::config_reference_toml(sorl::config_keys()));
+    else
+      fmt::print("{}", sorl::config_reference_markdown(sorl::config_keys()));
+    return 0;
+  }
   if (roles->parsed()) {
     for (const auto& r : sorl::builtin_roles())
       fmt::print("{:<20} {}\n", r.name, r.summary);
