@@ -137,7 +137,7 @@ struct run_config {
   /// "native" = each library's own, fastest choice for the CPU, whose rounding differs between
   /// machines (AVX2 or AVX-512) and so, after many steps, does the model; "portable" = libtorch,
   /// oneDNN and OpenBLAS held to their AVX2 kernels, the same bits on any x86-64 CPU with AVX2
-  /// and FMA, slower on one with AVX-512 (README.md, "What varies by machine"). The
+  /// and FMA, slower on one with AVX-512 (docs/reproducibility.md). The
   /// environment variable SORL_NATIVE_KERNELS makes "portable" native.
   kernels_kind kernels = kernels_kind::native;
   /// libtorch device of the learner (model, optimizer, loss) and, unless [rollout] device
@@ -297,7 +297,7 @@ struct algorithm_config {
   /// recompute pass. With learner_weights = "bf16" the two agree to ~1e-5 nats, but the
   /// rollout's last bits depend on the workers' batching, so "rollout" gives up bit-for-bit
   /// reproducible runs (resume, TLS or sparse sync against full) to save that pass
-  /// (actors/learner/learner_core.hpp old_logprob_source; README.md, "Exactly on-policy").
+  /// (actors/learner/learner_core.hpp old_logprob_source; docs/exactly-on-policy.md).
   old_logprobs_kind old_logprobs = old_logprobs_kind::recompute;
   /// Truncated importance sampling for rollout kernels that differ from the learner's (a GPU
   /// build, say): each token's policy-gradient term weighted by min(π_old / π_rollout,
@@ -420,7 +420,7 @@ struct network_config {
   /// Why plaintext to `ep` is refused, e.g. "refusing to connect to non-loopback address
   /// 10.0.0.2:4242 without TLS: set ...", or "" when it is allowed (loopback, TLS configured,
   /// or `insecure`). `verb` is "listen on" or "connect to". The same rule for both sides
-  /// (README.md "TLS").
+  /// (docs/machines.md, "TLS").
   std::string plaintext_refusal(const endpoint& ep, std::string_view verb) const;
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SAGC against static group sizes on a real `sorl train` run of a multi-turn task
 # (default configs/guess.toml: number guessing, up to 10 turns; --config configs/agent.toml
-# for file_search, whose episode lengths are long-tailed: README.md, the agent's status).
+# for file_search, whose episode lengths are long-tailed: docs/your-task.md).
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N]
