@@ -1126,9 +1126,9 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
       auto* nodes = root.get_as<toml::array>("node");
       if (nodes)
         for (auto& n : *nodes)
-          if (auto* t = n.as_table(); t && t->get_as<std::string>("name")
-                                      && t->get_as<std::string>("name")->get() == name)
-            target = t;
+          if (auto* t = n.as_table())
+            if (auto* s = t->get_as<std::string>("name"); s && s->get() == name)
+              target = t;
       if (!target) {
         const auto names = node_names(nodes);
         std::string list;
