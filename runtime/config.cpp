@@ -57,6 +57,20 @@ config_exception::config_exception(std::vector<config_error> errors)
   : std::runtime_error(join_errors(errors)), errors_(std::move(errors)) {
 }
 
+std::string toml_quoted(std::string_view text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\')
+      out += {'\\', ch};
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04X}", c);
+    else
+      out += ch;
+  }
+  return out + "\"";
+}
+
 // -- endpoint ------------------------------------------------------------------------------
 
 bool endpoint::is_loopback() const {
@@ -190,10 +204,19 @@ struct error_sink {
   std::vector<config_key>* schema = nullptr;
 
   void add(const toml::source_region& where, std::string key, std::string message) {
+    // A value a `--set` override put in carries the override as its source path: the error
+    // names the override, whose line and column in its one-line document mean nothing.
+    if (where.path && where.path->rfind(override_prefix, 0) == 0) {
+      errors.push_back(config_error{*where.path, 0, 0, std::move(key), std::move(message)});
+      return;
+    }
     errors.push_back(config_error{file, static_cast<int>(where.begin.line),
                                   static_cast<int>(where.begin.column), std::move(key),
                                   std::move(message)});
   }
+
+  /// How an override is named in errors and source regions: "--set TABLE.KEY=VALUE".
+  static constexpr std::string_view override_prefix = "--set ";
 };
 
 /// "node[2].actors[1]" → "node.actors": the kind of table a reader reads, the unit in which
@@ -1253,6 +1276,126 @@ void check_topology(const toml::table& root, error_sink& sink, experiment_config
   }
 }
 
+bool is_bare_key(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+/// The one-key document `head` + `key = value` parsed with `label` as its source path, so
+/// every node in it names the override. A value that is not TOML is read again as a string
+/// when it is a bare word (it does not start as a string, array or inline table would).
+/// Throws std::invalid_argument saying why when it is neither, or when more TOML follows it.
+toml::table override_document(const std::string& head, const std::string& key,
+                              const std::string& value, const std::string& label) {
+  auto parse = [&](const std::string& v) {
+    auto doc = parse_toml(head + key + " = " + v + "\n", label);
+    const toml::table* inner = &doc;
+    if (!head.empty())
+      inner = doc.size() == 1 ? doc.begin()->second.as_table() : nullptr;
+    if (doc.size() != 1 || !inner || inner->size() != 1)
+      throw std::invalid_argument("more TOML follows the value; give one value");
+    return doc;
+  };
+  try {
+    return parse(value);
+  } catch (const toml::parse_error& e) {
+    const auto first = value.find_first_not_of(" \t");
+    if (first != std::string::npos
+        && std::string_view{"\"'[{"}.find(value[first]) != std::string_view::npos)
+      throw std::invalid_argument(
+        fmt::format("{} is not a TOML value: {}", value, e.description()));
+    return parse(toml_quoted(value));
+  }
+}
+
+/// The names of the [[node]] tables of `root`, for an override's error message.
+std::vector<std::string> node_names(const toml::array* nodes) {
+  std::vector<std::string> names;
+  if (nodes)
+    for (const auto& n : *nodes)
+      if (auto* t = n.as_table())
+        if (auto* name = t->get_as<std::string>("name"))
+          names.push_back(name->get());
+  return names;
+}
+
+/// Puts each `--set` override into `root` (parse_config): a malformed one is an error naming
+/// it, and the others still apply. A value's node carries the override as its source path
+/// (error_sink::add), and so does the key it adds.
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides,
+                     error_sink& sink, const std::string& file) {
+  for (const auto& text : overrides) {
+    const std::string label = std::string{error_sink::override_prefix} + text;
+    const toml::source_region where{{1, 1}, {1, 1}, std::make_shared<const std::string>(label)};
+    const auto eq = text.find('=');
+    const std::string path = text.substr(0, eq);
+    auto fail = [&](std::string message) { sink.add(where, path, std::move(message)); };
+    std::vector<std::string> parts;
+    for (size_t from = 0;;) {
+      const auto dot = path.find('.', from);
+      parts.push_back(path.substr(from, dot - from));
+      if (dot == std::string::npos)
+        break;
+      from = dot + 1;
+    }
+    const bool node = parts.front() == "node";
+    if (eq == std::string::npos || parts.size() < 2 || (!node && parts.size() != 2)
+        || !is_bare_key(parts.front()) || !is_bare_key(parts.back())) {
+      fail("expected TABLE.KEY=VALUE (or node.NAME.KEY=VALUE), e.g. --set run.steps=20");
+      continue;
+    }
+    const std::string& key = parts.back();
+    const std::string value = text.substr(eq + 1);
+    toml::table* target = nullptr;
+    std::string head;
+    if (node) {
+      // A node is named by its `name`, which may hold dots: all between "node." and ".KEY".
+      if (parts.size() < 3) {
+        fail("[[node]] is an array of tables: set a key of one node as node.NAME.KEY=VALUE");
+        continue;
+      }
+      const std::string name = path.substr(5, path.size() - 5 - key.size() - 1);
+      auto* nodes = root.get_as<toml::array>("node");
+      if (nodes)
+        for (auto& n : *nodes)
+          if (auto* t = n.as_table())
+            if (auto* s = t->get_as<std::string>("name"); s && s->get() == name)
+              target = t;
+      if (!target) {
+        const auto names = node_names(nodes);
+        std::string list;
+        for (const auto& n : names)
+          list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", n);
+        fail(fmt::format("{} has no [[node]] named \"{}\" (its nodes: {}){}", file, name,
+                         list.empty() ? "none" : list, value_hint(name, names)));
+        continue;
+      }
+    } else if (auto* existing = root.get(parts.front())) {
+      target = existing->as_table();
+      if (!target) {
+        fail(fmt::format("`{}` in {} is {}, not a table", parts.front(), file, type_name(*existing)));
+        continue;
+      }
+    } else {
+      head = "[" + parts.front() + "]\n"; // the file has no such table: the override makes it
+    }
+    toml::table doc;
+    try {
+      doc = override_document(head, key, value, label);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+      continue;
+    }
+    if (!target) {
+      root.insert_or_assign(toml::key{parts.front(), where}, std::move(*doc.begin()->second.as_table()));
+      continue;
+    }
+    doc.begin()->second.visit(
+      [&](auto& v) { target->insert_or_assign(toml::key{key, where}, std::move(v)); });
+  }
+}
+
 /// Everything after the TOML syntax: fills the structs from `root`, adding every problem to
 /// `sink` (the caller throws).
 experiment_config parse_root(const toml::table& root, error_sink& sink,
@@ -1399,7 +1542,8 @@ const std::map<std::string, std::pair<std::string, std::string>>& peer_config_na
 
 experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
-                               const std::string& base_dir) {
+                               const std::string& base_dir,
+                               const std::vector<std::string>& overrides) {
   error_sink sink{file, {}};
   toml::table root;
   try {
@@ -1408,15 +1552,18 @@ experiment_config parse_config(std::string_view text, const std::string& file,
     sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
     throw config_exception(std::move(sink.errors));
   }
+  apply_overrides(root, overrides, sink, file);
   auto cfg = parse_root(root, sink, known_roles, base_dir);
   cfg.file = file;
+  cfg.overrides = overrides;
   if (!sink.errors.empty())
     throw config_exception(std::move(sink.errors));
   return cfg;
 }
 
 experiment_config load_config(const std::string& path,
-                              const std::set<std::string>& known_roles) {
+                              const std::set<std::string>& known_roles,
+                              const std::vector<std::string>& overrides) {
   auto why = path_problem(path, path_role::input_file);
   std::ifstream in;
   if (why.empty())
@@ -1429,7 +1576,7 @@ experiment_config load_config(const std::string& path,
   auto base = std::filesystem::path{path}.parent_path().string();
   if (base.empty())
     base = ".";
-  return parse_config(text.str(), path, known_roles, base);
+  return parse_config(text.str(), path, known_roles, base, overrides);
 }
 
 } // namespace sorl

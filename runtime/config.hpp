@@ -44,6 +44,10 @@ private:
   std::vector<config_error> errors_;
 };
 
+/// `text` as a TOML basic string: quotes, backslashes and control characters escaped, other
+/// bytes (UTF-8) as they are.
+std::string toml_quoted(std::string_view text);
+
 /// A TCP endpoint "host:port"; port 0 asks the OS for a free port (listening side only).
 struct endpoint {
   std::string host;
@@ -463,6 +467,9 @@ struct experiment_config {
   network_config network;
   smoke_config smoke;
   std::vector<node_config> nodes;
+  /// The `--set TABLE.KEY=VALUE` overrides applied over the file, in the order given, as
+  /// written on the command line (parse_config); config.resolved.toml names them.
+  std::vector<std::string> overrides;
 
   /// The node with `listen`, or nullptr (single-node files need none).
   const node_config* hub() const;
@@ -475,9 +482,20 @@ struct experiment_config {
 /// unknown role is reported with its line. `base_dir` resolves relative input paths.
 /// Raises config_exception listing every error (syntax, unknown key, wrong type, value out
 /// of range, duplicate node name, unknown role, non-loopback address without TLS).
+///
+/// `overrides` (`sorl ... --set TABLE.KEY=VALUE`, applied in order, a later one of the same
+/// key winning) go into the parsed file before any key is read, so each is checked as the same
+/// line in the file would be: types, ranges, unknown keys with their hints, presets, and
+/// relative paths resolved against `base_dir`. VALUE is a TOML value (`20`, `1e-5`, `true`,
+/// `"x"`, `["a", "b"]`); one that is not TOML and does not start with `"`, `'`, `[` or `{` is
+/// taken as a string (`native`, `runs/x`). `node.NAME.KEY=VALUE` sets KEY of the [[node]]
+/// named NAME; nodes are not added or removed this way, and `node.KEY` alone is refused. An
+/// error in or caused by an override names the override instead of a line of the file:
+/// "--set algorithm.lr=abc: key 'algorithm.lr': expected a number, got a string".
 experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
-                               const std::string& base_dir = ".");
+                               const std::string& base_dir = ".",
+                               const std::vector<std::string>& overrides = {});
 
 /// The kind of value a key takes, as the configuration reference names it (to_string).
 enum class config_type {
@@ -543,7 +561,9 @@ const std::map<std::string, std::pair<std::string, std::string>>& peer_config_na
 /// Reads and parses a file; a missing or unreadable file is a config_exception too.
 /// Every file-system problem of a configured path (missing, too long a name, no permission,
 /// a symlink loop, a file where a directory belongs) is a config_error at its key.
+/// `overrides` as for parse_config.
 experiment_config load_config(const std::string& path,
-                              const std::set<std::string>& known_roles);
+                              const std::set<std::string>& known_roles,
+                              const std::vector<std::string>& overrides = {});
 
 } // namespace sorl

@@ -11,20 +11,6 @@
 
 namespace sorl {
 
-std::string toml_quoted(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\')
-      out += {'\\', ch};
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\u{:04X}", c);
-    else
-      out += ch;
-  }
-  return out + "\"";
-}
-
 std::string toml_float(double x) {
   if (std::isnan(x))
     return "nan";
@@ -272,8 +258,8 @@ std::string config_reference_markdown(const std::vector<config_key>& keys) {
     "calls in runtime/config.cpp, not this file. -->\n"
     "# Configuration reference\n\n"
     "Every key of the experiment file, in the order the parser reads it, as the reader call in "
-    "`runtime/config.cpp` that parses and checks it records it. README.md, \"The experiment "
-    "file\", tells how the tables fit together; `sorl config --format toml` writes a file with "
+    "`runtime/config.cpp` that parses and checks it records it. docs/your-task.md "
+    "tells how the tables fit together; `sorl config --format toml` writes a file with "
     "every key at its default. Ranges are inclusive unless a parenthesis opens them.\n";
   for (const auto& g : group_by_table(keys)) {
     out += fmt::format("\n## {}\n\n", table_heading(g.table));
@@ -315,8 +301,8 @@ std::string config_reference_toml(const std::vector<config_key>& keys) {
   std::string out =
     "# A sorl experiment file with every key at its default, written by `sorl config "
     "--format toml`.\n"
-    "# docs/config.md holds the same reference; README.md, \"The experiment "
-    "file\", tells\n# how the tables fit together.\n";
+    "# docs/config.md holds the same reference; docs/your-task.md tells how the tables\n"
+    "# fit together.\n";
   const auto groups = group_by_table(keys);
   // Tables that live inside a key's list (node.actors) are described under that key.
   std::map<std::string, const table_group*> nested;

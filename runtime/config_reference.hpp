@@ -12,10 +12,6 @@
 
 namespace sorl {
 
-/// A TOML basic string: quotes, backslashes and control characters escaped; other bytes
-/// (UTF-8) as they are.
-std::string toml_quoted(std::string_view s);
-
 /// The shortest text that reads back as the same double, always a TOML float ("1.0", not
 /// "1"; "inf", "nan").
 std::string toml_float(double x);

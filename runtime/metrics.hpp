@@ -209,6 +209,11 @@ const row* find(std::string_view key);
 /// `sorl metrics` prints and docs/run-directory.md holds.
 std::string markdown();
 
+/// The same schema as JSON, what `sorl metrics --json` prints: {"metrics": [{"key", "group",
+/// "type", "unit", "meaning"}, ...]} in table order, the strings of markdown()'s columns
+/// ("unit" is "" for a value without one), two-space indented, with a trailing newline.
+std::string schema_json();
+
 } // namespace metric
 
 /// One step's metrics; see the record schema above for keys and units.

@@ -74,8 +74,9 @@ if [[ $trace != config ]]; then
   cache_line=$($bench $trace_config --groups 2048 "${trace_args[@]}" --write-trace "$out/trace.jsonl" 2>/dev/null)
   [[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
 else
-  $sorl check "$own_config" > "$out/check.txt" || { echo "route_nodes.sh: $own_config does not load" >&2; exit 2; }
-  if grep -q "^warm start: none" "$out/check.txt"; then
+  $sorl check "$own_config" --json > "$out/check.json" || { echo "route_nodes.sh: $own_config does not load" >&2; exit 2; }
+  if python3 -c 'import json, sys; w = json.load(open(sys.argv[1]))["warm_start"]; sys.exit(0 if w and w["latest"] is None else 1)' \
+       "$out/check.json"; then
     echo "route_nodes.sh: $own_config's warm start is missing (build/sorl sft $own_config)" >&2
     exit 1
   fi
