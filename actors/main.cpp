@@ -1,10 +1,15 @@
 // The sorl command line: `sorl train`, `sorl sft`, `sorl node`, `sorl check`,
-// `sorl convert-gguf`, `sorl export-hf`, `sorl eval`, `sorl roles`, `sorl metrics`.
+// `sorl convert-gguf`, `sorl export-hf`, `sorl eval`, `sorl roles`, `sorl metrics`,
+// `sorl config`. Every command that reads an experiment file takes `--set TABLE.KEY=VALUE`
+// overrides (runtime/config.hpp parse_config); `check`, `roles` and `metrics` print JSON with
+// `--json`.
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -16,6 +21,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/cli_reference.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
 #include "runtime/ml/checkpoint.hpp"
@@ -24,6 +30,7 @@
 #include "runtime/ml/hf_eval.hpp"
 #include "runtime/ml/sft.hpp"
 #include "runtime/config.hpp"
+#include "runtime/config_reference.hpp"
 #include "runtime/config_resolved.hpp"
 #include "runtime/ml/cpu_kernels.hpp"
 #include "runtime/interrupt.hpp"
@@ -50,9 +57,12 @@ std::string default_config() {
   return name;
 }
 
-sorl::experiment_config load_or_exit(const std::string& path) {
+/// CONFIG with the `--set` overrides applied (runtime/config.hpp parse_config), its training
+/// topology, model and task checked; exits 2 after printing every error.
+sorl::experiment_config load_or_exit(const std::string& path,
+                                     const std::vector<std::string>& overrides) {
   try {
-    auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()));
+    auto cfg = sorl::load_config(path, sorl::role_names(sorl::builtin_roles()), overrides);
     // A training topology needs every training role; say so before anything starts.
     const auto missing = sorl::role::missing_for_training(
       [&](std::string_view role) { return cfg.count_role(role); });
@@ -106,6 +116,22 @@ int report_interrupted(const char* what, const sorl::run_result& r, int signo,
   if (!resume_hint.empty() && fs::exists(latest, ec))
     fmt::print(stderr, "sorl {}: continue the run with: {}\n", what, resume_hint);
   return sorl::interrupted_exit_code(signo);
+}
+
+/// ` --set 'KEY=VALUE'` for each override, quoted for a POSIX shell, so that a printed
+/// command (how to resume) runs with the same settings.
+std::string set_arguments(const std::vector<std::string>& overrides) {
+  std::string out;
+  for (const auto& o : overrides) {
+    const bool plain = std::all_of(o.begin(), o.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._-=/:,+", c);
+    });
+    std::string quoted = "'";
+    for (char c : o)
+      quoted += c == '\'' ? std::string{"'\\''"} : std::string(1, c);
+    out += " --set " + (plain ? o : quoted + "'");
+  }
+  return out;
 }
 
 int report(const char* what, const sorl::run_result& r) {
@@ -179,6 +205,22 @@ void print_warm_start(const sorl::experiment_config& cfg) {
   } catch (const std::exception& e) {
     fmt::print("warm start: {}: {}\n", cfg.model.checkpoint, e.what());
   }
+}
+
+/// `sorl check --json`'s "warm_start": null when the topology needs none, else
+/// {"checkpoint": model.checkpoint, "latest": the checkpoint there or null (`sorl train` makes
+/// it first)}.
+nlohmann::ordered_json warm_start_json(const sorl::experiment_config& cfg) {
+  if (!cfg.model.warm_start || cfg.count_role(sorl::role::learner) == 0)
+    return nullptr;
+  nlohmann::ordered_json latest = nullptr;
+  try {
+    if (auto p = sorl::ml::latest_checkpoint(cfg.model.checkpoint))
+      latest = p->string();
+  } catch (const std::exception&) {
+    // Unreadable now: reported as not there; `sorl train` names the problem when it starts.
+  }
+  return {{"checkpoint", cfg.model.checkpoint}, {"latest", latest}};
 }
 
 /// With model.warm_start, creates the warm-start checkpoint when there is none yet.
@@ -434,26 +476,46 @@ int main(int argc, char** argv) {
                "One TOML file describes the experiment and which actors run on which node."};
   app.require_subcommand(1);
   app.fallthrough(); // --log-level may follow the subcommand too
-  app.footer("Examples:\n"
-             "  sorl train                                 the default job (configs/default.toml)\n"
-             "  sorl train configs/smoke.toml              topology smoke run, no ML\n"
-             "  sorl check configs/smoke.toml              validate a file, print its topology\n"
-             "  sorl node configs/smoke.toml --node main   start the hub of a multi-process run\n"
-             "  sorl node configs/smoke.toml --node rollout-a\n"
-             "                                             start another node; it finds the hub\n"
-             "Exit codes: 0 job finished, 1 job failed, 2 nothing started, 130 / 143 stopped by\n"
-             "SIGINT / SIGTERM (after a checkpoint; a second signal exits at once).");
+  // Each subcommand has a footer of its own (CLI11 would copy this one into every one).
+  const std::string exit_codes =
+    "Exit codes: 0 job finished, 1 job failed, 2 nothing started, 130 / 143 stopped by\n"
+    "SIGINT / SIGTERM (after a checkpoint; a second signal exits at once).";
+  app.footer("Examples (`sorl COMMAND --help` shows each command's own):\n"
+             "  sorl train                       the default job (configs/default.toml)\n"
+             "  sorl check configs/smoke.toml    validate a file and print its topology\n"
+             "  sorl train configs/smoke.toml    topology smoke run, no ML\n"
+             + exit_codes);
   app.set_version_flag("--version", sorl::version_line(), "print the version and the commit built from");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
     ->capture_default_str();
 
+  // Only one subcommand runs, so they share these.
+  std::vector<std::string> overrides;
+  auto add_set = [&](CLI::App* cmd) {
+    cmd->add_option("--set", overrides,
+                    "set a key of CONFIG after reading it, checked as the file's own line would\n"
+                    "be; repeatable, the last of a key wins. VALUE is TOML (20, 1e-5, true, \"x\"),\n"
+                    "or a bare word taken as a string; node.NAME.KEY=VALUE sets a [[node]]'s key")
+      ->type_name("TABLE.KEY=VALUE")
+      ->allow_extra_args(false); // one value per --set: a CONFIG after it stays CONFIG
+  };
+  bool json_output = false;
+  auto add_json = [&](CLI::App* cmd, const char* what) { cmd->add_flag("--json", json_output, what); };
+
   std::string train_config;
   bool resume = false;
   auto* train = app.add_subcommand(
     "train", "Run every node of CONFIG in this one process (debugging, CI, the default job)");
+  train->footer("Examples:\n"
+                "  sorl train                                   the default job (configs/default.toml)\n"
+                "  sorl train configs/default.toml --set run.steps=20 --set run.name=short\n"
+                "                                               the same job for 20 steps, in runs/short\n"
+                "  sorl train configs/default.toml --resume     continue the default job after a stop\n"
+                + exit_codes);
   train->add_option("config", train_config,
                     "experiment + topology TOML (default: configs/default.toml)");
+  add_set(train);
   bool overwrite = false;
   train->add_flag("--overwrite", overwrite,
                   "start afresh even if the run directory already holds a run (its metrics "
@@ -469,7 +531,13 @@ int main(int argc, char** argv) {
   auto* sft = app.add_subcommand(
     "sft", "Supervised warm start: train CONFIG's [model] on demonstrations of its [task]\n"
            "(with a share of wrong ones, [sft]) and write a checkpoint to model.checkpoint");
+  sft->footer("Examples:\n"
+              "  sorl sft configs/default.toml      the default job's warm start\n"
+              "                                     (runs/warm-start/arithmetic-tiny-carry)\n"
+              "  sorl sft configs/default.toml --set sft.steps=300 --set model.checkpoint=/tmp/warm\n"
+              "                                     a shorter one, written elsewhere");
   sft->add_option("config", sft_config, "experiment TOML")->required();
+  add_set(sft);
 
   std::string node_config;
   sorl::node_options node_opts;
@@ -477,25 +545,48 @@ int main(int argc, char** argv) {
   auto* node = app.add_subcommand(
     "node", "Run one node of CONFIG as this process; the node with `listen` is the hub,\n"
             "the others connect to it. Start one `sorl node` per [[node]] of the file.");
+  node->footer("Examples:\n"
+               "  sorl node configs/default-3proc.toml --node main        the hub, first\n"
+               "  sorl node configs/default-3proc.toml --node rollout-a   a worker node; it finds the hub\n"
+               "  sorl node configs/smoke.toml --node main --set node.main.listen=127.0.0.1:0 \\\n"
+               "      --port-file hub.port            the hub on a free port, written to hub.port\n"
+               + exit_codes);
   node->add_option("config", node_config, "experiment + topology TOML")->required();
   node->add_option("--node", node_opts.node, "name of the [[node]] to run")->required();
   node->add_option("--connect", connect,
                    "HOST:PORT of the hub, overriding its `listen` (e.g. when it used port 0)");
   node->add_option("--port-file", node_opts.port_file,
                    "hub only: write the bound port to this file once listening");
+  add_set(node);
   auto* node_resume =
     node->add_flag("--resume", resume, "continue from the run directory's latest checkpoint");
   node->add_flag("--overwrite", overwrite, "start afresh over an existing run (hub)")
     ->excludes(node_resume);
 
   std::string check_config;
-  auto* check = app.add_subcommand("check", "Validate CONFIG and print its topology");
+  auto* check = app.add_subcommand(
+    "check", "Dry run: validate CONFIG (and --set) as `train` and `node` would, print its\n"
+             "topology and warm start, without starting anything (no actor, socket, model\n"
+             "or run directory)");
+  check->footer("Examples:\n"
+                "  sorl check configs/default-3proc.toml                  the nodes and their actors\n"
+                "  sorl check configs/default.toml --set algorithm.name=dapo\n"
+                "                                     what DAPO's preset changes, before a run\n"
+                "  sorl check configs/smoke.toml --json                   the same as one JSON document\n"
+                "Exit codes: 0 the file is valid, 2 it is not (every error printed).");
   check->add_option("config", check_config, "experiment + topology TOML")->required();
+  add_set(check);
+  add_json(check, "print the topology and every resolved setting as one JSON document\n"
+                  "instead (runtime/config_resolved.hpp check_json)");
 
   std::string gguf_in, hf_out, hf_dtype = "bf16";
   auto* convert_gguf = app.add_subcommand(
     "convert-gguf", "Convert a llama.cpp GGUF model (Llama or Qwen2; F32, F16, BF16, Q4_0, Q4_1\n"
                     "or Q8_0 tensors, dequantised) into a Hugging Face model directory");
+  convert_gguf->footer(
+    "Example:\n"
+    "  sorl convert-gguf models/smollm2-135m-instruct/original/SmolLM2-135M-Instruct.Q4_1.gguf \\\n"
+    "      models/smollm2-q4_1                  scripts/fetch-model's GGUF, as bf16 safetensors");
   convert_gguf->add_option("gguf", gguf_in, "the .gguf file")->required();
   convert_gguf->add_option("out", hf_out, "output directory (config.json, model.safetensors, ...)")
     ->required();
@@ -510,8 +601,14 @@ int main(int argc, char** argv) {
   auto* export_hf = app.add_subcommand(
     "export-hf", "Write CONFIG's policy from a checkpoint as a Hugging Face model directory\n"
                  "(config.json, model.safetensors, tokenizer.json, tokenizer_config.json)");
+  export_hf->footer("Examples:\n"
+                    "  sorl export-hf configs/default.toml runs/default/hf\n"
+                    "                                     the default run's latest checkpoint\n"
+                    "  sorl export-hf configs/default.toml runs/default/hf-step10 \\\n"
+                    "      --checkpoint runs/default/checkpoints/step-0000000010");
   export_hf->add_option("config", export_config, "experiment TOML (its [model] preset or hf_dir)")->required();
   export_hf->add_option("out", export_out, "output directory")->required();
+  add_set(export_hf);
   export_hf->add_option("--checkpoint", export_checkpoint,
                         "a checkpoint step directory or root (default: the run's latest "
                         "checkpoint, else model.checkpoint)");
@@ -531,6 +628,11 @@ int main(int argc, char** argv) {
             "(scripts/fetch-data): accuracy, pass@k, mean length; each prompt is one user message\n"
             "of the model's chat template (sorl's byte format for a preset and for the export of a\n"
             "single-turn sorl policy), answers scored by a built-in checker");
+  eval->footer("Examples:\n"
+               "  sorl eval models/smollm2-135m-instruct data/chain_sum/eval.jsonl --limit 50\n"
+               "                                     the pretrained model, greedy\n"
+               "  sorl eval configs/smollm2-chain_sum.toml data/chain_sum/eval.jsonl --k 4\n"
+               "                                     that run's latest policy, pass@4");
   eval->add_option("model", eval_model,
                    "Hugging Face model directory (sorl export-hf writes one), or an experiment TOML:\n"
                    "its run's latest checkpoint (else model.checkpoint, else model.hf_dir) in its\n"
@@ -539,6 +641,7 @@ int main(int argc, char** argv) {
   eval->add_option("--checkpoint", eval_checkpoint,
                    "with an experiment TOML: a checkpoint step directory or root to score instead");
   eval->add_option("data", eval_data, "JSONL: prompt, answer (and entry, for countdown)")->required();
+  add_set(eval);
   auto* eval_checker_opt =
     eval->add_option("--checker", eval_checker,
                      "exact, first_number or countdown (default: an experiment TOML's task.match "
@@ -559,8 +662,30 @@ int main(int argc, char** argv) {
   eval->add_option("--out", eval_out, "write the report (and every completion) to this JSON file");
 
   auto* roles = app.add_subcommand("roles", "List the roles a [[node]] can run");
+  roles->footer("Examples:\n"
+                "  sorl roles           one line per role: its name and what it does\n"
+                "  sorl roles --json    {\"roles\": [{\"name\", \"description\"}, ...]}");
+  add_json(roles, "print {\"roles\": [{\"name\", \"description\"}, ...]} instead, in the same order");
   auto* metrics =
     app.add_subcommand("metrics", "Print the keys of metrics.jsonl as a markdown table");
+  metrics->footer("Examples:\n"
+                  "  sorl metrics           the table docs/run-directory.md holds\n"
+                  "  sorl metrics --json    {\"metrics\": [{\"key\", \"group\", \"type\", \"unit\", "
+                  "\"meaning\"}, ...]}");
+  add_json(metrics, "print the same keys as JSON: {\"metrics\": [{\"key\", \"group\", \"type\", "
+                    "\"unit\", \"meaning\"}, ...]}");
+  std::string config_format = "markdown";
+  bool config_cli = false;
+  auto* config = app.add_subcommand(
+    "config", "Print the configuration reference: every key of the experiment file with its\n"
+              "type, default, range and meaning (docs/config.md); with --cli, the command line's");
+  config->add_option("--format", config_format,
+                     "markdown, json, or toml (a file with every key at its default; not with --cli)")
+    ->check(CLI::IsMember({"markdown", "json", "toml"}))
+    ->capture_default_str();
+  config->add_flag("--cli", config_cli,
+                   "the command-line reference instead: every subcommand, argument and option, read "
+                   "off this parser (docs/cli.md)");
 
   try {
     app.parse(argc, argv);
@@ -576,7 +701,31 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (config->parsed()) {
+    if (config_cli && config_format == "toml") {
+      std::cerr << "sorl config: --cli prints markdown or json\n";
+      return 2;
+    }
+    // `app` is the parser that read this command line: the reference walks it, not a copy.
+    if (config_cli)
+      fmt::print("{}", config_format == "json" ? sorl::cli_reference_json(app, "sorl")
+                                               : sorl::cli_reference_markdown(app, "sorl"));
+    else if (config_format == "json")
+      fmt::print("{}", sorl::config_reference_json(sorl::config_keys()));
+    else if (config_format == "toml")
+      fmt::print("{}", sorl::config_reference_toml(sorl::config_keys()));
+    else
+      fmt::print("{}", sorl::config_reference_markdown(sorl::config_keys()));
+    return 0;
+  }
   if (roles->parsed()) {
+    if (json_output) {
+      auto list = nlohmann::ordered_json::array();
+      for (const auto& r : sorl::builtin_roles())
+        list.push_back({{"name", r.name}, {"description", r.summary}});
+      fmt::print("{}\n", nlohmann::ordered_json{{"roles", std::move(list)}}.dump(2));
+      return 0;
+    }
     for (const auto& r : sorl::builtin_roles())
       fmt::print("{:<20} {}\n", r.name, r.summary);
     return 0;
@@ -604,7 +753,7 @@ int main(int argc, char** argv) {
     }
   }
   if (export_hf->parsed()) {
-    auto cfg = load_or_exit(export_config);
+    auto cfg = load_or_exit(export_config, overrides);
     if (int rc = prepare_hf_out_dir(export_out, hf_overwrite, "export-hf"))
       return rc;
     try {
@@ -651,7 +800,9 @@ int main(int argc, char** argv) {
       std::optional<sorl::experiment_config> eval_cfg;
       std::error_code ec;
       if (fs::is_regular_file(eval_model, ec))
-        eval_cfg = load_or_exit(eval_model);
+        eval_cfg = load_or_exit(eval_model, overrides);
+      else if (!overrides.empty())
+        throw std::runtime_error("--set needs an experiment TOML as the model");
       if (eval_cfg && eval_checker_opt->count() == 0) {
         // Score as the run does where a built-in checker can.
         const auto match = eval_cfg->task.match;
@@ -734,25 +885,32 @@ int main(int argc, char** argv) {
     }
   }
   if (metrics->parsed()) {
-    fmt::print("{}", sorl::metric::markdown());
+    fmt::print("{}", json_output ? sorl::metric::schema_json() : sorl::metric::markdown());
     return 0;
   }
   if (check->parsed()) {
-    auto cfg = load_or_exit(check_config);
+    auto cfg = load_or_exit(check_config, overrides);
+    if (json_output) {
+      auto j = nlohmann::ordered_json::parse(sorl::check_json(cfg));
+      j["warm_start"] = warm_start_json(cfg);
+      fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+      return 0;
+    }
     print_presets(cfg);
     print_topology(cfg);
     print_warm_start(cfg);
+    fmt::print("sorl check: {} is valid; nothing was started (the dry run)\n", check_config);
     return 0;
   }
   if (sft->parsed()) {
-    auto cfg = load_or_exit(sft_config);
+    auto cfg = load_or_exit(sft_config, overrides);
     pin_cpu_kernels(argv, cfg, "", true);
     return run_warm_start(cfg);
   }
   if (train->parsed()) {
     if (train_config.empty())
       train_config = default_config();
-    auto cfg = load_or_exit(train_config);
+    auto cfg = load_or_exit(train_config, overrides);
     pin_cpu_kernels(argv, cfg, "");
     print_presets(cfg);
     cfg.run.resume = resume;
@@ -783,11 +941,12 @@ int main(int argc, char** argv) {
     auto r = sorl::run_in_process(cfg, sorl::builtin_roles(), nullptr, &interrupts);
     if (int sig = interrupts.received(); sig != 0 && r.exit_code != 0)
       return report_interrupted("train", r, sig, cfg,
-                                fmt::format("{} train {} --resume", argv[0], train_config));
+                                fmt::format("{} train {}{} --resume", argv[0], train_config,
+                                            set_arguments(overrides)));
     return report("train", r);
   }
   if (node->parsed()) {
-    auto cfg = load_or_exit(node_config);
+    auto cfg = load_or_exit(node_config, overrides);
     // The address is checked before anything starts (no restart, no socket), like a
     // `listen` address in the file.
     if (!connect.empty()) {
@@ -834,8 +993,8 @@ int main(int argc, char** argv) {
     if (int sig = interrupts.received(); sig != 0 && r.exit_code != 0)
       return report_interrupted(
         "node", r, sig, cfg,
-        has_trainer ? fmt::format("{} node {} --node NAME --resume, for every node of the file",
-                                  argv[0], node_config)
+        has_trainer ? fmt::format("{} node {} --node NAME{} --resume, for every node of the file",
+                                  argv[0], node_config, set_arguments(overrides))
                     : "");
     return report("node", r);
   }

@@ -176,6 +176,18 @@ def sorl_runtime(binary=None, log_text=None):
     return rt
 
 
+def run_threads(run_dir):
+    """[run] threads of a sorl run, from the config.resolved.toml sorl writes into its run
+    folder (every default filled in), or None when there is none."""
+    try:
+        with open(os.path.join(run_dir, "config.resolved.toml"), encoding="utf-8") as f:
+            run = re.search(r"(?ms)^\[run\]$(.*?)(?=^\[|\Z)", f.read())
+    except OSError:
+        return None
+    m = re.search(r"(?m)^threads = (\d+)", run.group(1)) if run else None
+    return int(m.group(1)) if m else None
+
+
 def record_path(bench, flag=None):
     """Where a record goes: `flag` (the script's --record PATH) when given, else
     $SORL_BENCH_RECORD when set, else runs/bench/<bench>-<utc>.json under the working

@@ -57,6 +57,20 @@ config_exception::config_exception(std::vector<config_error> errors)
   : std::runtime_error(join_errors(errors)), errors_(std::move(errors)) {
 }
 
+std::string toml_quoted(std::string_view text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\')
+      out += {'\\', ch};
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04X}", c);
+    else
+      out += ch;
+  }
+  return out + "\"";
+}
+
 // -- endpoint ------------------------------------------------------------------------------
 
 bool endpoint::is_loopback() const {
@@ -185,15 +199,24 @@ const char* type_name(const toml::node& n) {
 struct error_sink {
   std::string file;
   std::vector<config_error> errors;
-  /// When set, every key a reader looks up is recorded under its table's kind (see
-  /// table_kind): how known_config_keys() learns the keys from the parser itself.
-  std::map<std::string, std::set<std::string>>* known = nullptr;
+  /// When set, every reader call records the key it reads, as it reads and checks it, under
+  /// its table's kind (see table_kind): how config_keys() learns the keys from the parser.
+  std::vector<config_key>* schema = nullptr;
 
   void add(const toml::source_region& where, std::string key, std::string message) {
+    // A value a `--set` override put in carries the override as its source path: the error
+    // names the override, whose line and column in its one-line document mean nothing.
+    if (where.path && where.path->rfind(override_prefix, 0) == 0) {
+      errors.push_back(config_error{*where.path, 0, 0, std::move(key), std::move(message)});
+      return;
+    }
     errors.push_back(config_error{file, static_cast<int>(where.begin.line),
                                   static_cast<int>(where.begin.column), std::move(key),
                                   std::move(message)});
   }
+
+  /// How an override is named in errors and source regions: "--set TABLE.KEY=VALUE".
+  static constexpr std::string_view override_prefix = "--set ";
 };
 
 /// "node[2].actors[1]" → "node.actors": the kind of table a reader reads, the unit in which
@@ -351,6 +374,31 @@ std::string path_problem(const std::string& p, path_role role) {
   return "";
 }
 
+/// The reference text of a key, written as the last argument of the reader call that parses
+/// it, so that the key's meaning sits beside the code that reads and checks it. A key with no
+/// default (its absence means something, or the file must set it) gives an example value.
+struct key_doc {
+  key_doc(const char* meaning) : meaning(meaning) {
+  }
+  key_doc(const char* meaning, const char* example, bool required)
+    : meaning(meaning), example(example), required(required) {
+  }
+  std::string_view meaning;
+  std::string_view example; ///< TOML text; "" = the key has a default
+  bool required = false;
+};
+
+/// Records a top-level entry (a section or `node`) in the reference probe.
+void describe_top(error_sink& sink, std::string_view name, config_type type, const key_doc& doc) {
+  if (!sink.schema)
+    return;
+  config_key k;
+  k.key = std::string{name};
+  k.type = type;
+  k.meaning = std::string{doc.meaning};
+  sink.schema->push_back(std::move(k));
+}
+
 /// Reads the keys of one table, remembering which were consumed so that whatever is left
 /// at finish() is reported as unknown.
 class table_reader {
@@ -363,11 +411,12 @@ public:
     return prefix_.empty() ? std::string{key} : prefix_ + "." + std::string{key};
   }
 
-  const toml::node* find(std::string_view key) {
-    seen_.emplace(key);
-    if (sink_.known)
-      (*sink_.known)[table_kind(prefix_)].emplace(key);
-    return tbl_.get(key);
+  /// A key read by hand (an array of tables, a list of mixed entries): its caller says what
+  /// it holds, for the reference.
+  const toml::node* find(std::string_view key, config_type type, const key_doc& doc,
+                         config_value default_value = {}) {
+    describe(key, type, doc, [&](config_key& k) { k.default_value = std::move(default_value); });
+    return lookup(key);
   }
 
   void wrong_type(std::string_view key, const toml::node& n, const char* expected) {
@@ -390,8 +439,13 @@ public:
   }
 
   template <class Int>
-  void integer(std::string_view key, Int& out, int64_t lo, int64_t hi) {
-    auto* n = find(key);
+  void integer(std::string_view key, Int& out, int64_t lo, int64_t hi, const key_doc& doc) {
+    describe(key, config_type::integer, doc, [&](config_key& k) {
+      k.default_value = static_cast<int64_t>(out);
+      k.lo = lo;
+      k.hi = hi;
+    });
+    auto* n = lookup(key);
     if (!n)
       return;
     auto* v = n->as_integer();
@@ -407,8 +461,19 @@ public:
     out = static_cast<Int>(x);
   }
 
-  void number(std::string_view key, double& out, double lo, double hi, bool lo_open = false) {
-    auto* n = find(key);
+  void number(std::string_view key, double& out, double lo, double hi, const key_doc& doc) {
+    number(key, out, lo, hi, false, doc);
+  }
+
+  void number(std::string_view key, double& out, double lo, double hi, bool lo_open,
+              const key_doc& doc) {
+    describe(key, config_type::number, doc, [&](config_key& k) {
+      k.default_value = out;
+      k.lo = lo;
+      k.hi = hi;
+      k.lo_open = lo_open;
+    });
+    auto* n = lookup(key);
     if (!n)
       return;
     double x = 0;
@@ -429,8 +494,9 @@ public:
     out = x;
   }
 
-  void boolean(std::string_view key, bool& out) {
-    auto* n = find(key);
+  void boolean(std::string_view key, bool& out, const key_doc& doc) {
+    describe(key, config_type::boolean, doc, [&](config_key& k) { k.default_value = out; });
+    auto* n = lookup(key);
     if (!n)
       return;
     if (auto* b = n->as_boolean())
@@ -440,8 +506,13 @@ public:
   }
 
   /// Returns the node too, so callers can validate the string's content at its location.
-  const toml::node* string(std::string_view key, std::string& out) {
-    auto* n = find(key);
+  const toml::node* string(std::string_view key, std::string& out, const key_doc& doc) {
+    describe(key, config_type::string, doc, [&](config_key& k) { k.default_value = out; });
+    return read_string(key, out);
+  }
+
+  const toml::node* read_string(std::string_view key, std::string& out) {
+    auto* n = lookup(key);
     if (!n)
       return nullptr;
     if (auto* s = n->as_string()) {
@@ -453,8 +524,10 @@ public:
   }
 
   /// An array of strings; `non_empty` refuses an empty string as an element.
-  const toml::node* string_list(std::string_view key, std::vector<std::string>& out, bool non_empty) {
-    auto* n = find(key);
+  const toml::node* string_list(std::string_view key, std::vector<std::string>& out, bool non_empty,
+                                const key_doc& doc) {
+    describe(key, config_type::string_list, doc, [&](config_key& k) { k.default_value = out; });
+    auto* n = lookup(key);
     if (!n)
       return nullptr;
     auto* arr = n->as_array();
@@ -480,9 +553,13 @@ public:
   }
 
   void choice(std::string_view key, std::string& out,
-              std::initializer_list<std::string_view> allowed) {
+              std::initializer_list<std::string_view> allowed, const key_doc& doc) {
+    describe(key, config_type::choice, doc, [&](config_key& k) {
+      k.default_value = out;
+      k.choices.assign(allowed.begin(), allowed.end());
+    });
     std::string value;
-    auto* n = string(key, value);
+    auto* n = read_string(key, value);
     if (!n)
       return;
     for (auto a : allowed) {
@@ -496,9 +573,14 @@ public:
 
   /// An enumerated setting (config_names<E>).
   template <class E>
-  void choice(std::string_view key, E& out) {
+  void choice(std::string_view key, E& out, const key_doc& doc) {
+    describe(key, config_type::choice, doc, [&](config_key& k) {
+      k.default_value = std::string{to_string(out)};
+      for (const auto& item : config_names<E>::values)
+        k.choices.emplace_back(item.second);
+    });
     std::string value;
-    auto* n = string(key, value);
+    auto* n = read_string(key, value);
     if (!n)
       return;
     std::vector<std::string> names;
@@ -534,6 +616,30 @@ public:
   }
 
 private:
+  const toml::node* lookup(std::string_view key) {
+    seen_.emplace(key);
+    return tbl_.get(key);
+  }
+
+  /// In the reference probe, records `key` as its reader call describes it; `fill` adds what
+  /// only that reader knows (default, bounds, choices). Nothing otherwise.
+  template <class Fill>
+  void describe(std::string_view key, config_type type, const key_doc& doc, Fill&& fill) {
+    if (!sink_.schema)
+      return;
+    config_key k;
+    k.table = table_kind(prefix_);
+    k.key = std::string{key};
+    k.type = type;
+    k.meaning = std::string{doc.meaning};
+    k.example = std::string{doc.example};
+    k.required = doc.required;
+    fill(k);
+    if (!k.example.empty())
+      k.default_value = std::monostate{};
+    sink_.schema->push_back(std::move(k));
+  }
+
   const toml::table& tbl_;
   std::string prefix_;
   error_sink& sink_;
@@ -602,15 +708,27 @@ std::string device_problem(const std::string& name) {
 }
 
 void parse_run(table_reader& r, run_config& c) {
-  r.string("name", c.name);
-  r.integer("seed", c.seed, 0, max_i64);
-  r.integer("steps", c.steps, 0, 100'000'000);
-  r.string("output_dir", c.output_dir);
-  r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000);
-  r.integer("eval_every", c.eval_every, 0, 100'000'000);
-  r.integer("threads", c.threads, 0, 1024);
-  r.choice("kernels", c.kernels);
-  r.string("device", c.device);
+  r.string("name", c.name,
+           "run name: the run writes to output_dir/name (metrics.jsonl, checkpoints/, plots/)");
+  r.integer("seed", c.seed, 0, max_i64,
+            "seed of the run's random streams: initial weights, prompt draws, each group's "
+            "sampler");
+  r.integer("steps", c.steps, 0, 100'000'000, "synchronous RL steps to run");
+  r.string("output_dir", c.output_dir,
+           "directory of run directories, relative to the working directory");
+  r.integer("checkpoint_every", c.checkpoint_every, 0, 100'000'000,
+            "steps between checkpoints; 0 = only at the end");
+  r.integer("eval_every", c.eval_every, 0, 100'000'000,
+            "steps between greedy held-out evaluations on task.eval_prompts prompts; 0 = only "
+            "before the first step and after the last");
+  r.integer("threads", c.threads, 0, 1024,
+            "libtorch intra-op threads per process; 0 = libtorch's default (one per core)");
+  r.choice("kernels", c.kernels,
+           "CPU kernels: \"native\" = each library's fastest for this CPU; \"portable\" = AVX2 "
+           "kernels, the same bits on any x86-64 CPU with AVX2 and FMA");
+  r.string("device", c.device,
+           "libtorch device of the learner, and of the rollout workers unless rollout.device "
+           "names one: \"cpu\", \"cuda\" or \"cuda:N\"");
   if (auto why = device_problem(c.device); !why.empty())
     r.conflict("device", why);
   // The run directory is made when the run starts; refuse now what could never be made.
@@ -621,20 +739,30 @@ void parse_run(table_reader& r, run_config& c) {
 }
 
 void parse_model(table_reader& r, model_config& c, const std::string& base) {
-  r.choice("preset", c.preset, {"tiny", "tiny-2k", "50m"});
-  r.string("checkpoint", c.checkpoint);
+  r.choice("preset", c.preset, {"tiny", "tiny-2k", "50m"},
+           "built-in model shape: tiny-2k is tiny with a 2048-token context; not with hf_dir");
+  r.string("checkpoint", c.checkpoint,
+           "checkpoint root (a directory of step-N checkpoints) to start from, relative to the "
+           "config file; \"\" = random init from the preset");
   c.checkpoint = resolve(base, c.checkpoint);
   if (!c.checkpoint.empty())
     if (auto why = path_problem(c.checkpoint, path_role::directory_to_make); !why.empty())
       r.conflict("checkpoint", why);
-  r.boolean("warm_start", c.warm_start);
-  r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"});
+  r.boolean("warm_start", c.warm_start,
+            "when checkpoint holds no checkpoint yet, make it with the supervised warm start "
+            "([sft]) first");
+  r.choice("rollout_dtype", c.rollout_dtype, {"bf16", "fp32"},
+           "dtype of the rollout workers' weights; \"fp32\" is refused as not implemented yet");
   not_yet(r, "rollout_dtype", c.rollout_dtype != "bf16", "rollout_dtype \"fp32\"");
   if (c.warm_start && c.checkpoint.empty())
     r.missing("checkpoint", "warm_start = true needs a checkpoint directory to create");
-  r.string("hf_dir", c.hf_dir);
+  r.string("hf_dir", c.hf_dir,
+           "Hugging Face model directory to start from instead of a preset (shape, weights, "
+           "tokenizer, chat template), relative to the config file; single-turn tasks only");
   c.hf_dir = resolve(base, c.hf_dir);
-  r.integer("max_seq", c.max_seq, 0, int64_t{1} << 20);
+  r.integer("max_seq", c.max_seq, 0, int64_t{1} << 20,
+            "with hf_dir: longest prompt + response, tokens; 0 = the model's "
+            "max_position_embeddings, at most 32768");
   if (!c.hf_dir.empty()) {
     if (auto why = path_problem(c.hf_dir + "/config.json", path_role::input_file); !why.empty())
       r.conflict("hf_dir", why + " (a Hugging Face model directory holds config.json; "
@@ -650,13 +778,22 @@ void parse_model(table_reader& r, model_config& c, const std::string& base) {
 }
 
 void parse_task(table_reader& r, task_config& c, const std::string& base) {
-  r.choice("name", c.name, {"arithmetic", "number_guess", "file_search", "jsonl"});
-  r.string("path", c.path);
-  r.string("eval_path", c.eval_path);
-  r.choice("match", c.match);
-  r.integer("min_digits", c.min_digits, 1, 9);
-  r.integer("max_digits", c.max_digits, 1, 9);
-  if (auto* n = r.string("operators", c.operators)) {
+  r.choice("name", c.name, {"arithmetic", "number_guess", "file_search", "jsonl"},
+           "the task: arithmetic, number_guess (multi-turn), file_search (a multi-turn agent) or "
+           "jsonl (prompts from path)");
+  r.string("path", c.path,
+           "jsonl: the prompts file, one {\"prompt\", \"answer\"} object per line, relative to "
+           "the config file; required by name = \"jsonl\"");
+  r.string("eval_path", c.eval_path,
+           "jsonl: a held-out prompts file, relative to the config file; \"\" = hold out "
+           "eval_fraction of path's prompts");
+  r.choice("match", c.match,
+           "jsonl: how a completion is scored against answer (reasoning-gym's rules, on the last "
+           "<answer> tag when there is one)");
+  r.integer("min_digits", c.min_digits, 1, 9, "arithmetic: fewest digits of an operand");
+  r.integer("max_digits", c.max_digits, 1, 9, "arithmetic: most digits of an operand");
+  if (auto* n = r.string("operators", c.operators,
+                         "arithmetic: the operators drawn, a non-empty subset of \"+-*/\"")) {
     bool ok = !c.operators.empty();
     for (char ch : c.operators)
       ok = ok && std::string_view{"+-*/"}.find(ch) != std::string_view::npos;
@@ -664,26 +801,48 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
       r.error("operators", *n, fmt::format("\"{}\" must be a non-empty subset of \"+-*/\"",
                                            c.operators));
   }
-  r.boolean("allow_negative", c.allow_negative);
-  r.choice("wrong_answers", c.wrong_answers, {"near", "dropped_carry"});
-  r.integer("lo", c.lo, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
-  r.integer("hi", c.hi, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4);
-  r.integer("max_turns", c.max_turns, 1, 1 << 16);
-  r.integer("depth", c.depth, 1, 4);
-  r.integer("max_dirs", c.max_dirs, 1, 8);
-  r.integer("max_files", c.max_files, 1, 8);
-  r.integer("max_episode_tokens", c.max_episode_tokens, 64, 1 << 30);
-  r.number("detour_rate", c.detour_rate, 0.0, 1.0);
-  r.choice("wrong_episodes", c.wrong_episodes, {"wander", "give_up"});
-  r.number("wander_share", c.wander_share, 0.0, 1.0);
-  r.integer("preamble_bytes", c.preamble_bytes, 0, 1 << 16);
-  r.integer("preamble_families", c.preamble_families, 1, 1 << 16);
-  r.number("eval_fraction", c.eval_fraction, 0.0, 0.99);
-  r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20);
-  r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24);
-  r.string_list("reward_command", c.reward_command, true);
-  r.integer("reward_timeout_ms", c.reward_timeout_ms, 1, 3'600'000);
-  r.string("system_prompt", c.system_prompt);
+  r.boolean("allow_negative", c.allow_negative,
+            "arithmetic: whether a - b may be negative (false orders the operands)");
+  r.choice("wrong_answers", c.wrong_answers, {"near", "dropped_carry"},
+           "arithmetic: the warm start's wrong demonstrations: near = the result off by 1..10, "
+           "dropped_carry = carries dropped");
+  r.integer("lo", c.lo, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4,
+            "number_guess: smallest hidden number");
+  r.integer("hi", c.hi, std::numeric_limits<int64_t>::min() / 4, max_i64 / 4,
+            "number_guess: largest hidden number");
+  r.integer("max_turns", c.max_turns, 1, 1 << 16, "number_guess, file_search: actions per episode");
+  r.integer("depth", c.depth, 1, 4,
+            "file_search: directory levels below \"/\", the key at the deepest");
+  r.integer("max_dirs", c.max_dirs, 1, 8, "file_search: most subdirectories per directory");
+  r.integer("max_files", c.max_files, 1, 8, "file_search: most files per directory");
+  r.integer("max_episode_tokens", c.max_episode_tokens, 64, 1 << 30,
+            "file_search: transcript budget per episode, tokens; keep it at most model.max_seq "
+            "minus max_new_tokens");
+  r.number("detour_rate", c.detour_rate, 0.0, 1.0,
+           "file_search: the warm-start expert's probability of a detour per action");
+  r.choice("wrong_episodes", c.wrong_episodes, {"wander", "give_up"},
+           "file_search: the warm start's wrong demonstrations: wander = ignore the tree, "
+           "give_up = answer \"not found\" after the first deepest directory searched in vain");
+  r.number("wander_share", c.wander_share, 0.0, 1.0,
+           "file_search with wrong_episodes = \"give_up\": share of the wrong demonstrations "
+           "that wander instead; 0 with \"wander\"");
+  r.integer("preamble_bytes", c.preamble_bytes, 0, 1 << 16,
+            "file_search: bytes of documentation opening each episode's first observation; 0 = "
+            "none");
+  r.integer("preamble_families", c.preamble_families, 1, 1 << 16,
+            "file_search: distinct preamble texts; each episode's seed picks one");
+  r.number("eval_fraction", c.eval_fraction, 0.0, 0.99,
+           "share of the problem space (of path's prompts for jsonl) held out for evaluation");
+  r.integer("max_new_tokens", c.max_new_tokens, 1, 1 << 20, "generation budget per turn, tokens");
+  r.integer("eval_prompts", c.eval_prompts, 0, 1 << 24,
+            "held-out prompts in each greedy evaluation");
+  r.string_list("reward_command", c.reward_command, true,
+                "jsonl: argv of a scorer process that rewards completions instead of match, run "
+                "from sorl's working directory (runtime/ml/reward_process.hpp); [] = off");
+  r.integer("reward_timeout_ms", c.reward_timeout_ms, 1, 3'600'000,
+            "budget of one reward_command scoring call, ms");
+  r.string("system_prompt", c.system_prompt,
+           "with model.hf_dir: a system message before every prompt; \"\" = none");
   if (!c.reward_command.empty() && c.name != "jsonl")
     r.conflict("reward_command", fmt::format("a reward command scores task \"jsonl\"; task \"{}\" "
                                              "has its own verifier", c.name));
@@ -710,14 +869,20 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
 }
 
 void parse_sft(table_reader& r, sft_config& c, const std::string& base) {
-  r.integer("steps", c.steps, 1, 100'000'000);
-  r.integer("batch_size", c.batch_size, 1, 1 << 20);
-  r.number("lr", c.lr, 0.0, 1.0, true);
-  r.integer("warmup_steps", c.warmup_steps, 0, 100'000'000);
-  r.number("wrong_fraction", c.wrong_fraction, 0.0, 1.0);
-  r.integer("eval_count", c.eval_count, 0, 1 << 24);
-  r.integer("group_by_length", c.group_by_length, 0, 1 << 16);
-  r.string("init_checkpoint", c.init_checkpoint);
+  r.integer("steps", c.steps, 1, 100'000'000, "optimizer steps of the warm start");
+  r.integer("batch_size", c.batch_size, 1, 1 << 20, "demonstrations per step");
+  r.number("lr", c.lr, 0.0, 1.0, true,
+           "AdamW learning rate after the warmup (cosine decay follows)");
+  r.integer("warmup_steps", c.warmup_steps, 0, 100'000'000, "steps of linear learning-rate warmup");
+  r.number("wrong_fraction", c.wrong_fraction, 0.0, 1.0,
+           "share of deliberately wrong demonstrations");
+  r.integer("eval_count", c.eval_count, 0, 1 << 24,
+            "held-out prompts evaluated greedily before and after");
+  r.integer("group_by_length", c.group_by_length, 0, 1 << 16,
+            "batches of similar lengths from sorted windows of this many batches; 0 = off");
+  r.string("init_checkpoint", c.init_checkpoint,
+           "checkpoint root whose latest weights the warm start starts from (the optimizer "
+           "starts fresh), relative to the config file; \"\" = fresh weights");
   c.init_checkpoint = resolve(base, c.init_checkpoint);
   // It may be written later (another config's warm start): only what could never be one is
   // refused now; run_sft names it if it is still missing then.
@@ -727,47 +892,76 @@ void parse_sft(table_reader& r, sft_config& c, const std::string& base) {
 }
 
 void parse_algorithm(table_reader& r, algorithm_config& c) {
-  r.choice("name", c.name);
-  r.integer("prompts_per_step", c.prompts_per_step, 1, 1 << 20);
-  r.boolean("dynamic_sampling", c.dynamic_sampling);
-  r.integer("max_refill_rounds", c.max_refill_rounds, 0, 1000);
-  r.choice("overlong", c.overlong);
-  r.integer("overlong_cache", c.overlong_cache, 1, 1 << 20);
-  r.choice("on_reward_failure", c.on_reward_failure);
-  r.integer("epochs", c.epochs, 1, 1000);
-  r.integer("minibatches", c.minibatches, 1, 1 << 16);
-  r.integer("micro_batch_tokens", c.micro_batch_tokens, 0, int64_t{1} << 40);
-  r.number("lr", c.lr, 0.0, 1.0); // 0: a frozen policy (learner_options::lr)
-  r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0);
+  r.choice("name", c.name,
+           "the algorithm; dapo changes the defaults of clip_eps_high (0.28), dynamic_sampling "
+           "(true), overlong (shape) and loss_norm (token) for keys the file does not set");
+  r.integer("prompts_per_step", c.prompts_per_step, 1, 1 << 20,
+            "prompts per step (B), each sampled as a group of sagc.group_size rollouts");
+  r.boolean("dynamic_sampling", c.dynamic_sampling,
+            "DAPO: drop groups whose rewards are all equal (no signal) and refill the batch");
+  r.integer("max_refill_rounds", c.max_refill_rounds, 0, 1000,
+            "dynamic sampling: most refill rounds per step");
+  r.choice("overlong", c.overlong,
+           "truncated responses: none = trained as they are, filter = masked from the loss, "
+           "shape = DAPO's soft overlong punishment");
+  r.integer("overlong_cache", c.overlong_cache, 1, 1 << 20,
+            "soft overlong punishment interval before max_new_tokens, tokens (per turn)");
+  r.choice("on_reward_failure", c.on_reward_failure,
+           "a rollout whose reward failed (the scorer threw, NaN or inf): mask = left out of its "
+           "group and the loss, fail = stop the job");
+  r.integer("epochs", c.epochs, 1, 1000, "passes over the batch per step");
+  r.integer("minibatches", c.minibatches, 1, 1 << 16, "optimizer steps per pass");
+  r.integer("micro_batch_tokens", c.micro_batch_tokens, 0, int64_t{1} << 40,
+            "bound on one learner forward, padded tokens (rows x longest row); 0 = none");
+  r.number("lr", c.lr, 0.0, 1.0,
+           "AdamW learning rate; 0 = a frozen policy (a baseline on the same prompts and seeds)");
+  r.number("clip_eps_low", c.clip_eps_low, 0.0, 1.0,
+           "PPO clip: the importance ratio's floor is 1 - clip_eps_low; below 1");
   if (c.clip_eps_low >= 1.0) // the ratio floor 1 − ε_low must stay above 0
     r.conflict("clip_eps_low", fmt::format("{} is out of range [0, 1)", c.clip_eps_low));
-  r.number("clip_eps_high", c.clip_eps_high, 0.0, 10.0);
-  r.number("kl_coef", c.kl_coef, 0.0, 1e6);
-  r.choice("loss_norm", c.loss_norm);
-  r.boolean("scale_advantages", c.scale_advantages);
-  r.number("max_grad_norm", c.max_grad_norm, 0.0, inf);
-  r.number("weight_decay", c.weight_decay, 0.0, 1.0);
+  r.number("clip_eps_high", c.clip_eps_high, 0.0, 10.0,
+           "PPO clip: the importance ratio's ceiling is 1 + clip_eps_high (DAPO's clip-higher: "
+           "0.28)");
+  r.number("kl_coef", c.kl_coef, 0.0, 1e6,
+           "weight of the KL penalty against the reference model; 0 = no reference model");
+  r.choice("loss_norm", c.loss_norm,
+           "loss normalisation: token = mean over the batch's tokens, sequence = mean per "
+           "sequence, then over sequences");
+  r.boolean("scale_advantages", c.scale_advantages,
+            "divide advantages by the group's standard deviation (false = Dr. GRPO)");
+  r.number("max_grad_norm", c.max_grad_norm, 0.0, inf,
+           "clip the global L2 gradient norm to this; 0 = no clipping");
+  r.number("weight_decay", c.weight_decay, 0.0, 1.0,
+           "AdamW decoupled weight decay; lr x weight_decay must stay below 1");
   if (c.lr * c.weight_decay >= 1.0) // decoupled decay multiplies weights by 1 − lr·λ
     r.conflict("weight_decay", fmt::format("lr × weight_decay = {} must be < 1 (it would zero "
                                            "the weights every update)",
                                            c.lr * c.weight_decay));
-  r.number("temperature", c.temperature, 0.0, 100.0);
+  r.number("temperature", c.temperature, 0.0, 100.0,
+           "sampling temperature; 0 = greedy, else at least 0.01");
   // Below the floor the learner's fp32 log-probs of logits / T overflow (runtime/ml/sampler.hpp).
   if (c.temperature > 0.0 && c.temperature < ml::min_temperature)
     r.conflict("temperature", fmt::format("{} is out of range: 0 (greedy) or [{}, 100]; smaller "
                                           "temperatures overflow the learner's fp32 log-probs",
                                           c.temperature, ml::min_temperature));
-  r.number("top_p", c.top_p, 0.0, 1.0);
-  r.integer("top_k", c.top_k, 0, 1 << 30);
-  r.choice("learner_weights", c.learner_weights);
-  r.choice("old_logprobs", c.old_logprobs);
-  r.number("tis_cap", c.tis_cap, 0.0, 1e6);
+  r.number("top_p", c.top_p, 0.0, 1.0, "nucleus sampling mass; 1 = off");
+  r.integer("top_k", c.top_k, 0, 1 << 30, "sample among the k most likely tokens; 0 = off");
+  r.choice("learner_weights", c.learner_weights,
+           "weights the learner's forward sees: bf16 = the rollouts' image of the fp32 master "
+           "(exactly on-policy), fp32 = the master, to measure the drift");
+  r.choice("old_logprobs", c.old_logprobs,
+           "pi_old of the importance ratio: recompute = a no-grad learner forward "
+           "(bit-reproducible), rollout = the workers' sampling log-probs");
+  r.number("tis_cap", c.tis_cap, 0.0, 1e6,
+           "truncated importance sampling: cap on pi_old / pi_rollout per token; 0 = off, else "
+           "at least 1; needs old_logprobs = \"recompute\"");
   if (c.tis_cap > 0.0 && c.tis_cap < 1.0)
     r.conflict("tis_cap", fmt::format("{} is out of range: 0 (off) or [1, 1e6]", c.tis_cap));
   if (c.tis_cap > 0.0 && c.old_logprobs == old_logprobs_kind::rollout)
     r.conflict("tis_cap", "truncated IS needs old_logprobs = \"recompute\" (with the rollout's "
                           "log-probs as pi_old every weight is 1)");
-  r.number("mismatch_warn", c.mismatch_warn, 0.0, inf, true);
+  r.number("mismatch_warn", c.mismatch_warn, 0.0, inf, true,
+           "warn when a step's mean |learner - rollout log-prob| exceeds this, nats");
   // "dapo" means DAPO's defaults (Yu et al. 2025): clip-higher, dynamic sampling, soft
   // overlong punishment, token-level loss; any of them can still be set explicitly.
   if (c.name == algorithm_kind::dapo) {
@@ -786,16 +980,24 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
 }
 
 void parse_sagc(table_reader& r, sagc_config& c) {
-  r.choice("policy", c.policy);
+  r.choice("policy", c.policy,
+           "group-size policy: static = group_size always, sagc = straggler-aware "
+           "drift-plus-penalty, deadline = a rollout time budget");
   // A group of one has advantage 0 whatever its reward (GRPO compares siblings): no signal.
-  r.integer("group_size", c.group_size, 2, 1 << 16);
-  r.integer("g_min", c.g_min, 2, 1 << 16);
-  r.integer("g_max", c.g_max, 2, 1 << 16);
-  r.number("kappa", c.kappa, 1.0, 1e6);
-  r.number("target_rate", c.target_rate, 0.0, 1.0);
-  r.integer("window", c.window, 1, 1 << 24);
-  r.number("v", c.v, 1e-9, 1e12);
-  r.number("deadline_kappa", c.deadline_kappa, 1e-3, 1e6);
+  r.integer("group_size", c.group_size, 2, 1 << 16,
+            "rollouts per prompt (G) of the static policy and of the first step");
+  r.integer("g_min", c.g_min, 2, 1 << 16,
+            "smallest group size the sagc and deadline policies choose");
+  r.integer("g_max", c.g_max, 2, 1 << 16,
+            "largest group size the sagc and deadline policies choose");
+  r.number("kappa", c.kappa, 1.0, 1e6,
+           "a rollout is a straggler when its duration exceeds kappa x the running median");
+  r.number("target_rate", c.target_rate, 0.0, 1.0,
+           "target long-run rate of straggler events (epsilon)");
+  r.integer("window", c.window, 1, 1 << 24, "rollouts in the running duration statistic");
+  r.number("v", c.v, 1e-9, 1e12, "sagc: penalty weight V of drift-plus-penalty");
+  r.number("deadline_kappa", c.deadline_kappa, 1e-3, 1e6,
+           "deadline: rollout budget = deadline_kappa x the window's median duration");
   if (c.g_min > c.g_max)
     r.conflict("g_min", fmt::format("g_min = {} exceeds g_max = {}", c.g_min, c.g_max));
   else if (c.policy != group_policy_kind::fixed &&
@@ -805,56 +1007,101 @@ void parse_sagc(table_reader& r, sagc_config& c) {
 }
 
 void parse_salt(table_reader& r, salt_config& c) {
-  r.boolean("enabled", c.enabled);
-  r.number("eta", c.eta, 0.0, 1.0, /*lo_open=*/true);
-  r.number("beta", c.beta, 0.0, 1e6);
-  r.number("c0", c.c0, 0.0, 1e6, /*lo_open=*/true);
-  r.number("gamma_max", c.gamma_max, 1.0, 1e6);
-  r.integer("layers", c.layers, -1, 1 << 16);
-  r.choice("gram", c.gram);
+  r.boolean("enabled", c.enabled,
+            "reweight each minibatch's advantages from its rollouts' gradient geometry (off = "
+            "plain GRPO / DAPO)");
+  r.number("eta", c.eta, 0.0, 1.0, /*lo_open=*/true,
+           "energy share of the dominant (shared) subspace");
+  r.number("beta", c.beta, 0.0, 1e6, "amplification slope of the residual channel");
+  r.number("c0", c.c0, 0.0, 1e6, /*lo_open=*/true,
+           "cancellation below which the residual channel is amplified");
+  r.number("gamma_max", c.gamma_max, 1.0, 1e6, "bound on the amplification gamma");
+  r.integer("layers", c.layers, -1, 1 << 16,
+            "last decoder layers whose linear layers enter the Gram matrix besides the LM head; "
+            "0 = the LM head only, -1 = all");
+  r.choice("gram", c.gram,
+           "how the gradient Gram matrix is computed: ghost = from activations and output "
+           "gradients, materialized = per-rollout gradients, auto = the cheaper per layer");
 }
 
 void parse_sync(table_reader& r, sync_config& c) {
-  r.choice("mode", c.mode);
-  r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 29);
-  r.integer("full_every", c.full_every, 0, 1 << 30);
+  r.choice("mode", c.mode,
+           "sparse = bit-exact bf16 deltas against the last acknowledged version, full = all "
+           "weights every version");
+  r.integer("bucket_bytes", c.bucket_bytes, 4096, 1ll << 29,
+            "bytes per sync bucket (an envelope holds at most 1 GiB)");
+  r.integer("full_every", c.full_every, 0, 1 << 30,
+            "a full anchor every N versions; 0 = only when a worker needs one");
 }
 
 void parse_rollout(table_reader& r, rollout_config& c) {
-  r.integer("max_batch", c.max_batch, 1, 1 << 20);
-  r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20);
-  r.integer("prefix_cache_bytes", c.prefix_cache_bytes, 0, 1ll << 40);
-  r.choice("speculative", c.speculative, {"off", "on", "auto"});
-  r.integer("draft_max_tokens", c.draft_max_tokens, 1, 256);
-  r.number("draft_min_token_prob", c.draft_min_token_prob, 0.0, 1.0);
-  r.number("draft_spec_factor", c.draft_spec_factor, 0.0, 64.0);
-  r.integer("suffix_max_depth", c.suffix_max_depth, 2, 256);
-  r.integer("suffix_global_bytes", c.suffix_global_bytes, 0, 1ll << 40);
-  r.number("watchdog_s", c.watchdog_s, 0.0, 1e9, true);
-  r.string("device", c.device);
+  r.integer("max_batch", c.max_batch, 1, 1 << 20, "sequences decoded together per worker");
+  r.integer("chunk_tokens", c.chunk_tokens, 0, 1 << 20,
+            "a timing chunk message every N generated tokens; 0 = off");
+  r.integer("prefix_cache_bytes", c.prefix_cache_bytes, 0, 1ll << 40,
+            "prefix KV cache per worker, bytes of fp32 KV (16-token blocks, least recently used "
+            "evicted first); 0 = off");
+  r.choice("speculative", c.speculative, {"off", "on", "auto"},
+           "suffix speculative decoding: on = drafts of up to draft_max_tokens, auto = per batch "
+           "size whichever measures fastest; the same tokens either way");
+  r.integer("draft_max_tokens", c.draft_max_tokens, 1, 256,
+            "longest draft per sample and step, tokens");
+  r.number("draft_min_token_prob", c.draft_min_token_prob, 0.0, 1.0,
+           "a draft stops where the product of its tokens' suffix-tree frequencies falls below "
+           "this");
+  r.number("draft_spec_factor", c.draft_spec_factor, 0.0, 64.0,
+           "a suffix match of m tokens allows drafts of floor(m x draft_spec_factor) tokens");
+  r.integer("suffix_max_depth", c.suffix_max_depth, 2, 256,
+            "longest indexed substring of the suffix trees, tokens");
+  r.integer("suffix_global_bytes", c.suffix_global_bytes, 0, 1ll << 40,
+            "bound on the global suffix tree of finished responses, bytes; 0 = group trees only");
+  r.number("watchdog_s", c.watchdog_s, 0.0, 1e9, true,
+           "longest the trainer waits for the next finished rollout before it fails the job "
+           "naming what is missing, s");
+  r.string("device", c.device,
+           "the rollout workers' device, spelled as run.device; \"\" = run.device");
   if (!c.device.empty())
     if (auto why = device_problem(c.device); !why.empty())
       r.conflict("device", why);
 }
 
 void parse_scheduler(table_reader& r, scheduler_config& c) {
-  r.choice("policy", c.policy);
-  r.number("imbalance_threshold", c.imbalance_threshold, 1.0, 1e6);
-  r.number("cache_threshold", c.cache_threshold, 0.0, 1.0);
-  r.number("cache_imbalance_threshold", c.cache_imbalance_threshold, 0.0, 1e6);
+  r.choice("policy", c.policy,
+           "placement of rollout requests on workers (sglang_cache_aware: SGLang router's rule, "
+           "a baseline)");
+  r.number("imbalance_threshold", c.imbalance_threshold, 1.0, 1e6,
+           "load difference, requests, past which group affinity yields to the least loaded "
+           "worker");
+  r.number("cache_threshold", c.cache_threshold, 0.0, 1.0,
+           "cache_aware: least share of a prompt its estimated cached prefix on a worker must "
+           "cover to decide the placement");
+  r.number("cache_imbalance_threshold", c.cache_imbalance_threshold, 0.0, 1e6,
+           "cache_aware: load difference, requests, past which the cached prefix yields to the "
+           "least loaded worker");
 }
 
 void parse_network(table_reader& r, network_config& c, const std::string& base) {
-  r.integer("heartbeat_ms", c.heartbeat_ms, 0, 3'600'000);
-  r.integer("connection_timeout_ms", c.connection_timeout_ms, 0, 3'600'000);
-  r.integer("connect_timeout_ms", c.connect_timeout_ms, 0, 3'600'000);
-  r.integer("join_timeout_ms", c.join_timeout_ms, 1, 86'400'000);
-  r.integer("stop_grace_ms", c.stop_grace_ms, 1, 3'600'000);
-  r.boolean("insecure", c.insecure);
-  auto* cert = r.string("tls_certificate", c.tls_certificate);
-  auto* key = r.string("tls_key", c.tls_key);
-  auto* ca = r.string("tls_ca_file", c.tls_ca_file);
-  r.string("tls_passphrase", c.tls_passphrase);
+  r.integer("heartbeat_ms", c.heartbeat_ms, 0, 3'600'000,
+            "heartbeat period between nodes, ms; 0 = none");
+  r.integer("connection_timeout_ms", c.connection_timeout_ms, 0, 3'600'000,
+            "a node silent this long is declared down, ms (more than heartbeat_ms); 0 = never");
+  r.integer("connect_timeout_ms", c.connect_timeout_ms, 0, 3'600'000,
+            "how long a connecting node retries reaching the hub, ms");
+  r.integer("join_timeout_ms", c.join_timeout_ms, 1, 86'400'000,
+            "how long the hub waits for every node to join, ms");
+  r.integer("stop_grace_ms", c.stop_grace_ms, 1, 3'600'000,
+            "once the job has ended, how long the hub waits for every actor to stop, ms");
+  r.boolean("insecure", c.insecure,
+            "allow listening on and connecting to non-loopback addresses without TLS");
+  auto* cert = r.string("tls_certificate", c.tls_certificate,
+                        "PEM certificate of this node, relative to the config file; \"\" = no TLS");
+  auto* key = r.string("tls_key", c.tls_key,
+                       "PEM private key of tls_certificate, relative to the config file");
+  auto* ca = r.string("tls_ca_file", c.tls_ca_file,
+                      "PEM CA certificate the peers' certificates must chain to, relative to the "
+                      "config file");
+  r.string("tls_passphrase", c.tls_passphrase,
+           "passphrase of tls_key; \"\" = none (never copied into config.resolved.toml)");
   if (c.heartbeat_ms > 0 && c.connection_timeout_ms > 0
       && c.connection_timeout_ms <= c.heartbeat_ms)
     r.conflict("connection_timeout_ms",
@@ -883,9 +1130,9 @@ void parse_network(table_reader& r, network_config& c, const std::string& base) 
 }
 
 void parse_smoke(table_reader& r, smoke_config& c) {
-  r.integer("rounds", c.rounds, 1, 1 << 30);
-  r.integer("interval_ms", c.interval_ms, 0, 3'600'000);
-  r.integer("payload_bytes", c.payload_bytes, 0, 64 << 20);
+  r.integer("rounds", c.rounds, 1, 1 << 30, "ping-pong round trips");
+  r.integer("interval_ms", c.interval_ms, 0, 3'600'000, "pause between rounds, ms");
+  r.integer("payload_bytes", c.payload_bytes, 0, 64 << 20, "filler carried by each ping, bytes");
 }
 
 bool valid_node_name(const std::string& s) {
@@ -906,10 +1153,11 @@ void parse_role(const toml::node& n, const std::string& key, error_sink& sink,
     spec.role = s->get();
   } else if (auto* t = n.as_table()) {
     table_reader r{*t, key, sink};
-    name_node = r.string("role", spec.role);
+    name_node = r.string("role", spec.role,
+                         {"role name (`sorl roles` lists them)", "\"rollout_worker\"", true});
     if (!r.table().contains("role"))
       r.missing("role", "an actor entry needs a role");
-    r.integer("count", spec.count, 0, 4096);
+    r.integer("count", spec.count, 0, 4096, "actors of this role on the node");
     r.finish();
     if (!name_node)
       return;
@@ -947,7 +1195,9 @@ void parse_nodes(const toml::node* n, error_sink& sink, const std::set<std::stri
     table_reader r{tbl, prefix, sink};
     node_config node;
     node.line = static_cast<int>(tbl.source().begin.line);
-    auto* name_node = r.string("name", node.name);
+    auto* name_node = r.string("name", node.name,
+                               {"node name, unique in the file: letters, digits, '-', '_', '.'",
+                                "\"main\"", true});
     if (!tbl.contains("name")) {
       r.missing("name", "every [[node]] needs a name");
     } else if (name_node && !valid_node_name(node.name)) {
@@ -962,15 +1212,21 @@ void parse_nodes(const toml::node* n, error_sink& sink, const std::set<std::stri
                             it->second));
     }
     std::string listen;
-    if (auto* ln = r.string("listen", listen)) {
+    if (auto* ln = r.string("listen", listen,
+                            {"host:port the hub listens on (port 0 = any free port); exactly one "
+                             "node listens when there are several", "\"127.0.0.1:4242\"", false})) {
       std::string why;
       if (auto ep = endpoint::parse(listen, &why))
         node.listen = *ep;
       else
         r.error("listen", *ln, fmt::format("\"{}\": {}", listen, why));
     }
-    r.string("connect", node.connect);
-    if (auto* an = r.find("actors")) {
+    r.string("connect", node.connect,
+             "name of the node to connect to; \"\" = the only node with listen");
+    if (auto* an = r.find("actors", config_type::role_list,
+                          "roles this node runs: role names or { role = \"...\", count = N } "
+                          "entries (`sorl roles` lists the roles)",
+                          std::vector<std::string>{})) {
       if (auto* list = an->as_array()) {
         for (size_t j = 0; j < list->size(); ++j)
           parse_role(*list->get(j), fmt::format("{}.actors[{}]", prefix, j + 1), sink,
@@ -1020,6 +1276,126 @@ void check_topology(const toml::table& root, error_sink& sink, experiment_config
   }
 }
 
+bool is_bare_key(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+/// The one-key document `head` + `key = value` parsed with `label` as its source path, so
+/// every node in it names the override. A value that is not TOML is read again as a string
+/// when it is a bare word (it does not start as a string, array or inline table would).
+/// Throws std::invalid_argument saying why when it is neither, or when more TOML follows it.
+toml::table override_document(const std::string& head, const std::string& key,
+                              const std::string& value, const std::string& label) {
+  auto parse = [&](const std::string& v) {
+    auto doc = parse_toml(head + key + " = " + v + "\n", label);
+    const toml::table* inner = &doc;
+    if (!head.empty())
+      inner = doc.size() == 1 ? doc.begin()->second.as_table() : nullptr;
+    if (doc.size() != 1 || !inner || inner->size() != 1)
+      throw std::invalid_argument("more TOML follows the value; give one value");
+    return doc;
+  };
+  try {
+    return parse(value);
+  } catch (const toml::parse_error& e) {
+    const auto first = value.find_first_not_of(" \t");
+    if (first != std::string::npos
+        && std::string_view{"\"'[{"}.find(value[first]) != std::string_view::npos)
+      throw std::invalid_argument(
+        fmt::format("{} is not a TOML value: {}", value, e.description()));
+    return parse(toml_quoted(value));
+  }
+}
+
+/// The names of the [[node]] tables of `root`, for an override's error message.
+std::vector<std::string> node_names(const toml::array* nodes) {
+  std::vector<std::string> names;
+  if (nodes)
+    for (const auto& n : *nodes)
+      if (auto* t = n.as_table())
+        if (auto* name = t->get_as<std::string>("name"))
+          names.push_back(name->get());
+  return names;
+}
+
+/// Puts each `--set` override into `root` (parse_config): a malformed one is an error naming
+/// it, and the others still apply. A value's node carries the override as its source path
+/// (error_sink::add), and so does the key it adds.
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides,
+                     error_sink& sink, const std::string& file) {
+  for (const auto& text : overrides) {
+    const std::string label = std::string{error_sink::override_prefix} + text;
+    const toml::source_region where{{1, 1}, {1, 1}, std::make_shared<const std::string>(label)};
+    const auto eq = text.find('=');
+    const std::string path = text.substr(0, eq);
+    auto fail = [&](std::string message) { sink.add(where, path, std::move(message)); };
+    std::vector<std::string> parts;
+    for (size_t from = 0;;) {
+      const auto dot = path.find('.', from);
+      parts.push_back(path.substr(from, dot - from));
+      if (dot == std::string::npos)
+        break;
+      from = dot + 1;
+    }
+    const bool node = parts.front() == "node";
+    if (eq == std::string::npos || parts.size() < 2 || (!node && parts.size() != 2)
+        || !is_bare_key(parts.front()) || !is_bare_key(parts.back())) {
+      fail("expected TABLE.KEY=VALUE (or node.NAME.KEY=VALUE), e.g. --set run.steps=20");
+      continue;
+    }
+    const std::string& key = parts.back();
+    const std::string value = text.substr(eq + 1);
+    toml::table* target = nullptr;
+    std::string head;
+    if (node) {
+      // A node is named by its `name`, which may hold dots: all between "node." and ".KEY".
+      if (parts.size() < 3) {
+        fail("[[node]] is an array of tables: set a key of one node as node.NAME.KEY=VALUE");
+        continue;
+      }
+      const std::string name = path.substr(5, path.size() - 5 - key.size() - 1);
+      auto* nodes = root.get_as<toml::array>("node");
+      if (nodes)
+        for (auto& n : *nodes)
+          if (auto* t = n.as_table())
+            if (auto* s = t->get_as<std::string>("name"); s && s->get() == name)
+              target = t;
+      if (!target) {
+        const auto names = node_names(nodes);
+        std::string list;
+        for (const auto& n : names)
+          list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", n);
+        fail(fmt::format("{} has no [[node]] named \"{}\" (its nodes: {}){}", file, name,
+                         list.empty() ? "none" : list, value_hint(name, names)));
+        continue;
+      }
+    } else if (auto* existing = root.get(parts.front())) {
+      target = existing->as_table();
+      if (!target) {
+        fail(fmt::format("`{}` in {} is {}, not a table", parts.front(), file, type_name(*existing)));
+        continue;
+      }
+    } else {
+      head = "[" + parts.front() + "]\n"; // the file has no such table: the override makes it
+    }
+    toml::table doc;
+    try {
+      doc = override_document(head, key, value, label);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+      continue;
+    }
+    if (!target) {
+      root.insert_or_assign(toml::key{parts.front(), where}, std::move(*doc.begin()->second.as_table()));
+      continue;
+    }
+    doc.begin()->second.visit(
+      [&](auto& v) { target->insert_or_assign(toml::key{key, where}, std::move(v)); });
+  }
+}
+
 /// Everything after the TOML syntax: fills the structs from `root`, adding every problem to
 /// `sink` (the caller throws).
 experiment_config parse_root(const toml::table& root, error_sink& sink,
@@ -1027,12 +1403,15 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
                              const std::string& base_dir) {
   experiment_config cfg;
   std::set<std::string> seen;
-  auto section = [&](std::string_view name, auto&& fn) {
+  // The reference probe (sink.schema) reads every section, present or not, as empty.
+  static const toml::table absent;
+  auto section = [&](std::string_view name, const char* doc, auto&& fn) {
     seen.emplace(name);
+    describe_top(sink, name, config_type::table, doc);
     auto* n = root.get(name);
-    if (!n)
+    if (!n && !sink.schema)
       return;
-    auto* t = n->as_table();
+    auto* t = n ? n->as_table() : &absent;
     if (!t) {
       sink.add(n->source(), std::string{name},
                fmt::format("expected a table [{}], got {}", name, type_name(*n)));
@@ -1042,18 +1421,30 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
     fn(r);
     r.finish();
   };
-  section("run", [&](table_reader& r) { parse_run(r, cfg.run); });
-  section("model", [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
-  section("task", [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
-  section("sft", [&](table_reader& r) { parse_sft(r, cfg.sft, base_dir); });
-  section("algorithm", [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });
-  section("sagc", [&](table_reader& r) { parse_sagc(r, cfg.sagc); });
-  section("salt", [&](table_reader& r) { parse_salt(r, cfg.salt); });
-  section("sync", [&](table_reader& r) { parse_sync(r, cfg.sync); });
-  section("rollout", [&](table_reader& r) { parse_rollout(r, cfg.rollout); });
-  section("scheduler", [&](table_reader& r) { parse_scheduler(r, cfg.scheduler); });
-  section("network", [&](table_reader& r) { parse_network(r, cfg.network, base_dir); });
-  section("smoke", [&](table_reader& r) { parse_smoke(r, cfg.smoke); });
+  section("run", "identity and length of the experiment, where it writes, what it runs on",
+          [&](table_reader& r) { parse_run(r, cfg.run); });
+  section("model", "which policy to build or load",
+          [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
+  section("task", "the verifiable-reward task or multi-turn environment (runtime/ml/tasks.hpp)",
+          [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
+  section("sft", "the supervised warm start (`sorl sft`, runtime/ml/sft.hpp)",
+          [&](table_reader& r) { parse_sft(r, cfg.sft, base_dir); });
+  section("algorithm", "GRPO / DAPO hyper-parameters (ARCHITECTURE.md §6)",
+          [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });
+  section("sagc", "group-size control (ARCHITECTURE.md §6, SAGC)",
+          [&](table_reader& r) { parse_sagc(r, cfg.sagc); });
+  section("salt", "subspace-adaptive advantage coefficients (ARCHITECTURE.md §6, SALT)",
+          [&](table_reader& r) { parse_salt(r, cfg.salt); });
+  section("sync", "learner to rollout weight synchronisation (ARCHITECTURE.md §6, SparseRL-Sync)",
+          [&](table_reader& r) { parse_sync(r, cfg.sync); });
+  section("rollout", "the rollout workers: batching, prefix KV cache, speculative decoding",
+          [&](table_reader& r) { parse_rollout(r, cfg.rollout); });
+  section("scheduler", "placement of rollout requests on the workers",
+          [&](table_reader& r) { parse_scheduler(r, cfg.scheduler); });
+  section("network", "how nodes connect, how failures are detected, TLS",
+          [&](table_reader& r) { parse_network(r, cfg.network, base_dir); });
+  section("smoke", "the ping / pong roles of configs/smoke.toml (a topology smoke run)",
+          [&](table_reader& r) { parse_smoke(r, cfg.smoke); });
   // Keys of two sections that must agree.
   auto source_of = [&](const char* table, const char* key) {
     const auto* t = root.get(table) ? root.get(table)->as_table() : nullptr;
@@ -1070,8 +1461,9 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
              "a system message needs a chat template: set model.hf_dir (sorl's byte presets "
              "have no system turn)");
   seen.emplace("node");
-  if (sink.known)
-    (*sink.known)[""].insert(seen.begin(), seen.end());
+  describe_top(sink, "node", config_type::table_array,
+               "one process (or, under `sorl train`, a part of the one process); a file needs "
+               "at least one, and one that listens when it has several");
   parse_nodes(root.get("node"), sink, known_roles, cfg);
   for (auto&& [k, v] : root)
     if (seen.count(std::string{k.str()}) == 0)
@@ -1088,22 +1480,36 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
 
 } // namespace
 
-const std::map<std::string, std::set<std::string>>& known_config_keys() {
-  // Read off the parser: every section empty, one [[node]] with one table entry in actors,
-  // so each reader looks up each of its keys once. No path is set, so nothing touches disk.
-  // A first pass over an empty file yields the section names.
+std::string_view to_string(config_type type) {
+  // In the order of config_type's values.
+  static constexpr std::string_view names[] = {"integer", "number",          "boolean",
+                                               "string",  "string list",     "choice",
+                                               "table",   "array of tables", "roles"};
+  return names[static_cast<size_t>(type)];
+}
+
+const std::vector<config_key>& config_keys() {
+  // Read off the parser: every section is read as empty (parse_root does so for the probe)
+  // and one [[node]] with one table entry in actors, so each reader call runs once, with the
+  // struct's defaults in its fields. No path is set, so no file is read.
   static const auto keys = [] {
-    std::map<std::string, std::set<std::string>> known;
-    error_sink sink{"<known keys>", {}, &known};
-    parse_root(toml::table{}, sink, {}, ".");
-    toml::table probe;
-    for (const auto& name : known[""])
-      if (name != "node")
-        probe.insert(name, toml::table{});
+    std::vector<config_key> out;
+    error_sink sink{"<reference>", {}, &out};
     toml::table node;
     node.insert("actors", toml::array{toml::table{}});
+    toml::table probe;
     probe.insert("node", toml::array{std::move(node)});
     parse_root(probe, sink, {}, ".");
+    return out;
+  }();
+  return keys;
+}
+
+const std::map<std::string, std::set<std::string>>& known_config_keys() {
+  static const auto keys = [] {
+    std::map<std::string, std::set<std::string>> known;
+    for (const auto& k : config_keys())
+      known[k.table].insert(k.key);
     return known;
   }();
   return keys;
@@ -1136,7 +1542,8 @@ const std::map<std::string, std::pair<std::string, std::string>>& peer_config_na
 
 experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
-                               const std::string& base_dir) {
+                               const std::string& base_dir,
+                               const std::vector<std::string>& overrides) {
   error_sink sink{file, {}};
   toml::table root;
   try {
@@ -1145,15 +1552,18 @@ experiment_config parse_config(std::string_view text, const std::string& file,
     sink.add(e.source(), "", fmt::format("TOML syntax error: {}", e.description()));
     throw config_exception(std::move(sink.errors));
   }
+  apply_overrides(root, overrides, sink, file);
   auto cfg = parse_root(root, sink, known_roles, base_dir);
   cfg.file = file;
+  cfg.overrides = overrides;
   if (!sink.errors.empty())
     throw config_exception(std::move(sink.errors));
   return cfg;
 }
 
 experiment_config load_config(const std::string& path,
-                              const std::set<std::string>& known_roles) {
+                              const std::set<std::string>& known_roles,
+                              const std::vector<std::string>& overrides) {
   auto why = path_problem(path, path_role::input_file);
   std::ifstream in;
   if (why.empty())
@@ -1166,7 +1576,7 @@ experiment_config load_config(const std::string& path,
   auto base = std::filesystem::path{path}.parent_path().string();
   if (base.empty())
     base = ".";
-  return parse_config(text.str(), path, known_roles, base);
+  return parse_config(text.str(), path, known_roles, base, overrides);
 }
 
 } // namespace sorl

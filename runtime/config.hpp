@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace sorl {
@@ -42,6 +43,10 @@ public:
 private:
   std::vector<config_error> errors_;
 };
+
+/// `text` as a TOML basic string: quotes, backslashes and control characters escaped, other
+/// bytes (UTF-8) as they are.
+std::string toml_quoted(std::string_view text);
 
 /// A TCP endpoint "host:port"; port 0 asks the OS for a free port (listening side only).
 struct endpoint {
@@ -136,7 +141,7 @@ struct run_config {
   /// "native" = each library's own, fastest choice for the CPU, whose rounding differs between
   /// machines (AVX2 or AVX-512) and so, after many steps, does the model; "portable" = libtorch,
   /// oneDNN and OpenBLAS held to their AVX2 kernels, the same bits on any x86-64 CPU with AVX2
-  /// and FMA, slower on one with AVX-512 (README.md, "What varies by machine"). The
+  /// and FMA, slower on one with AVX-512 (docs/reproducibility.md). The
   /// environment variable SORL_NATIVE_KERNELS makes "portable" native.
   kernels_kind kernels = kernels_kind::native;
   /// libtorch device of the learner (model, optimizer, loss) and, unless [rollout] device
@@ -296,7 +301,7 @@ struct algorithm_config {
   /// recompute pass. With learner_weights = "bf16" the two agree to ~1e-5 nats, but the
   /// rollout's last bits depend on the workers' batching, so "rollout" gives up bit-for-bit
   /// reproducible runs (resume, TLS or sparse sync against full) to save that pass
-  /// (actors/learner/learner_core.hpp old_logprob_source; README.md, "Exactly on-policy").
+  /// (actors/learner/learner_core.hpp old_logprob_source; docs/exactly-on-policy.md).
   old_logprobs_kind old_logprobs = old_logprobs_kind::recompute;
   /// Truncated importance sampling for rollout kernels that differ from the learner's (a GPU
   /// build, say): each token's policy-gradient term weighted by min(π_old / π_rollout,
@@ -419,7 +424,7 @@ struct network_config {
   /// Why plaintext to `ep` is refused, e.g. "refusing to connect to non-loopback address
   /// 10.0.0.2:4242 without TLS: set ...", or "" when it is allowed (loopback, TLS configured,
   /// or `insecure`). `verb` is "listen on" or "connect to". The same rule for both sides
-  /// (README.md "TLS").
+  /// (docs/machines.md, "TLS").
   std::string plaintext_refusal(const endpoint& ep, std::string_view verb) const;
 };
 
@@ -462,6 +467,9 @@ struct experiment_config {
   network_config network;
   smoke_config smoke;
   std::vector<node_config> nodes;
+  /// The `--set TABLE.KEY=VALUE` overrides applied over the file, in the order given, as
+  /// written on the command line (parse_config); config.resolved.toml names them.
+  std::vector<std::string> overrides;
 
   /// The node with `listen`, or nullptr (single-node files need none).
   const node_config* hub() const;
@@ -474,14 +482,75 @@ struct experiment_config {
 /// unknown role is reported with its line. `base_dir` resolves relative input paths.
 /// Raises config_exception listing every error (syntax, unknown key, wrong type, value out
 /// of range, duplicate node name, unknown role, non-loopback address without TLS).
+///
+/// `overrides` (`sorl ... --set TABLE.KEY=VALUE`, applied in order, a later one of the same
+/// key winning) go into the parsed file before any key is read, so each is checked as the same
+/// line in the file would be: types, ranges, unknown keys with their hints, presets, and
+/// relative paths resolved against `base_dir`. VALUE is a TOML value (`20`, `1e-5`, `true`,
+/// `"x"`, `["a", "b"]`); one that is not TOML and does not start with `"`, `'`, `[` or `{` is
+/// taken as a string (`native`, `runs/x`). `node.NAME.KEY=VALUE` sets KEY of the [[node]]
+/// named NAME; nodes are not added or removed this way, and `node.KEY` alone is refused. An
+/// error in or caused by an override names the override instead of a line of the file:
+/// "--set algorithm.lr=abc: key 'algorithm.lr': expected a number, got a string".
 experiment_config parse_config(std::string_view text, const std::string& file,
                                const std::set<std::string>& known_roles,
-                               const std::string& base_dir = ".");
+                               const std::string& base_dir = ".",
+                               const std::vector<std::string>& overrides = {});
+
+/// The kind of value a key takes, as the configuration reference names it (to_string).
+enum class config_type {
+  integer,
+  number,      ///< a float; an integer is accepted too
+  boolean,
+  string,
+  string_list, ///< an array of strings
+  choice,      ///< a string, one of config_key::choices
+  table,       ///< a section, e.g. [run]
+  table_array, ///< an array of tables, e.g. [[node]]
+  role_list    ///< [[node]] actors: role names or { role = "...", count = N } tables
+};
+
+/// "integer", "number", "boolean", "string", "string list", "choice", "table",
+/// "array of tables" or "roles".
+std::string_view to_string(config_type type);
+
+/// A value of the configuration reference: a default or a bound. std::monostate = none.
+using config_value =
+  std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<std::string>>;
+
+/// One key of the experiment file as the parser reads it (runtime/config.cpp): recorded by
+/// the very reader call that parses and checks the key, so the reference (docs/config.md,
+/// `sorl config`, runtime/config_reference.hpp) cannot drift from the code.
+struct config_key {
+  /// The table the key sits in: "" = the top level (the sections and "node"), "run", ...,
+  /// "node" (a [[node]]), "node.actors" (an actors entry { role = ..., count = ... }).
+  std::string table;
+  std::string key;
+  config_type type = config_type::string;
+  /// What the parser leaves when the file omits the key (the struct field's value when the
+  /// key is read); std::monostate for a key with none (one the file must set, or one whose
+  /// absence means something no value says, as `listen`'s does).
+  config_value default_value;
+  /// For a key without a default: a value to show, as TOML text (e.g. "\"main\"").
+  std::string example;
+  bool required = false;    ///< the parser refuses a table that omits it
+  config_value lo;          ///< least value accepted (integer and number keys); none = unbounded
+  config_value hi;          ///< greatest value accepted; none = unbounded
+  bool lo_open = false;     ///< lo itself is refused: (lo, hi]
+  std::vector<std::string> choices; ///< a choice's spellings, in the order errors name them
+  std::string meaning;      ///< one line, with the unit
+};
+
+/// Every key and section of the experiment file in the order the parser reads them: each
+/// section's entry (table "") before its keys, `node` and its keys last. Read off the parser
+/// by running it once over an empty probe; built on first use, then shared (thread-safe).
+const std::vector<config_key>& config_keys();
 
 /// The keys each table accepts, read off the parser itself: "" holds the top-level names
 /// (sections and "node"), "node" the keys of a [[node]], "node.actors" those of an actors
-/// entry `{ role = ..., count = ... }`, every other entry a section's keys. An unknown key
-/// is reported with the nearest of these ("did you mean `temperature` in [algorithm]?").
+/// entry `{ role = ..., count = ... }`, every other entry a section's keys (config_keys() by
+/// table). An unknown key is reported with the nearest of these ("did you mean `temperature`
+/// in [algorithm]?").
 const std::map<std::string, std::set<std::string>>& known_config_keys();
 
 /// Names other RL trainers (TRL, OpenRLHF, veRL) use for a setting sorl calls otherwise,
@@ -492,7 +561,9 @@ const std::map<std::string, std::pair<std::string, std::string>>& peer_config_na
 /// Reads and parses a file; a missing or unreadable file is a config_exception too.
 /// Every file-system problem of a configured path (missing, too long a name, no permission,
 /// a symlink loop, a file where a directory belongs) is a config_error at its key.
+/// `overrides` as for parse_config.
 experiment_config load_config(const std::string& path,
-                              const std::set<std::string>& known_roles);
+                              const std::set<std::string>& known_roles,
+                              const std::vector<std::string>& overrides = {});
 
 } // namespace sorl

@@ -1,5 +1,7 @@
 #include "runtime/config_resolved.hpp"
 
+#include "runtime/config_reference.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -9,40 +11,15 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/toml.hpp"
 
 namespace sorl {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-/// A TOML basic string: quotes, backslashes and control characters escaped; other bytes
-/// (UTF-8) as they are.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\')
-      out += {'\\', ch};
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\u{:04X}", c);
-    else
-      out += ch;
-  }
-  return out + "\"";
-}
-
-/// The shortest text that reads back as the same double, always a TOML float.
-std::string toml_float(double x) {
-  if (std::isnan(x))
-    return "nan";
-  if (std::isinf(x))
-    return x > 0 ? "inf" : "-inf";
-  auto s = fmt::format("{}", x);
-  if (s.find_first_of(".eE") == std::string::npos)
-    s += ".0";
-  return s;
-}
 
 std::string absolute(const std::string& p) {
   if (p.empty())
@@ -61,10 +38,10 @@ struct entry_list {
     entries.push_back({table, key, std::move(value)});
   }
   void str(const char* key, std::string_view v) {
-    add(key, quoted(std::string{v}));
+    add(key, toml_quoted(v));
   }
   void path(const char* key, const std::string& v) {
-    add(key, quoted(absolute(v)));
+    add(key, toml_quoted(absolute(v)));
   }
   void integer(const char* key, int64_t v) {
     add(key, fmt::format("{}", v));
@@ -76,6 +53,35 @@ struct entry_list {
     add(key, v ? "true" : "false");
   }
 };
+
+/// A TOML value as JSON: tables as objects, arrays as arrays; a non-finite float (which JSON
+/// cannot hold) as its TOML spelling, "inf", "-inf" or "nan".
+nlohmann::ordered_json to_json(const toml::node& n) {
+  if (auto* t = n.as_table()) {
+    auto out = nlohmann::ordered_json::object();
+    for (auto&& [k, v] : *t)
+      out[std::string{k.str()}] = to_json(v);
+    return out;
+  }
+  if (auto* a = n.as_array()) {
+    auto out = nlohmann::ordered_json::array();
+    for (const auto& v : *a)
+      out.push_back(to_json(v));
+    return out;
+  }
+  if (auto* v = n.as_string())
+    return v->get();
+  if (auto* v = n.as_integer())
+    return v->get();
+  if (auto* v = n.as_boolean())
+    return v->get();
+  if (auto* v = n.as_floating_point()) {
+    const double x = v->get();
+    return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(toml_float(x));
+  }
+  // resolved_toml writes no dates or times.
+  throw std::logic_error("resolved configuration: a value of an unexpected type");
+}
 
 } // namespace
 
@@ -130,7 +136,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   {
     std::string list = "[";
     for (const auto& a : c.task.reward_command)
-      list += (list.size() > 1 ? ", " : "") + quoted(a);
+      list += (list.size() > 1 ? ", " : "") + toml_quoted(a);
     e.add("reward_command", list + "]");
   }
   e.integer("reward_timeout_ms", c.task.reward_timeout_ms);
@@ -247,7 +253,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
     std::string actors;
     for (const auto& r : n.actors)
       actors += fmt::format("{}{{ role = {}, count = {} }}", actors.empty() ? "" : ", ",
-                            quoted(r.role), r.count);
+                            toml_quoted(r.role), r.count);
     e.add("actors", "[" + actors + "]");
   }
   return std::move(e.entries);
@@ -258,6 +264,23 @@ std::string resolved_toml(const experiment_config& cfg) {
     "# The configuration this run used, from {}: every default filled in and every path\n"
     "# absolute. sorl reads it like any experiment file. network.tls_passphrase is not copied.\n",
     cfg.file);
+  if (!cfg.overrides.empty()) {
+    out += "# Set on the command line after the file was read, in this order (the values below\n"
+           "# include them):\n";
+    for (const auto& o : cfg.overrides) {
+      // The passphrase stays out here too; a control character would end (or break) the comment.
+      if (o.rfind("network.tls_passphrase=", 0) == 0) {
+        out += "#   --set network.tls_passphrase=(not copied)\n";
+        continue;
+      }
+      std::string line;
+      for (char ch : o) {
+        auto c = static_cast<unsigned char>(ch);
+        line += (c < 0x20 && c != '\t') || c == 0x7f ? fmt::format("\\x{:02X}", c) : std::string(1, ch);
+      }
+      out += "#   --set " + line + "\n";
+    }
+  }
   std::string table;
   for (const auto& e : resolved_entries(cfg)) {
     if (e.table != table) {
@@ -267,6 +290,57 @@ std::string resolved_toml(const experiment_config& cfg) {
     out += fmt::format("{} = {}\n", e.key, e.value);
   }
   return out;
+}
+
+std::string check_json(const experiment_config& cfg) {
+  using json = nlohmann::ordered_json;
+  const auto* hub = cfg.hub();
+  json nodes = json::array();
+  std::map<std::string, int64_t> roles;
+  for (const auto& n : cfg.nodes) {
+    json actors = json::array();
+    for (const auto& a : n.actors) {
+      actors.push_back({{"role", a.role}, {"count", a.count}});
+      roles[a.role] += a.count;
+    }
+    json joins = nullptr;
+    if (!n.listen && !n.connect.empty())
+      joins = n.connect;
+    else if (!n.listen && hub)
+      joins = hub->name;
+    nodes.push_back({{"name", n.name},
+                     {"listen", n.listen ? json(n.listen->to_string()) : json(nullptr)},
+                     {"connects_to", joins},
+                     {"actors", std::move(actors)}});
+  }
+  json out;
+  out["file"] = cfg.file;
+  out["overrides"] = cfg.overrides;
+  out["run_dir"] = cfg.run.run_dir();
+  out["hub"] = hub && hub->listen ? json(hub->listen->to_string()) : json(nullptr);
+  out["nodes"] = std::move(nodes);
+  out["roles"] = roles;
+  out["presets"] = preset_summary(cfg);
+  // Entry by entry, so that the keys keep resolved_toml's order (a toml::table sorts them).
+  json config = json::object();
+  for (const auto& e : resolved_entries(cfg)) {
+    const auto value = to_json(*parse_toml("v = " + e.value, resolved_config_name).get("v"));
+    if (e.table.rfind("node[", 0) == 0) {
+      auto& list = config["node"];
+      const auto i = std::stoul(e.table.substr(5)) - 1;
+      while (list.size() <= i)
+        list.push_back(json::object());
+      list[i][e.key] = value;
+    } else {
+      config[e.table][e.key] = value;
+    }
+  }
+  // The same actors entries as "nodes", whose keys keep their order (role, count).
+  for (size_t i = 0; i < cfg.nodes.size(); ++i)
+    config["node"][i]["actors"] = out["nodes"][i]["actors"];
+  out["config"] = std::move(config);
+  out["started"] = false;
+  return out.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 std::string preset_summary(const experiment_config& cfg) {

@@ -27,8 +27,26 @@ struct resolved_entry {
 std::vector<resolved_entry> resolved_entries(const experiment_config& cfg);
 
 /// resolved_entries as a TOML document that parse_config reads back to the same settings
-/// (the same resolved_entries), passphrase excepted.
+/// (the same resolved_entries), passphrase excepted. A comment at the top names the file and
+/// each `--set` override (experiment_config::overrides), whose values the entries hold.
 std::string resolved_toml(const experiment_config& cfg);
+
+/// `sorl check --json`'s document for `cfg`, one JSON object with a trailing newline:
+///   "file"      the experiment file, as given;
+///   "overrides" the `--set` overrides applied, as given (experiment_config::overrides);
+///   "run_dir"   run.output_dir/run.name, as the run will name it;
+///   "hub"       the hub's `listen` endpoint "host:port", or null (a single node without one);
+///   "nodes"     [{"name", "listen" (endpoint or null), "connects_to" (the node it joins
+///               through, null for the hub and a lone node), "actors": [{"role", "count"}]}]
+///               in file order;
+///   "roles"     {role: actors of that role over every node};
+///   "presets"   preset_summary(cfg) ("" when none);
+///   "config"    the resolved configuration, resolved_entries as JSON in their order:
+///               {table: {key: value}}, with "node" an array of node tables; non-finite
+///               floats are the strings "inf", "-inf" and "nan" (JSON has no such numbers);
+///   "started"   false: checking starts nothing.
+/// Keys only get added; existing ones keep their meaning.
+std::string check_json(const experiment_config& cfg);
 
 /// What a preset (algorithm.name = "dapo") changed, for the keys the file does not set and
 /// whose value differs from the plain default: "algorithm = dapo sets clip_eps_high = 0.28

@@ -1,6 +1,6 @@
 #pragma once
 
-// SIGINT and SIGTERM for `sorl train` and `sorl node` (README "Stopping a run").
+// SIGINT and SIGTERM for `sorl train` and `sorl node` (docs/run-directory.md, "Stopping a run").
 //
 // The first signal asks the job to stop cleanly: the trainer finishes the step in progress,
 // writes a checkpoint and ends the job; the process exits with 128 + the signal number. A

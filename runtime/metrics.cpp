@@ -141,6 +141,17 @@ std::string markdown() {
   return out;
 }
 
+std::string schema_json() {
+  json rows = json::array();
+  for (const auto& r : schema())
+    rows.push_back({{"key", r.key},
+                    {"group", group_title(r.group)},
+                    {"type", kind_title(r.kind)},
+                    {"unit", r.unit},
+                    {"meaning", r.meaning}});
+  return json{{"metrics", std::move(rows)}}.dump(2) + "\n";
+}
+
 } // namespace metric
 
 void metrics_record::set_numeric(std::string_view key, double v) {

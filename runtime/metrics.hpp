@@ -1,7 +1,7 @@
 #pragma once
 
 // Per-step metrics: one JSON object per line in RUN_DIR/metrics.jsonl, and the terminal
-// progress line (ARCHITECTURE.md §3 step 7, §7; README.md "What a run writes").
+// progress line (ARCHITECTURE.md §3 step 7, §7; docs/run-directory.md).
 //
 // Free of CAF and of JSON headers: the trainer fills a plain `metrics_record`; JSON lives in
 // metrics.cpp only.
@@ -9,8 +9,8 @@
 // ## Record schema
 //
 // The schema is the table SORL_METRICS below: every key a record may hold, with its group,
-// type, unit and meaning. `sorl metrics` prints it as markdown, and README.md "What a run
-// writes" holds that output (a test keeps the two equal). Writers name keys through the
+// type, unit and meaning. `sorl metrics` prints it as markdown, and docs/run-directory.md
+// holds that output (a test keeps the two equal). Writers name keys through the
 // constants it generates (`metric::sync_bytes`), never through string literals, and
 // `to_json_line` refuses a key that has no row, so the schema and the writers cannot drift.
 //
@@ -206,8 +206,13 @@ const std::vector<row>& schema();
 const row* find(std::string_view key);
 
 /// The schema as a markdown table (header, one line per key, trailing newline): what
-/// `sorl metrics` prints and README.md "What a run writes" holds.
+/// `sorl metrics` prints and docs/run-directory.md holds.
 std::string markdown();
+
+/// The same schema as JSON, what `sorl metrics --json` prints: {"metrics": [{"key", "group",
+/// "type", "unit", "meaning"}, ...]} in table order, the strings of markdown()'s columns
+/// ("unit" is "" for a value without one), two-space indented, with a trailing newline.
+std::string schema_json();
 
 } // namespace metric
 

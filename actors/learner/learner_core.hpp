@@ -128,7 +128,7 @@ struct learner_options {
   /// enter SALT's Gram matrix besides the LM head (always in); −1 = all of them. Embeddings
   /// and norm weights never enter it. 0 (the LM head only) by default: K of a layer costs
   /// about N² · in · out multiply-adds in fp64 for N rollouts, several backward passes' worth
-  /// for the decoder's linear layers (README.md, SALT, has the measured overheads).
+  /// for the decoder's linear layers (docs/salt.md has the measured overheads).
   std::int64_t salt_layers = 0;
   gram_method salt_gram = gram_method::automatic; ///< how K is computed (grad_gram.hpp)
   forward_weights weights = forward_weights::bf16;       ///< see forward_weights

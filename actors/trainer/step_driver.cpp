@@ -569,7 +569,7 @@ void step_driver::note_mismatch(out& o) {
                     "per token on average (max {:.3g}), above algorithm.mismatch_warn = {:g}: "
                     "the rollouts are off-policy by that much. Exact rollouts sit near 1e-5 "
                     "(algorithm.learner_weights = \"bf16\"); a larger gap means the two sides "
-                    "score different weights or kernels (README.md, \"Exactly on-policy\"). "
+                    "score different weights or kernels (docs/exactly-on-policy.md). "
                     "Counted in mismatch_alarms; not repeated",
                     step_ + 1, mean->second, max != record_.extra.end() ? max->second : 0.0,
                     opts_.mismatch_warn)});

@@ -45,7 +45,7 @@ struct experiment_config;
 namespace sorl::trainer {
 
 /// What a reward that failed (scorer threw, NaN / inf) does to the job
-/// (`algorithm.on_reward_failure`, README.md "When a rollout fails").
+/// (`algorithm.on_reward_failure`, docs/run-directory.md, "When a rollout, a reward or a step fails").
 enum class reward_failure_policy {
   mask, ///< out of its group's statistics, masked out of the loss; the step goes on
   fail, ///< the job fails at that rollout

@@ -8,16 +8,18 @@
 #   bench/default_job/control.sh [--config FILE] [--seed N] [--steps N]
 #                                [--set TABLE.KEY=VALUE ...] [--record PATH]
 #
-# --config picks another config, e.g. configs/agent.toml (a model.checkpoint relative to
-# configs/, "../runs/...", is made absolute). --set changes one key of it in both runs (VALUE as TOML
-# writes it, e.g. --set algorithm.lr=5e-4, --set model.checkpoint='"/abs/warm-start"'); the
-# frozen run's algorithm.lr = 0 is applied after it.
+# --config picks another config, e.g. configs/agent.toml. --set changes one key of it in both
+# runs, passed on to `sorl train --set` (VALUE as TOML writes it, or a bare word for a string,
+# e.g. --set algorithm.lr=5e-4, --set model.checkpoint=/abs/warm-start; a relative path is
+# relative to the config's folder, as in the file); the frozen run's algorithm.lr = 0 comes
+# after it.
 #
 # Both runs use the config's warm start (for configs/default.toml
 # runs/warm-start/arithmetic-tiny-carry), written by the first run when missing, inside that
 # run's wall-clock. Runs land in runs/NAME-control/, NAME the config's file name without
-# .toml. The run's record (bench/record.py: table "runs", the frozen run the baseline) goes to
-# --record PATH, else $SORL_BENCH_RECORD, else runs/bench/default-job-control-UTC.json.
+# .toml; each run's config.resolved.toml there holds the settings it ran with. The run's record
+# (bench/record.py: table "runs", the frozen run the baseline) goes to --record PATH, else
+# $SORL_BENCH_RECORD, else runs/bench/default-job-control-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -46,48 +48,15 @@ stem=$(basename "$config" .toml)
 out=runs/$stem-control
 mkdir -p "$out"
 for run in rl frozen; do
-  cfg="$out/$run.toml"
-  /usr/bin/python3 - "$cfg" "$run" "$seed" "$steps" "$root" "$config" "$out" \
-    ${sets[@]+"${sets[@]}"} <<'PY'
-import re, sys
-cfg, name, seed, steps, root, config, out = sys.argv[1:8]
-text = open(config).read()
-def sub(pattern, repl):
-    global text
-    text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
-    if n != 1:
-        sys.exit(f"control.sh: {config} has no line matching {pattern}")
-sub(r'^name = .*$', f'name = "{name}"')
-sub(r'^output_dir = .*$', f'output_dir = "{root}/{out}"')
-# A checkpoint relative to configs/ ("../runs/...") becomes absolute; an absolute one stays.
-text = re.sub(r'(?m)^checkpoint = "\.\./', f'checkpoint = "{root}/', text, count=1)
-if seed:
-    sub(r'^seed = .*$', f"seed = {seed}")
-if steps:
-    sub(r'^steps = .*$', f"steps = {steps}")
-for s in sys.argv[8:]:
-    key, eq, value = s.partition("=")
-    table, dot, leaf = key.partition(".")
-    if not eq or not dot or not leaf:
-        sys.exit(f"control.sh: --set wants TABLE.KEY=VALUE, got {s}")
-    # Within [table] up to the next table header: replace the key's line, or add one.
-    m = re.search(r'(?ms)^\[' + re.escape(table) + r'\]\n(.*?)(?=^\[|\Z)', text)
-    if not m:
-        sys.exit(f"control.sh: {config} has no [{table}] table")
-    body, n = re.subn(r'(?m)^' + re.escape(leaf) + r' = [^\n]*', lambda _: f"{leaf} = {value}", m.group(1), count=1)
-    if n == 0:
-        body = f"{leaf} = {value}\n" + body
-    text = text[:m.start(1)] + body + text[m.end(1):]
-if name == "frozen":
-    # The [algorithm] table's lr (the [sft] table has its own).
-    text, n = re.subn(r'(?ms)^(\[algorithm\]\n.*?^)lr = [^\n]*', r'\1lr = 0.0', text, count=1)
-    if n != 1:
-        sys.exit(f"control.sh: {config} has no lr in [algorithm]")
-open(cfg, "w").write(text)
-PY
-  echo "== $run: build/sorl train $cfg --overwrite" >&2
+  # The config as it is, with the run's name and folder and the --set overrides on top.
+  args=(--set "run.name=$run" --set "run.output_dir=$root/$out")
+  if [[ -n $seed ]]; then args+=(--set "run.seed=$seed"); fi
+  if [[ -n $steps ]]; then args+=(--set "run.steps=$steps"); fi
+  for s in ${sets[@]+"${sets[@]}"}; do args+=(--set "$s"); done
+  if [[ $run == frozen ]]; then args+=(--set algorithm.lr=0.0); fi
+  echo "== $run: build/sorl train $config ${args[*]} --overwrite" >&2
   start=$SECONDS
-  build/sorl train "$cfg" --overwrite > "$out/$run.log" 2>&1
+  build/sorl train "$config" "${args[@]}" --overwrite > "$out/$run.log" 2>&1
   echo $((SECONDS - start)) > "$out/$run.wall_s"
   tail -1 "$out/$run.log" >&2
 done
@@ -115,8 +84,7 @@ for run in ("rl", "frozen"):
 if record_path != "none":
     rec = record.Record("default-job-control", sorl=record.sorl_build("build/sorl"),
                         runtime=record.sorl_runtime("build/sorl", open(f"{out}/rl.log").read()))
-    m = re.search(r"(?ms)^\[run\]$.*?^threads = (\d+)", open(f"{out}/rl.toml").read())
-    rec.set_threads(int(m.group(1)) if m else None)
+    rec.set_threads(record.run_threads(f"{out}/rl"))
     rec.set_parameter("config", config)
     c = record.column
     rec.add_table("runs", "the job as shipped (rl) and with algorithm.lr = 0 (frozen, the control)",

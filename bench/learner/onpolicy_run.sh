@@ -40,29 +40,11 @@ out=runs/onpolicy
 mkdir -p "$out"
 for arm in $arms; do
   case $arm in bf16|fp32) ;; *) echo "onpolicy_run.sh: unknown arm $arm (bf16, fp32)" >&2; exit 2 ;; esac
-  cfg="$out/$arm.toml"
-  # The same file with the run's name, output directory (and steps) replaced, learner_weights
-  # set, and its relative paths made absolute (they are relative to the file).
-  /usr/bin/python3 - "$config" "$cfg" "$arm" "$steps" "$root/$out" <<'PY'
-import os, re, sys
-config, cfg, arm, steps, out = sys.argv[1:]
-base = os.path.dirname(os.path.abspath(config))
-text = open(config).read()
-text = re.sub(r'(?ms)^(\[run\]\n.*?^)name = "[^"]*"', lambda m: f'{m.group(1)}name = "{arm}"', text, count=1)
-text = re.sub(r'(?m)^output_dir = .*$', f'output_dir = "{out}"', text, count=1)
-if steps:
-    text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
-for key in ("hf_dir", "checkpoint", "path", "eval_path", "init_checkpoint"):
-    text = re.sub(rf'(?m)^({key} = ")(?!/)([^"]+)"',
-                  lambda m: f'{m.group(1)}{os.path.normpath(os.path.join(base, m.group(2)))}"', text)
-text = re.sub(r'(?m)^learner_weights = .*\n', "", text)
-if not re.search(r'(?m)^\[algorithm\]$', text):
-    sys.exit(f"onpolicy_run.sh: {config} has no [algorithm] table")
-text = re.sub(r'(?m)^\[algorithm\]$', f'[algorithm]\nlearner_weights = "{arm}"', text, count=1)
-open(cfg, "w").write(text)
-PY
-  echo "== $arm: build/sorl train $cfg --overwrite" >&2
-  build/sorl train "$cfg" --overwrite > "$out/$arm.log" 2>&1
+  # The config as it is, with the run's name and folder (and steps) and learner_weights set.
+  args=(--set "run.name=$arm" --set "run.output_dir=$root/$out" --set "algorithm.learner_weights=$arm")
+  if [[ -n $steps ]]; then args+=(--set "run.steps=$steps"); fi
+  echo "== $arm: build/sorl train $config ${args[*]} --overwrite" >&2
+  build/sorl train "$config" "${args[@]}" --overwrite > "$out/$arm.log" 2>&1
   tail -1 "$out/$arm.log" >&2
 done
 /usr/bin/python3 bench/learner/onpolicy_table.py "$out" $arms --record "$record"

@@ -37,16 +37,6 @@ def number(r, key):
     return float("nan") if v is None else float(v)
 
 
-def threads_of(out_dir, arm):
-    """[run] threads of the arm's resolved config (sorl writes config.resolved.toml), or None."""
-    try:
-        with open(os.path.join(out_dir, arm, "config.resolved.toml"), encoding="utf-8") as f:
-            m = re.search(r"(?ms)^\[run\]$.*?^threads = (\d+)", f.read())
-        return int(m.group(1)) if m else None
-    except OSError:
-        return None
-
-
 def heldout_before_after(out_dir, arm):
     """The greedy held-out accuracy before and after the run, from OUT_DIR/ARM.log (None each
     when the log lacks it)."""
@@ -62,8 +52,8 @@ def new_record(out_dir, arms):
     binary = os.path.join(record.repo_root(), "build", "sorl")
     log = os.path.join(out_dir, arms[0] + ".log")
     log_text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else None
-    rec = record.Record("onpolicy-run", threads=threads_of(out_dir, arms[0]), sorl=record.sorl_build(binary),
-                        runtime=record.sorl_runtime(binary, log_text))
+    rec = record.Record("onpolicy-run", threads=record.run_threads(os.path.join(out_dir, arms[0])),
+                        sorl=record.sorl_build(binary), runtime=record.sorl_runtime(binary, log_text))
     c = record.column
     mismatch = rec.add_table("mismatch", "train/inference mismatch at the shown steps, per learner_weights arm",
                              [c("arm", "learner_weights"), c("step", "step"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SAGC against static group sizes on a real `sorl train` run of a multi-turn task
 # (default configs/guess.toml: number guessing, up to 10 turns; --config configs/agent.toml
-# for file_search, whose episode lengths are long-tailed: README.md, the agent's status).
+# for file_search, whose episode lengths are long-tailed: docs/your-task.md).
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N]
@@ -46,38 +46,26 @@ me=bench/sagc/real_run.sh
 source "$root/scripts/lib/need.sh"
 need_commands /usr/bin/python3:python3
 [[ -f $config ]] || { echo "$me: no config file $config" >&2; exit 2; }
-config=$(cd "$(dirname "$config")" && pwd)/$(basename "$config")
 [[ -x build/sorl ]] || scripts/build
 out=runs/sagc-real
 mkdir -p "$out"
 # Every run starts from the same warm start (the config's model.checkpoint); the first
 # run writes it when it is missing, outside its steps' wall-clock.
 for p in $policies; do
-  cfg="$out/$p.toml"
+  # The config as it is, with the run's name, folder, steps (and eval_every) and the policy's
+  # [sagc] keys set on top. configs/guess.toml and agent.toml set no other [sagc] key; a
+  # config that does keeps it in every run.
   case $p in
-    static*) sagc="policy = \"static\"\ngroup_size = ${p#static}" ;;
-    sagc) sagc="policy = \"sagc\"\ngroup_size = 8\ng_min = 4\ng_max = 32\ntarget_rate = 0.1" ;;
-    deadline) sagc="policy = \"deadline\"\ngroup_size = 8\ng_min = 4" ;;
+    static*) sagc=(policy=static "group_size=${p#static}") ;;
+    sagc) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1) ;;
+    deadline) sagc=(policy=deadline group_size=8 g_min=4) ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac
-  # Same file with the run name, output directory, steps (and eval_every) and [sagc] table
-  # replaced.
-  /usr/bin/python3 - "$cfg" "$p" "$steps" "$sagc" "$config" "$eval_every" <<'PY'
-import os, re, sys
-cfg, name, steps, sagc, config, eval_every = sys.argv[1:]
-text = open(config).read()
-text = re.sub(r'(?ms)^(\[run\]\n.*?^)name = "[^"]*"', lambda m: f'{m.group(1)}name = "{name}"', text, count=1)
-text = re.sub(r'(?m)^output_dir = .*$', 'output_dir = "runs/sagc-real"', text, count=1)
-text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}", text, count=1)
-if eval_every:
-    text = re.sub(r'(?m)^eval_every = .*\n', "", text, count=1)
-    text = re.sub(r'(?m)^steps = .*$', f"steps = {steps}\neval_every = {eval_every}", text, count=1)
-text = re.sub(r'(?m)^checkpoint = "(?!/)', f'checkpoint = "{os.path.dirname(config)}/', text, count=1)
-text = re.sub(r'(?ms)^\[sagc\]\n.*?\n\n', "[sagc]\n" + sagc.replace("\\n", "\n") + "\n\n", text, count=1)
-open(cfg, "w").write(text)
-PY
-  echo "== $p: build/sorl train $cfg --overwrite" >&2
-  build/sorl train "$cfg" --overwrite > "$out/$p.log" 2>&1
+  args=(--set "run.name=$p" --set run.output_dir=runs/sagc-real --set "run.steps=$steps")
+  if [[ -n $eval_every ]]; then args+=(--set "run.eval_every=$eval_every"); fi
+  for kv in "${sagc[@]}"; do args+=(--set "sagc.$kv"); done
+  echo "== $p: build/sorl train $config ${args[*]} --overwrite" >&2
+  build/sorl train "$config" "${args[@]}" --overwrite > "$out/$p.log" 2>&1
   tail -1 "$out/$p.log" >&2
 done
 /usr/bin/python3 "$root/bench/sagc/real_run_table.py" "$out" "$target" $policies \

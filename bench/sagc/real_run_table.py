@@ -38,8 +38,7 @@ def write_record(path, out, target, heldout_target, policies, rows):
     binary = os.path.join(record.repo_root(), "build", "sorl")
     log = open(f"{out}/{policies[0]}.log", encoding="utf-8", errors="replace").read()
     rec = record.Record("sagc-real-run", sorl=record.sorl_build(binary), runtime=record.sorl_runtime(binary, log))
-    m = re.search(r"(?ms)^\[run\]$.*?^threads = (\d+)", open(f"{out}/{policies[0]}.toml").read())
-    rec.set_threads(int(m.group(1)) if m else None)
+    rec.set_threads(record.run_threads(f"{out}/{policies[0]}"))
     rec.set_parameter("target_reward", target)
     rec.set_parameter("heldout_target", heldout_target)
     c = record.column

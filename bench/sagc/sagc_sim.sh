@@ -10,9 +10,9 @@
 # deadline on the objective (U-roll/s and rollouts/s) and the straggler-event rate, with three
 # static G marked: L, the largest meeting epsilon; C, the most U-roll/s among those meeting
 # epsilon; O, the most U-roll/s of all. With the defaults O is G = 32 in every scenario: a
-# static G that ignores the constraint beats sagc on the objective (README.md says by how much
+# static G that ignores the constraint beats sagc on the objective (docs/sagc.md says by how much
 # and what the constraint buys). The model and the U-roll/s column (utility-weighted rollouts
-# per second) are documented in actors/sagc/simulator.hpp. README.md quotes the figures of a
+# per second) are documented in actors/sagc/simulator.hpp. docs/sagc.md quotes the figures of a
 # run with the defaults; bench/sagc/replay_agent.sh replays the multi-turn agent workload.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -16,7 +16,7 @@
 # Unlike the trace, such a task has rewards, so the weights move from step to step; every
 # policy starts from the same weights and seed, and the policies' steps differ only where
 # their weights have come to differ (bit for bit they do not: a batch's composition changes
-# the last bits of its log-probs, README.md "Prefix KV cache").
+# the last bits of its log-probs, docs/war.md, "Prefix KV cache").
 #
 # Each run trains a fresh tiny policy for --steps steps of --groups prompts x 4 rollouts, 16
 # new tokens, drawn from 16 families of shared prefixes; every worker's prefix cache holds half
@@ -25,7 +25,7 @@
 # 32-token questions, configs/agent.toml's 2k-context model shape, fresh weights). Rewards are all 0
 # (the trace has no answers to find), so the weights stay put and every step's rollouts are
 # drawn from the same policy; only placement differs between runs. The figures are the
-# step metrics of metrics.jsonl (README.md, "What a run writes") over the steps after the
+# step metrics of metrics.jsonl (docs/run-directory.md) over the steps after the
 # first (which also carries the first full weight sync): rollout tokens/s, the rollout phase's
 # seconds, prefix_hit_rate, prefill_tokens, episode_p99_s and load_imbalance, medians over
 # those steps. Worker processes run one compute thread each (OMP_NUM_THREADS=1), as the
@@ -79,8 +79,9 @@ if [[ $trace != config ]]; then
   cache_line=$($bench $trace_config --groups 2048 "${trace_args[@]}" --write-trace "$out/trace.jsonl" 2>/dev/null)
   [[ $cache_line == prefix_cache_bytes* ]] || { echo "route_nodes.sh: route_bench wrote no trace" >&2; exit 1; }
 else
-  $sorl check "$own_config" > "$out/check.txt" || { echo "route_nodes.sh: $own_config does not load" >&2; exit 2; }
-  if grep -q "^warm start: none" "$out/check.txt"; then
+  $sorl check "$own_config" --json > "$out/check.json" || { echo "route_nodes.sh: $own_config does not load" >&2; exit 2; }
+  if python3 -c 'import json, sys; w = json.load(open(sys.argv[1]))["warm_start"]; sys.exit(0 if w and w["latest"] is None else 1)' \
+       "$out/check.json"; then
     echo "route_nodes.sh: $own_config's warm start is missing (build/sorl sft $own_config)" >&2
     exit 1
   fi

@@ -192,7 +192,7 @@ generation_result generator::finish(sample& s, finish_reason reason) {
       // chat, or another prompt, may start with. A parked turn is left out: its episode
       // continues from the parked KV, no other request starts with its private chat, and
       // each turn re-inserting the whole chat filled the tree with leaves nobody reads, which
-      // evicted the shared prompts (README.md, "Prefix KV cache").
+      // evicted the shared prompts (docs/war.md, "Prefix KV cache").
       std::vector<std::int32_t> text = s.req->prompt;
       text.insert(text.end(), s.tokens.begin(), s.tokens.end() - 1);
       prefix_->insert(text, std::min<std::int64_t>(cache_->length(s.seq), static_cast<std::int64_t>(text.size())),

@@ -87,7 +87,7 @@ struct sft_options {
   /// cut into batches, and the window's batches are served in random order. Every example is
   /// still seen once per epoch; what changes is that a batch's rows have similar lengths, so
   /// little of it is padding. Worth it when lengths vary widely (multi-turn episodes:
-  /// README.md gives the measured gain); 0 or 1 = off (plain shuffled batches).
+  /// docs/notebook/2026-12-file-search-agent.md gives the measured gain); 0 or 1 = off (plain shuffled batches).
   std::int64_t group_by_length = 0;
   /// Peak learning rate (after warm-up), > 0.
   double lr = 3e-3;

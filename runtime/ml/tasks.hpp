@@ -199,7 +199,7 @@ struct file_search_options {
   /// With `wrong_episodes = "give_up"`: the share of the wrong demonstrations that wander
   /// instead, answering "not found" when they answer (1 turn in 40). A warm start taught a
   /// few of them samples wandering episodes itself, which mostly run into the turn or token
-  /// budget: a long tail of episode lengths (README.md, the agent's status, measures one).
+  /// budget: a long tail of episode lengths (docs/notebook/2026-12-file-search-agent.md measures one).
   /// In [0, 1]; must be 0 with "wander".
   double wander_share = 0.0;
   /// Bytes (= tokens with the byte tokenizer) of documentation that opens every episode's

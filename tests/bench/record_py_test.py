@@ -110,6 +110,18 @@ class RecordTest(unittest.TestCase):
         self.assertEqual(record.gpu_models(folder), "NVIDIA H100 80GB HBM3, NVIDIA H200")
         self.assertEqual(record.gpu_models(os.path.join(self.tmp.name, "none")), "none")
 
+    def test_a_run_s_threads_come_from_its_resolved_config(self):
+        run = os.path.join(self.tmp.name, "run")
+        os.makedirs(run)
+        with open(os.path.join(run, "config.resolved.toml"), "w") as f:
+            f.write('# The configuration this run used\n\n[run]\nname = "x"\nthreads = 3\n\n'
+                    '[rollout]\nthreads = 9\n')
+        self.assertEqual(record.run_threads(run), 3)
+        with open(os.path.join(run, "config.resolved.toml"), "w") as f:
+            f.write('[run]\nname = "x"\n\n[rollout]\nthreads = 9\n')
+        self.assertIsNone(record.run_threads(run))
+        self.assertIsNone(record.run_threads(os.path.join(self.tmp.name, "missing")))
+
     def test_a_driver_command_wins(self):
         os.environ["SORL_BENCH_COMMAND"] = "bench/default_job/control.sh --steps 3"
         rec = record.Record("x", argv=["python3", "-"], sorl={"commit": "unknown"})

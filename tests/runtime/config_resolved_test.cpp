@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/config.hpp"
 #include "runtime/config_resolved.hpp"
 #include "tests/support/scratch_dir.hpp"
@@ -14,6 +16,7 @@ using sorl::parse_config;
 using sorl::test::scratch_dir;
 
 namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -219,4 +222,102 @@ TEST_CASE("differences between resolved files name each changed, added and remov
         == std::vector<std::string>{"run.name: \"a\" → \"b\"", "run.seed: (absent) → 1",
                                     "run.steps: 3 → (absent)"});
   CHECK(sorl::resolved_differences(before, before).empty());
+}
+
+TEST_CASE("the resolved configuration holds the --set overrides and names them in its comment") {
+  const std::string node = "[[node]]\nname = \"m\"\nactors = [\"ping\"]\n";
+  auto cfg = parse_config("[algorithm]\nlr = 1e-4\n" + node, "exp.toml", roles, ".",
+                          {"algorithm.lr=2e-4", "run.name=a\tb", "network.tls_passphrase=hunter2",
+                           "run.name=\"x\"\n"});
+  const auto text = sorl::resolved_toml(cfg);
+  CHECK(text.find("\nlr = 0.0002\n") != std::string::npos);
+  CHECK(text.find("\nname = \"x\"\n") != std::string::npos);
+  CHECK(text.find("# Set on the command line after the file was read, in this order (the values "
+                  "below\n# include them):\n"
+                  "#   --set algorithm.lr=2e-4\n"
+                  "#   --set run.name=a\tb\n"
+                  "#   --set network.tls_passphrase=(not copied)\n"
+                  "#   --set run.name=\"x\"\\x0A\n")
+        != std::string::npos);
+  CHECK(text.find("hunter2") == std::string::npos);
+  // The comment is TOML: the file reads back to the same settings.
+  auto back = parse_config(text, "config.resolved.toml", roles, "/");
+  CHECK(back.algorithm.lr == 2e-4);
+  CHECK(back.run.name == "x");
+  CHECK(sorl::resolved_differences(text, sorl::resolved_toml(back)).empty());
+}
+
+TEST_CASE("a resumed run compares its --set overrides with the previous session's settings") {
+  scratch_dir dir{"resolved_set_resume"};
+  const std::string file = "[run]\nname = \"r\"\noutput_dir = \"" + dir.path.string()
+                           + "\"\n[[node]]\nname = \"m\"\nactors = [\"ping\"]\n";
+  sorl::write_resolved_config(parse_config(file, "exp.toml", roles), false);
+  // The same value through --set is no change, even though the comment differs.
+  auto same = sorl::write_resolved_config(
+    parse_config(file, "exp.toml", roles, ".", {"algorithm.lr=1e-4"}), true);
+  CHECK(same.changes.empty());
+  CHECK(same.previous.empty());
+  auto changed = sorl::write_resolved_config(
+    parse_config(file, "exp.toml", roles, ".", {"algorithm.lr=2e-4", "sagc.group_size=4"}), true);
+  CHECK(changed.changes
+        == std::vector<std::string>{"algorithm.lr: 0.0001 → 0.0002", "sagc.group_size: 8 → 4"});
+  CHECK(changed.previous == dir.path / "r" / "config.resolved.1.toml");
+  CHECK(read(dir.path / "r" / "config.resolved.toml").find("#   --set sagc.group_size=4\n")
+        != std::string::npos);
+}
+
+TEST_CASE("check_json holds the topology and every resolved setting") {
+  scratch_dir dir{"resolved_check_json"};
+  std::ofstream{dir.path / "tasks.jsonl"} << R"({"prompt": "1+1=", "answer": "2"})" << '\n';
+  auto cfg = parse_config(full_config(dir.path), "exp.toml", roles, dir.path.string(),
+                          {"node.worker.actors=[{ role = \"pong\", count = 2 }, \"ping\"]"});
+  const auto j = json::parse(sorl::check_json(cfg));
+  CHECK(j.at("file") == "exp.toml");
+  CHECK(j.at("overrides") == json{"node.worker.actors=[{ role = \"pong\", count = 2 }, \"ping\"]"});
+  CHECK(j.at("run_dir") == (dir.path / "runs").string() + "/quote\"back\\slash");
+  CHECK(j.at("hub") == "127.0.0.1:0");
+  const auto& nodes = j.at("nodes");
+  REQUIRE(nodes.size() == 2);
+  CHECK(nodes[0] == json::parse(R"({"name": "hub", "listen": "127.0.0.1:0",
+    "connects_to": null, "actors": [{"role": "ping", "count": 1}]})"));
+  CHECK(nodes[1] == json::parse(R"({"name": "worker", "listen": null,
+    "connects_to": "hub", "actors": [{"role": "pong", "count": 2}, {"role": "ping", "count": 1}]})"));
+  CHECK(j.at("roles") == json::parse(R"({"ping": 2, "pong": 2})"));
+  CHECK(j.at("presets")
+        == "algorithm = dapo sets clip_eps_high = 0.28 (default 0.2), dynamic_sampling = true "
+           "(default false)");
+  CHECK(j.at("started") == false);
+
+  // "config" is resolved_entries, table by table in their order, with JSON's types.
+  const auto& c = j.at("config");
+  CHECK(c.at("run").at("seed") == 7);
+  CHECK(c.at("run").at("kernels") == "portable");
+  CHECK(c.at("model").at("checkpoint") == (dir.path / "ckpt").string());
+  CHECK(c.at("algorithm").at("lr") == 1e-4);
+  CHECK(c.at("algorithm").at("dynamic_sampling") == true);
+  CHECK(c.at("algorithm").at("max_grad_norm") == "inf");
+  CHECK(c.at("node").size() == 2);
+  CHECK(c.at("node")[1].at("connect") == "hub");
+  CHECK(c.at("node")[1].at("actors")[0] == json::parse(R"({"role": "pong", "count": 2})"));
+  size_t entries = 0;
+  std::vector<std::string> tables;
+  for (const auto& e : sorl::resolved_entries(cfg)) {
+    ++entries;
+    const bool node = e.table.rfind("node[", 0) == 0;
+    if (!node && (tables.empty() || tables.back() != e.table))
+      tables.push_back(e.table);
+  }
+  size_t in_json = 0;
+  std::vector<std::string> json_tables;
+  for (const auto& [table, keys] : c.items()) {
+    if (table == "node") {
+      for (const auto& n : keys)
+        in_json += n.size();
+      continue;
+    }
+    json_tables.push_back(table);
+    in_json += keys.size();
+  }
+  CHECK(in_json == entries);
+  CHECK(json_tables == tables);
 }

@@ -919,3 +919,187 @@ TEST_CASE("task.reward_command is an array of non-empty strings for the jsonl ta
   CHECK(other.key == "task.reward_command");
   CHECK(other.message.find("task \"arithmetic\" has its own verifier") != std::string::npos);
 }
+
+// -- --set overrides ----------------------------------------------------------------------------
+
+namespace {
+
+/// Parses `text` with `overrides`, expecting failure, and returns the errors.
+std::vector<config_error> override_errors(const std::string& text,
+                                          const std::vector<std::string>& overrides) {
+  try {
+    parse_config(text, "test.toml", roles, ".", overrides);
+  } catch (const config_exception& e) {
+    return e.errors();
+  }
+  FAIL("expected a config_exception for the overrides of:\n" << text);
+  return {};
+}
+
+/// The one error `override` makes in `text`; it names the override, with no line.
+config_error override_error(const std::string& override, const std::string& text = minimal) {
+  auto errs = override_errors(text, {override});
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].file == "--set " + override);
+  CHECK(errs[0].line == 0);
+  CHECK(errs[0].column == 0);
+  return errs[0];
+}
+
+const char* three_nodes = R"(
+[[node]]
+name = "main"
+listen = "127.0.0.1:4242"
+actors = ["ping"]
+[[node]]
+name = "w.1"
+actors = ["pong"]
+[[node]]
+name = "w-2"
+actors = [{ role = "pong", count = 1 }]
+)";
+
+} // namespace
+
+TEST_CASE("overrides from --set replace and add keys after the file is read") {
+  const std::vector<std::string> sets{"run.steps=20",        "run.name=\"x y\"",
+                                      "run.kernels=portable", "algorithm.lr=1e-5",
+                                      "salt.enabled=true",    "task.operators=+-"};
+  auto cfg = parse_config("[run]\nsteps = 5\nname = \"file\"\n" + std::string{minimal}, "test.toml",
+                          roles, ".", sets);
+  CHECK(cfg.run.steps == 20);
+  CHECK(cfg.run.name == "x y");
+  CHECK(cfg.run.kernels == kernels_kind::portable); // a bare word is a string
+  CHECK(cfg.algorithm.lr == 1e-5);
+  CHECK(cfg.salt.enabled); // [salt] is not in the file: the override makes it
+  CHECK(cfg.task.operators == "+-");
+  CHECK(cfg.overrides == sets);
+  // Keys the overrides leave alone keep the file's values and the defaults.
+  CHECK(cfg.run.seed == 0);
+  CHECK(cfg.sagc.group_size == 8);
+  CHECK(parse_config(minimal, "test.toml", roles).overrides.empty());
+}
+
+TEST_CASE("the last --set of a key wins, and a bare word that is TOML keeps its TOML type") {
+  auto cfg = parse_config(minimal, "test.toml", roles, ".",
+                          {"run.steps=3", "run.steps=4", "run.output_dir=/tmp/a b", "run.name=run-2"});
+  CHECK(cfg.run.steps == 4);
+  CHECK(cfg.run.output_dir == "/tmp/a b");
+  CHECK(cfg.run.name == "run-2");
+  // 2024 is a TOML integer: a string needs quotes, as in the file.
+  CHECK(override_error("run.name=2024").to_string()
+        == "--set run.name=2024: key 'run.name': expected a string, got an integer");
+  CHECK(parse_config(minimal, "test.toml", roles, ".", {"run.name=\"2024\""}).run.name == "2024");
+}
+
+TEST_CASE("a bad --set value gets the file's error, naming the override") {
+  auto e = override_error("algorithm.lr=abc");
+  CHECK(e.key == "algorithm.lr");
+  CHECK(e.message == "expected a number, got a string");
+  CHECK(e.to_string() == "--set algorithm.lr=abc: key 'algorithm.lr': expected a number, got a string");
+  CHECK(override_error("algorithm.lr=2").message == "2 is out of range [0, 1]");
+  CHECK(override_error("run.steps=-1").message == "-1 is out of range [0, 100000000]");
+  CHECK(override_error("sync.mode=sparce").message
+        == "\"sparce\" is not one of \"full\", \"sparse\"; did you mean \"sparse\"?");
+  // A rule between two keys is reported at the override that broke it.
+  auto g = override_error("sagc.g_min=40", "[sagc]\npolicy = \"sagc\"\n" + std::string{minimal});
+  CHECK(g.key == "sagc.g_min");
+  CHECK(g.message == "g_min = 40 exceeds g_max = 16");
+  // A missing key of a table the override made is reported at the override too.
+  auto w = override_error("model.warm_start=true");
+  CHECK(w.key == "model.checkpoint");
+  CHECK(w.message == "warm_start = true needs a checkpoint directory to create");
+}
+
+TEST_CASE("an unknown key set by --set gets the file's hints") {
+  CHECK(override_error("algorithm.temprature=0.7").to_string()
+        == "--set algorithm.temprature=0.7: key 'algorithm.temprature': unknown key; did you mean "
+           "`temperature`?");
+  CHECK(override_error("algorithm.learning_rate=1e-5").message
+        == "unknown key; did you mean `lr` (sorl's name for learning_rate)?");
+  auto s = override_error("algoritm.lr=1e-3");
+  CHECK(s.key == "algoritm");
+  CHECK(s.message == "unknown section or key; did you mean [algorithm]?");
+}
+
+TEST_CASE("a malformed --set says what is expected") {
+  const std::string form =
+    "expected TABLE.KEY=VALUE (or node.NAME.KEY=VALUE), e.g. --set run.steps=20";
+  CHECK(override_error("run.steps").message == form);
+  CHECK(override_error("steps=3").message == form);
+  CHECK(override_error("run.steps.x=3").message == form);
+  CHECK(override_error("run.=3").message == form);
+  CHECK(override_error("run.st eps=3").message == form);
+  auto q = override_error("run.name=\"unterminated");
+  CHECK(q.key == "run.name");
+  CHECK(q.message.rfind("\"unterminated is not a TOML value: ", 0) == 0);
+  CHECK(override_error("run.steps=[1, 2").message.rfind("[1, 2 is not a TOML value: ", 0) == 0);
+  CHECK(override_error("run.steps=1\nseed = 3").message
+        == "more TOML follows the value; give one value");
+  CHECK(override_error("run.name=\"a\"\n[sagc]\ng_min = 3").message
+        == "more TOML follows the value; give one value");
+}
+
+TEST_CASE("every bad --set and every error of the file are reported together") {
+  auto errs = override_errors("[run]\nsteps = \"many\"\n" + std::string{minimal},
+                              {"algorithm.lr=abc", "run.seed", "sagc.group_size=1"});
+  REQUIRE(errs.size() == 4);
+  CHECK(errs[0].to_string() == "--set run.seed: key 'run.seed': expected TABLE.KEY=VALUE (or "
+                               "node.NAME.KEY=VALUE), e.g. --set run.steps=20");
+  CHECK(errs[1].to_string() == "test.toml:2:9: key 'run.steps': expected an integer, got a string");
+  CHECK(errs[2].to_string() == "--set algorithm.lr=abc: key 'algorithm.lr': expected a number, got a string");
+  CHECK(errs[3].to_string()
+        == "--set sagc.group_size=1: key 'sagc.group_size': 1 is out of range [2, 65536]");
+}
+
+TEST_CASE("node.NAME.KEY sets a key of the [[node]] of that name") {
+  auto cfg = parse_config(three_nodes, "test.toml", roles, ".",
+                          {"node.main.listen=127.0.0.1:0", "node.w.1.connect=main",
+                           "node.w-2.actors=[{ role = \"pong\", count = 3 }]"});
+  REQUIRE(cfg.nodes.size() == 3);
+  REQUIRE(cfg.nodes[0].listen);
+  CHECK(cfg.nodes[0].listen->to_string() == "127.0.0.1:0");
+  CHECK(cfg.nodes[1].connect == "main"); // a node name may hold dots
+  REQUIRE(cfg.nodes[2].actors.size() == 1);
+  CHECK(cfg.nodes[2].actors[0].count == 3);
+  CHECK(cfg.count_role("pong") == 4);
+
+  auto none = override_error("node.w-3.listen=127.0.0.1:0", three_nodes);
+  CHECK(none.key == "node.w-3.listen");
+  CHECK(none.message
+        == "test.toml has no [[node]] named \"w-3\" (its nodes: \"main\", \"w.1\", \"w-2\"); did "
+           "you mean \"w-2\"?");
+  CHECK(override_error("node.listen=127.0.0.1:0", three_nodes).message
+        == "[[node]] is an array of tables: set a key of one node as node.NAME.KEY=VALUE");
+  auto bad = override_error("node.main.listen=nowhere", three_nodes);
+  CHECK(bad.key == "node[1].listen");
+  CHECK(bad.message == "\"nowhere\": expected \"host:port\", e.g. \"127.0.0.1:4242\"");
+  CHECK(override_error("node.main.actor=[\"ping\"]", three_nodes).message
+        == "unknown key; did you mean `actors`?");
+}
+
+TEST_CASE("a path set by --set resolves against the config file's directory, as in the file") {
+  scratch_dir dir{"config_set_path"};
+  auto cfg = parse_config(minimal, "test.toml", roles, dir.path.string(),
+                          {"model.checkpoint=ckpt", "sft.init_checkpoint=/abs/init"});
+  CHECK(cfg.model.checkpoint == (dir.path / "ckpt").string());
+  CHECK(cfg.sft.init_checkpoint == "/abs/init");
+}
+
+TEST_CASE("algorithm.name = dapo from --set brings DAPO's defaults for the keys nothing sets") {
+  auto cfg = parse_config(minimal, "test.toml", roles, ".",
+                          {"algorithm.name=dapo", "algorithm.clip_eps_high=0.3"});
+  CHECK(cfg.algorithm.name == algorithm_kind::dapo);
+  CHECK(cfg.algorithm.clip_eps_high == 0.3);
+  CHECK(cfg.algorithm.dynamic_sampling);
+  CHECK(cfg.algorithm.preset_keys
+        == std::vector<std::string>{"dynamic_sampling", "overlong", "loss_norm"});
+}
+
+TEST_CASE("load_config applies its overrides") {
+  scratch_dir dir{"config_set_load"};
+  const auto path = (dir.path / "exp.toml").string();
+  std::ofstream{path} << "[run]\nsteps = 5\n" << minimal;
+  CHECK(load_config(path, roles, {"run.steps=7"}).run.steps == 7);
+  CHECK(load_config(path, roles).run.steps == 5);
+}

@@ -275,7 +275,7 @@ struct tcp_listener {
 
 TEST_CASE("sorl node refuses to connect to a non-loopback address without TLS, before any "
           "connection attempt") {
-  // The same rule as for `listen` (README.md "TLS"), for an address given on the command line.
+  // The same rule as for `listen` (docs/machines.md, "TLS"), for an address given on the command line.
   auto cfg = write_config("mp_connect_plain.toml", three_nodes(1, 1, 600000));
   auto host = non_loopback_ipv4();
   std::optional<tcp_listener> listener;
