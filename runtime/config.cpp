@@ -1,6 +1,6 @@
 #include "runtime/config.hpp"
 
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -591,7 +591,7 @@ void not_yet(table_reader& r, std::string_view key, bool used, const std::string
 }
 
 /// Why `name` is no device sorl can name ("" when it is one): the spelling only; whether this
-/// build's libtorch has the device is for the role that uses it (runtime/ml/device.hpp).
+/// build's libtorch has the device is for the role that uses it (runtime/ml/policy/device.hpp).
 std::string device_problem(const std::string& name) {
   if (name == "cpu" || name == "cuda")
     return "";
@@ -752,7 +752,8 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
                                            "the weights every update)",
                                            c.lr * c.weight_decay));
   r.number("temperature", c.temperature, 0.0, 100.0);
-  // Below the floor the learner's fp32 log-probs of logits / T overflow (runtime/ml/sampler.hpp).
+  // Below the floor the learner's fp32 log-probs of logits / T overflow
+  // (runtime/ml/policy/sampler.hpp).
   if (c.temperature > 0.0 && c.temperature < ml::min_temperature)
     r.conflict("temperature", fmt::format("{} is out of range: 0 (greedy) or [{}, 100]; smaller "
                                           "temperatures overflow the learner's fp32 log-probs",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chat-template parity: sorl's renderer (runtime/ml/chat_template.hpp, through
+"""Chat-template parity: sorl's renderer (runtime/ml/formats/chat_template.hpp, through
 build/runtime/ml/sorl_chat_render) against transformers' apply_chat_template on the same
 model directory, over seeded random conversations (system or not, 1-9 messages, multi-turn,
 with and without the generation prompt; contents with Unicode, newlines, braces and Jinja-like

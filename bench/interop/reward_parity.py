@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reward parity: sorl's built-in reasoning checkers (runtime/ml/reasoning_checks.hpp, through
+"""Reward parity: sorl's built-in reasoning checkers (runtime/ml/tasks/reasoning_checks.hpp, through
 build/runtime/ml/sorl_score_answers) against reasoning-gym's own score_answer, case by case.
 
 For each task (countdown, gsm_symbolic) it makes seeded entries with reasoning-gym and, per
@@ -105,7 +105,7 @@ def main():
 
 
 def check_adapter(adapter, task, ds, cases):
-    """The reward process speaks its protocol (runtime/ml/reward_process.hpp): every case sent
+    """The reward process speaks its protocol (runtime/ml/tasks/reward_process.hpp): every case sent
     as a completion with the answer in <answer> tags, in one request; its rewards must be
     reasoning-gym's score of the tagged answer, item by item."""
     from reasoning_gym.utils import extract_answer

@@ -262,7 +262,8 @@ def compare(name, texts, py_ids, sorl_ids, show):
     return same == len(texts)
 
 
-# The split patterns of the families' tokenizer.json files (as runtime/ml/tokenizer_json.hpp).
+# The split patterns of the families' tokenizer.json files (as
+# runtime/ml/formats/tokenizer_json.hpp).
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")

@@ -8,7 +8,7 @@
 // --report-only. Run through bench/sync/sync_codec.sh.
 
 #include "actors/learner/learner_core.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 #include "runtime/sync/delta_codec.hpp"
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // sorl_chat_render: renders chats with a tokenizer_config.json's chat template
-// (runtime/ml/chat_template.hpp), for comparison with transformers' apply_chat_template
+// (runtime/ml/formats/chat_template.hpp), for comparison with transformers' apply_chat_template
 // (bench/interop/chat_template_parity.py).
 //
 //   sorl_chat_render TOKENIZER_CONFIG < chats.jsonl
@@ -7,7 +7,7 @@
 // Each input line: {"messages": [{"role": "user", "content": "..."}, ...],
 // "add_generation_prompt": true}. Each output line: the rendered text as a JSON string.
 
-#include "runtime/ml/chat_template.hpp"
+#include "runtime/ml/formats/chat_template.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -21,11 +21,11 @@
 // Prints one line per statistic to stdout.
 
 #include "actors/sagc/timing.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/tasks.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/train/evaluate.hpp"
 
 #include <ATen/Parallel.h>
 

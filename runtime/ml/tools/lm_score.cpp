@@ -1,5 +1,5 @@
 // sorl_lm_score: next-token log-likelihood of token sequences under a Hugging Face model
-// directory (runtime/ml/hf_model.hpp), for checking a converted or exported model: an
+// directory (runtime/ml/formats/hf_model.hpp), for checking a converted or exported model: an
 // intact model gives ordinary text a low perplexity and shuffled words a high one.
 //
 //   sorl_lm_score MODEL_DIR [logits=OUT.safetensors] < ids.txt
@@ -9,9 +9,9 @@
 // greedy next token after the last one. logits=FILE also writes each line's full-forward
 // logits ([n, vocab] fp32, named "logits.<line>") for comparison with another implementation.
 
-#include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 
 #include <cmath>
 #include <cstdio>

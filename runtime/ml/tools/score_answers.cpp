@@ -1,5 +1,5 @@
 // sorl_score_answers: scores answers with the built-in reasoning checkers
-// (runtime/ml/reasoning_checks.hpp), for comparison with reasoning-gym's own score_answer
+// (runtime/ml/tasks/reasoning_checks.hpp), for comparison with reasoning-gym's own score_answer
 // (bench/interop/reward_parity.py).
 //
 //   sorl_score_answers < cases.jsonl
@@ -8,7 +8,7 @@
 // with the reasoning-gym entry (countdown reads metadata.numbers and metadata.target,
 // gsm_symbolic the entry's answer). Each output line: the score.
 
-#include "runtime/ml/reasoning_checks.hpp"
+#include "runtime/ml/tasks/reasoning_checks.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -15,10 +15,10 @@
 // layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
 
-#include "runtime/ml/cpu_kernels.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/sft.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/cpu_kernels.hpp"
+#include "runtime/ml/train/evaluate.hpp"
+#include "runtime/ml/train/sft.hpp"
 
 #include <ATen/Parallel.h>
 

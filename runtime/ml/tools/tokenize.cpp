@@ -1,5 +1,5 @@
 // sorl_tokenize: the token ids of text lines under a Hugging Face tokenizer.json
-// (runtime/ml/hf_tokenizer.hpp), for comparing with the Python `tokenizers` library
+// (runtime/ml/formats/hf_tokenizer.hpp), for comparing with the Python `tokenizers` library
 // (bench/interop/tokenizer_parity.py).
 //
 //   sorl_tokenize TOKENIZER_JSON [special=1] [json=1] < lines.txt
@@ -10,7 +10,7 @@
 // other character. Finally writes "lines=N tokens=T encode_seconds=S" to stderr: the time
 // spent in encode alone, without reading or printing.
 
-#include "runtime/ml/hf_tokenizer.hpp"
+#include "runtime/ml/formats/hf_tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
 
