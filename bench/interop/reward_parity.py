@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reward parity: sorl's built-in reasoning checkers (runtime/ml/tasks/reasoning_checks.hpp, through
-build/runtime/ml/sorl_score_answers) against reasoning-gym's own score_answer, case by case.
+build/bench/interop/sorl_score_answers) against reasoning-gym's own score_answer, case by case.
 
 For each task (countdown, gsm_symbolic) it makes seeded entries with reasoning-gym and, per
 entry, answers of the kinds a policy writes: the reference answer; with spaces, parentheses or
@@ -69,7 +69,7 @@ def gsm_variants(e, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=100, help="entries per task")
-    ap.add_argument("--sorl-score-answers", default="build/runtime/ml/sorl_score_answers")
+    ap.add_argument("--sorl-score-answers", default="build/bench/interop/sorl_score_answers")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--adapter", default="scripts/rewards/reasoning_gym_reward.py",
                     help="the reward-process scorer to check too, with this python ('' to skip)")

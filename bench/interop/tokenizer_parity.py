@@ -5,7 +5,7 @@ Usage:
     tokenizer_parity.py TOKENIZER_JSON SORL_TOKENIZE [--repeat N] [--show K]
 
 TOKENIZER_JSON is a Hugging Face tokenizer.json; SORL_TOKENIZE the sorl_tokenize binary
-(build/runtime/ml/sorl_tokenize). Needs the `tokenizers` package (pip install tokenizers).
+(build/bench/interop/sorl_tokenize). Needs the `tokenizers` package (pip install tokenizers).
 
 Encodes a built-in corpus (several hundred texts: English, contractions in every case, code,
 whitespace runs, CJK, Arabic, Devanagari, combining marks and NFC/NFD pairs, emoji with ZWJ

@@ -17,7 +17,7 @@
 // weights on the same CPU kernels (runtime/ml/policy/cpu_kernels.hpp pins them for sorl and
 // scripts/measure_sft; the figures below were measured before that, on native kernels).
 //
-// Measured with scripts/measure_sft (runtime/ml/tools/sft_measure.cpp), 1 intra-op thread on
+// Measured with scripts/measure_sft (bench/sft/sft_measure.cpp), 1 intra-op thread on
 // the 2-core development machine (Debian libtorch 1.13 on the reference BLAS), other jobs
 // running alongside:
 //   arithmetic (defaults: 1–2 digit operands, '+'), all sft_options defaults — 1000 steps × 32:

@@ -1,6 +1,7 @@
-// sorl_sft_measure: runs the supervised warm start with its default options (sft.hpp) and
-// prints what it achieved: held-out greedy accuracy before and after, sampled (temperature 1)
-// accuracy after — the competence RL starts from —, wall minutes and training tokens/s.
+// sorl_sft_measure: runs the supervised warm start with its default options
+// (runtime/ml/train/sft.hpp) and prints what it achieved: held-out greedy accuracy before and
+// after, sampled (temperature 1) accuracy after — the competence RL starts from —, wall minutes
+// and training tokens/s.
 //
 //   sorl_sft_measure [key=value ...]
 //
@@ -8,10 +9,10 @@
 // warmup=N  pool=N  seed=N  eval=N  threads=N (default 1: on a shared 2-core machine two
 // OpenMP threads wait on each other, see sft_options::threads; never more than 2 here)
 // out=DIR (write the checkpoint there)  every=N (evaluate every N steps)
-// preset=NAME (model.hpp)  operators=+-  negative=0|1  wrong_answers=near|dropped_carry
-// (arithmetic options)
+// preset=NAME (runtime/ml/policy/model.hpp)  operators=+-  negative=0|1
+// wrong_answers=near|dropped_carry (arithmetic options)
 // depth=N  dirs=N  files=N  detour=X  max_turns=N  wrong_episodes=wander|give_up  wander_share=X
-// (file_search options; tasks.hpp)  d_model=N (d_ff = 3 d_model)
+// (file_search options; runtime/ml/tasks/tasks.hpp)  d_model=N (d_ff = 3 d_model)
 // layers=N: the preset's shape with these changed.
 // A live progress line goes to stderr, the summary to stdout.
 
