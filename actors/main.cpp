@@ -24,15 +24,15 @@
 #include "actors/cli_reference.hpp"
 #include "actors/common/train_setup.hpp"
 #include "actors/roles.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/device.hpp"
-#include "runtime/ml/gguf_import.hpp"
-#include "runtime/ml/hf_eval.hpp"
-#include "runtime/ml/sft.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/policy/device.hpp"
+#include "runtime/ml/formats/gguf_import.hpp"
+#include "runtime/ml/train/hf_eval.hpp"
+#include "runtime/ml/train/sft.hpp"
 #include "runtime/config.hpp"
 #include "runtime/config_reference.hpp"
 #include "runtime/config_resolved.hpp"
-#include "runtime/ml/cpu_kernels.hpp"
+#include "runtime/ml/policy/cpu_kernels.hpp"
 #include "runtime/interrupt.hpp"
 #include "runtime/log.hpp"
 #include "runtime/version.hpp"
@@ -349,7 +349,7 @@ void print_presets(const sorl::experiment_config& cfg) {
     fmt::print("{}: {}\n", cfg.file, presets);
 }
 
-/// Pins the CPU kernels (runtime/ml/cpu_kernels.hpp) when `cfg` asks for portable ones, in a
+/// Pins the CPU kernels (runtime/ml/policy/cpu_kernels.hpp) when `cfg` asks for portable ones, in a
 /// process that trains or decodes (`node` names it: only its own roles count; `sft`: it is
 /// `sorl sft`, which trains whatever roles the file names), and logs them; the others skip
 /// the restart.
@@ -762,7 +762,7 @@ int main(int argc, char** argv) {
       std::string trained_in; // the prompt format recorded; an hf_dir's export keeps its source's
       if (cfg.model.hf_dir.empty()) {
         // The format the policy was trained in, so that `sorl eval OUT` and `[model] hf_dir =
-        // OUT` prompt it as its checkpoint is prompted (runtime/ml/prompt_format.hpp).
+        // OUT` prompt it as its checkpoint is prompted (runtime/ml/formats/prompt_format.hpp).
         const auto trained_as = sorl::ml::is_multi_turn_task(cfg.task.name)
                                   ? sorl::ml::sorl_prompt_format::chat
                                   : sorl::ml::sorl_prompt_format::byte;

@@ -18,10 +18,10 @@
 
 #include "bench/decode_parity.hpp"
 #include "bench/record_ml.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>

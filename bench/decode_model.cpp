@@ -18,14 +18,14 @@
 // (bench/record.hpp; tables "limits", "decode", "profile"), by default under runs/bench/.
 
 #include "bench/record_ml.hpp"
-#include "runtime/ml/decode_kernels.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/kv_cache.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/policy/decode_kernels.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/kv_cache.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>

@@ -4,18 +4,18 @@
 // (tests/ml/reference_parity_test.cpp):
 //  - reference_llama: a dense Llama decoder in plain ATen written the way Hugging Face's
 //    modeling_llama.py is (rotate_half RoPE, repeat_kv, a preallocated [B, kv_heads, max_len,
-//    head_dim] KV cache per layer). It shares no code with runtime/ml/model.cpp, so agreement
-//    of the two is evidence that both compute the Llama forward. Its decode loop, driven from
-//    C++ without an interpreter, is the bench's strong baseline.
+//    head_dim] KV cache per layer). It shares no code with runtime/ml/policy/model.cpp, so
+//    agreement of the two is evidence that both compute the Llama forward. Its decode loop, driven
+//    from C++ without an interpreter, is the bench's strong baseline.
 //  - cached_logits_in_chunks: sorl's cached path fed in ragged chunks, the way the generator
 //    and draft verification call it.
 //  - parity_tolerance / within_parity: the one tolerance that both the test and the bench
 //    (vs the Python reference, bench/decode_reference.py) hold logits to.
 
-#include "runtime/ml/kv_cache.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/kv_cache.hpp"
+#include "runtime/ml/policy/model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 
 #include <algorithm>
 #include <cmath>

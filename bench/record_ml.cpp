@@ -1,6 +1,6 @@
 #include "bench/record_ml.hpp"
 
-#include "runtime/ml/cpu_kernels.hpp"
+#include "runtime/ml/policy/cpu_kernels.hpp"
 
 #include <torch/version.h>
 

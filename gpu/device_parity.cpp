@@ -19,11 +19,11 @@
 #include <fmt/format.h>
 
 #include "actors/learner/learner_core.hpp"
-#include "runtime/ml/device.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/policy/device.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 
 namespace {
 

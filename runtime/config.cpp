@@ -1,6 +1,6 @@
 #include "runtime/config.hpp"
 
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -697,7 +697,7 @@ void not_yet(table_reader& r, std::string_view key, bool used, const std::string
 }
 
 /// Why `name` is no device sorl can name ("" when it is one): the spelling only; whether this
-/// build's libtorch has the device is for the role that uses it (runtime/ml/device.hpp).
+/// build's libtorch has the device is for the role that uses it (runtime/ml/policy/device.hpp).
 std::string device_problem(const std::string& name) {
   if (name == "cpu" || name == "cuda")
     return "";
@@ -838,7 +838,7 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
             "held-out prompts in each greedy evaluation");
   r.string_list("reward_command", c.reward_command, true,
                 "jsonl: argv of a scorer process that rewards completions instead of match, run "
-                "from sorl's working directory (runtime/ml/reward_process.hpp); [] = off");
+                "from sorl's working directory (runtime/ml/tasks/reward_process.hpp); [] = off");
   r.integer("reward_timeout_ms", c.reward_timeout_ms, 1, 3'600'000,
             "budget of one reward_command scoring call, ms");
   r.string("system_prompt", c.system_prompt,
@@ -939,7 +939,8 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
                                            c.lr * c.weight_decay));
   r.number("temperature", c.temperature, 0.0, 100.0,
            "sampling temperature; 0 = greedy, else at least 0.01");
-  // Below the floor the learner's fp32 log-probs of logits / T overflow (runtime/ml/sampler.hpp).
+  // Below the floor the learner's fp32 log-probs of logits / T overflow
+  // (runtime/ml/policy/sampler.hpp).
   if (c.temperature > 0.0 && c.temperature < ml::min_temperature)
     r.conflict("temperature", fmt::format("{} is out of range: 0 (greedy) or [{}, 100]; smaller "
                                           "temperatures overflow the learner's fp32 log-probs",
@@ -1425,9 +1426,9 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
           [&](table_reader& r) { parse_run(r, cfg.run); });
   section("model", "which policy to build or load",
           [&](table_reader& r) { parse_model(r, cfg.model, base_dir); });
-  section("task", "the verifiable-reward task or multi-turn environment (runtime/ml/tasks.hpp)",
+  section("task", "the verifiable-reward task or multi-turn environment (runtime/ml/tasks/tasks.hpp)",
           [&](table_reader& r) { parse_task(r, cfg.task, base_dir); });
-  section("sft", "the supervised warm start (`sorl sft`, runtime/ml/sft.hpp)",
+  section("sft", "the supervised warm start (`sorl sft`, runtime/ml/train/sft.hpp)",
           [&](table_reader& r) { parse_sft(r, cfg.sft, base_dir); });
   section("algorithm", "GRPO / DAPO hyper-parameters (ARCHITECTURE.md §6)",
           [&](table_reader& r) { parse_algorithm(r, cfg.algorithm); });

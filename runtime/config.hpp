@@ -78,7 +78,7 @@ enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache
 enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
 /// [salt].gram (actors/learner/grad_gram.hpp gram_method).
 enum class salt_gram_kind { automatic, ghost, materialized };
-enum class kernels_kind { native, portable }; ///< [run].kernels (runtime/ml/cpu_kernels.hpp)
+enum class kernels_kind { native, portable }; ///< [run].kernels (runtime/ml/policy/cpu_kernels.hpp)
 
 template <class E>
 struct config_names {};
@@ -137,7 +137,7 @@ struct run_config {
   /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
   /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
   int64_t threads = 1;
-  /// CPU kernels of the processes that train or decode (runtime/ml/cpu_kernels.hpp):
+  /// CPU kernels of the processes that train or decode (runtime/ml/policy/cpu_kernels.hpp):
   /// "native" = each library's own, fastest choice for the CPU, whose rounding differs between
   /// machines (AVX2 or AVX-512) and so, after many steps, does the model; "portable" = libtorch,
   /// oneDNN and OpenBLAS held to their AVX2 kernels, the same bits on any x86-64 CPU with AVX2
@@ -164,32 +164,33 @@ struct run_config {
 struct model_config {
   std::string preset = "tiny";    ///< "tiny" | "tiny-2k" (tiny, 2048-token context) | "50m"
   /// A Hugging Face model directory (config.json, safetensors, tokenizer.json with a
-  /// recognised chat template; runtime/ml/hf_model.hpp, runtime/ml/prompt_format.hpp) to start
-  /// from instead of a preset: its shape, weights (unless `checkpoint` or --resume name a sorl
-  /// checkpoint) and prompt format. Single-turn tasks only. Relative to the config file.
+  /// recognised chat template; runtime/ml/formats/hf_model.hpp,
+  /// runtime/ml/formats/prompt_format.hpp) to start from instead of a preset: its shape, weights
+  /// (unless `checkpoint` or --resume name a sorl checkpoint) and prompt format. Single-turn tasks
+  /// only. Relative to the config file.
   std::string hf_dir;
   /// With hf_dir: the longest sequence (prompt + response) the policy may hold, tokens; 0 =
   /// the model's max_position_embeddings, capped at 32768. Range 0..2^20.
   int64_t max_seq = 0;
-  /// Checkpoint root (a directory of step-N checkpoints, runtime/ml/checkpoint.hpp) to start
-  /// from; empty = random init from the preset. Relative to the config file.
+  /// Checkpoint root (a directory of step-N checkpoints, runtime/ml/formats/checkpoint.hpp) to
+  /// start from; empty = random init from the preset. Relative to the config file.
   std::string checkpoint;
   /// When `checkpoint` holds no checkpoint yet, create it with the warm start ([sft]) first.
   bool warm_start = false;
   std::string rollout_dtype = "bf16"; ///< dtype of the rollout workers' weights: "bf16" | "fp32"
 };
 
-/// [task]: the verifiable-reward task or multi-turn environment (runtime/ml/tasks.hpp).
+/// [task]: the verifiable-reward task or multi-turn environment (runtime/ml/tasks/tasks.hpp).
 struct task_config {
   std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "file_search" | "jsonl"
   std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
   std::string eval_path;           ///< optional held-out JSONL
   /// jsonl answer match: "exact" | "integer" | "first_number" | "countdown" (reasoning-gym's
   /// rules, on the text of the completion's last <answer> tag when it has one;
-  /// runtime/ml/tasks.hpp answer_match)
+  /// runtime/ml/tasks/tasks.hpp answer_match)
   match_kind match = match_kind::exact;
   /// jsonl: a scorer process that rewards completions instead of `match` (protocol:
-  /// runtime/ml/reward_process.hpp), e.g. [".venv-data/bin/python",
+  /// runtime/ml/tasks/reward_process.hpp), e.g. [".venv-data/bin/python",
   /// "scripts/rewards/reasoning_gym_reward.py"]. Run without a shell in sorl's working
   /// directory; an argument is taken as written (not relative to the config file). argv[0]
   /// must be a program that can be started (a path, or a name in PATH). Empty = off.
@@ -225,7 +226,7 @@ struct task_config {
   double wander_share = 0.0;
   /// file_search: bytes of per-family documentation opening each episode's first
   /// observation, 0..65536 (0 = none); the episode's seed picks one of preamble_families
-  /// texts (runtime/ml/tasks.hpp file_search_options)
+  /// texts (runtime/ml/tasks/tasks.hpp file_search_options)
   int64_t preamble_bytes = 0;
   int64_t preamble_families = 16;  ///< file_search: distinct preambles, 1..65536
   double eval_fraction = 0.1;      ///< share of the problem space held out
@@ -233,7 +234,7 @@ struct task_config {
   int64_t eval_prompts = 200;      ///< held-out prompts for greedy evaluation
 };
 
-/// [sft]: the supervised warm start (`sorl sft`, runtime/ml/sft.hpp).
+/// [sft]: the supervised warm start (`sorl sft`, runtime/ml/train/sft.hpp).
 struct sft_config {
   int64_t steps = 600;
   int64_t batch_size = 32;
@@ -242,7 +243,7 @@ struct sft_config {
   double wrong_fraction = 0.2;     ///< share of deliberately wrong demonstrations
   int64_t eval_count = 200;        ///< held-out prompts evaluated before and after
   /// Batches of similar lengths from sorted windows of this many batches; 0 = off
-  /// (runtime/ml/sft.hpp, sft_options::group_by_length).
+  /// (runtime/ml/train/sft.hpp, sft_options::group_by_length).
   int64_t group_by_length = 0;
   /// Start from the weights of this sorl checkpoint root (its `latest` step, as
   /// `model.checkpoint` is laid out) instead of a fresh initialisation, e.g. to adapt a warm
@@ -353,7 +354,7 @@ struct sync_config {
 struct rollout_config {
   int64_t max_batch = 64;        ///< sequences decoded together per worker
   int64_t chunk_tokens = 16;     ///< a timing chunk message every N generated tokens; 0 = off
-  /// Prefix KV cache per worker, bytes of fp32 KV (runtime/ml/prefix_cache.hpp): whole
+  /// Prefix KV cache per worker, bytes of fp32 KV (runtime/ml/policy/prefix_cache.hpp): whole
   /// 16-token blocks of earlier prompts and finished turns of the current weights, reused
   /// by later prompts that start the same way, least recently used evicted first; a weight
   /// update drops it. 0 = off. 0..2^40.
@@ -362,7 +363,7 @@ struct rollout_config {
   /// draft_max_tokens); "auto" = per batch size, whichever of off and drafts of up to
   /// draft_max_tokens, half and a quarter of it measured fastest
   /// (actors/rollout/speculation_switch.hpp).
-  /// Rollouts are the same tokens either way (runtime/ml/generate.hpp).
+  /// Rollouts are the same tokens either way (runtime/ml/policy/generate.hpp).
   std::string speculative = "off";
   int64_t draft_max_tokens = 16;      ///< longest draft per sample and step, tokens, 1..256
   /// A draft stops where the product of its tokens' frequencies in the suffix tree falls

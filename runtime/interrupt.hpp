@@ -6,7 +6,7 @@
 // writes a checkpoint and ends the job; the process exits with 128 + the signal number. A
 // second signal exits at once with the same status, losing the step in progress (the last
 // complete checkpoint stays intact: checkpoints are written to a temporary directory and
-// renamed into place, runtime/ml/checkpoint.hpp).
+// renamed into place, runtime/ml/formats/checkpoint.hpp).
 //
 // Async-signal safety: the handler only stores the signal number in a lock-free atomic and
 // writes one byte to a self-pipe (first signal), or writes a fixed message to stderr and

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
 
 namespace sorl {
 

@@ -4,10 +4,10 @@
 // the roles that build a model or a task. Pure: no CAF.
 
 #include "runtime/config.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/prompt_format.hpp"
-#include "runtime/ml/sft.hpp"
-#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/formats/prompt_format.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/train/sft.hpp"
 
 namespace sorl {
 

@@ -1,6 +1,6 @@
 #include "actors/learner/grpo.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

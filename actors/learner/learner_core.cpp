@@ -1,10 +1,10 @@
 #include "actors/learner/learner_core.hpp"
 
 #include "runtime/config.hpp"
-#include "runtime/ml/fused_logprobs.hpp"
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/policy/fused_logprobs.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <torch/csrc/autograd/autograd.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

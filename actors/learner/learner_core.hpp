@@ -31,7 +31,7 @@
 #include "actors/learner/grad_gram.hpp"
 #include "actors/learner/rollout_sample.hpp"
 #include "actors/learner/salt.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -259,7 +259,7 @@ public:
   using std::runtime_error::runtime_error;
 };
 
-/// Optimizer state for a checkpoint's optimizer file (runtime/ml/checkpoint.hpp).
+/// Optimizer state for a checkpoint's optimizer file (runtime/ml/formats/checkpoint.hpp).
 ///
 /// `tensors` holds new CPU tensors (copies, safe to keep while training continues):
 ///   "adam.step"                    [1] int64: AdamW's update count t (bias correction)

@@ -13,10 +13,10 @@
 #include "actors/common/train_setup.hpp"
 #include "actors/sync/weight_sync.hpp"
 #include "runtime/metrics.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/device.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/device.hpp"
 
 namespace sorl::learner {
 

@@ -20,10 +20,10 @@
 #include "actors/rollout/rollout_types.hpp"
 #include "actors/sync/publisher_core.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/prompt_format.hpp"
-#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/formats/prompt_format.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/train/evaluate.hpp"
 
 namespace sorl::learner {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/ml/sampler.hpp" // ml::finish_reason (no torch)
-#include "runtime/ml/tasks.hpp"   // ml::task_split (no torch)
+#include "runtime/ml/policy/sampler.hpp" // ml::finish_reason (no torch)
+#include "runtime/ml/tasks/tasks.hpp"     // ml::task_split (no torch)
 
 namespace sorl::rollout {
 
@@ -47,7 +47,7 @@ struct speculation_counts {
 };
 
 /// Where one rollout's prompt tokens came from, over all its turns (mirrors
-/// msg::PrefillCounts; runtime/ml/generate.hpp generation_result::cached_tokens).
+/// msg::PrefillCounts; runtime/ml/policy/generate.hpp generation_result::cached_tokens).
 struct prefill_counts {
   uint32_t prompt_tokens = 0;  ///< prompt tokens of its turns (a turn's prompt is the chat so far)
   /// Of them, not prefilled by it: parked KV of its previous turn, prefix-cache hits, and a
@@ -76,7 +76,7 @@ struct rollout_request {
   uint64_t seed = 0;          ///< the group's seed
   uint64_t weight_version = 0;
   uint32_t max_new_tokens = 16; ///< per turn
-  double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/sampler.hpp)
+  double temperature = 1.0;   ///< 0 = greedy; double end to end (runtime/ml/policy/sampler.hpp)
   double top_p = 1.0;
   uint32_t top_k = 0;
   /// The lost worker the scheduler placed this request on before (empty on a first
@@ -119,7 +119,7 @@ struct rollout_result {
   uint32_t turns = 0;
   int64_t start_ns = 0;
   int64_t end_ns = 0;
-  /// Speculative decoding of this rollout, over all its turns (runtime/ml/generate.hpp);
+  /// Speculative decoding of this rollout, over all its turns (runtime/ml/policy/generate.hpp);
   /// all 0 with rollout.speculative = "off".
   speculation_counts speculation;
   /// Its prompt tokens and how many were served from cached KV.

@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 
 #include "runtime/config.hpp"
-#include "runtime/ml/device.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/device.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
+#include "runtime/ml/train/evaluate.hpp"
 
 namespace sorl::rollout {
 

@@ -7,8 +7,8 @@
 // keeps its KV between turns (generator parked KV): each later turn prefills only the
 // environment's tokens and the previous action's last token, not the whole transcript.
 //
-// Token layout of a rollout (the same as the warm start's, runtime/ml/sft.hpp):
-//   single-turn  prompt = the prompt format's single_turn(prompt text) (runtime/ml/
+// Token layout of a rollout (the same as the warm start's, runtime/ml/train/sft.hpp):
+//   single-turn  prompt = the prompt format's single_turn(prompt text) (runtime/ml/formats/
 //                prompt_format.hpp: <|bos|> + its bytes in sorl's byte format, one user
 //                message of the chat template for a Hugging Face model); response = sampled
 //                tokens (the stop token kept)
@@ -28,11 +28,11 @@
 #include "actors/rollout/rollout_types.hpp"
 #include "actors/rollout/speculation_switch.hpp"
 #include "actors/suffix_index/suffix_drafter.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/model.hpp"
-#include "runtime/ml/prompt_format.hpp"
-#include "runtime/ml/tasks.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/prompt_format.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/model.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
 
 namespace sorl {
 struct experiment_config;
@@ -56,11 +56,11 @@ struct worker_options {
   /// A chunk event every this many generated tokens of a rollout (and at every turn end),
   /// so the SAGC controller sees long rollouts while they run; 0 = only at turn ends.
   int64_t chunk_tokens = 16;
-  /// Prefix KV cache of the worker's generator (runtime/ml/prefix_cache.hpp), bytes of KV:
+  /// Prefix KV cache of the worker's generator (runtime/ml/policy/prefix_cache.hpp), bytes of KV:
   /// prompts that start like an earlier prompt or finished turn of the same weights prefill
   /// only the rest. 0 = off.
   int64_t prefix_cache_bytes = 256ll << 20;
-  /// Where the policy, its KV cache and the sampler's logits live (runtime/ml/device.hpp).
+  /// Where the policy, its KV cache and the sampler's logits live (runtime/ml/policy/device.hpp).
   c10::Device device = c10::kCPU;
   clock_fn clock;           ///< default: std::chrono::steady_clock
 };
@@ -107,7 +107,7 @@ public:
   /// Prefix KV cache budget in tokens: prefix_cache_bytes over the fp32 KV bytes of one
   /// token of `dims` (n_layers × 2 × n_kv_heads × head_dim × 4).
   static int64_t prefix_cache_tokens(const ml::model_dims& dims, int64_t bytes);
-  /// The generator's prefill counters since the last call (runtime/ml/generate.hpp).
+  /// The generator's prefill counters since the last call (runtime/ml/policy/generate.hpp).
   ml::prefill_stats take_prefill_stats();
 
   /// Queues a rollout and emits its start event. Siblings queued before the next step() are

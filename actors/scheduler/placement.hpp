@@ -93,7 +93,7 @@ struct placement_options {
   /// stays on one worker is prefilled once, where a prefix spread over all is prefilled on each
   /// and competes for every cache (bench/war/route_bench.cpp measures the trade).
   double cache_imbalance_threshold = 64.0;
-  /// Tokens per block of the workers' prefix caches (runtime/ml/kv_cache.hpp block_size): a
+  /// Tokens per block of the workers' prefix caches (runtime/ml/policy/kv_cache.hpp block_size): a
   /// prompt's blocks are what the index matches. >= 1.
   int64_t block_size = 16;
   /// Blocks each worker's estimated index keeps (the workers' prefix-cache budget in

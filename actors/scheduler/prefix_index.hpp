@@ -1,8 +1,8 @@
 #pragma once
 
 // The scheduler's approximate view of each rollout worker's prefix KV cache
-// (runtime/ml/prefix_cache.hpp), for cache-aware placement (placement.hpp). A prompt is cut into
-// the workers' 16-token blocks and each whole block named by a chained hash,
+// (runtime/ml/policy/prefix_cache.hpp), for cache-aware placement (placement.hpp). A prompt is cut
+// into the workers' 16-token blocks and each whole block named by a chained hash,
 // h_0 = H(block_0), h_i = H(h_{i-1}, block_i), so one hash stands for the whole path up to its
 // block, as one node of the worker's radix tree does; the index of a worker is the set of
 // chains it was sent, least recently used dropped past a block budget (the worker's own), the

@@ -20,7 +20,7 @@
 // draft hook (actors/rollout/worker_core.cpp).
 //
 // Exactness does not rest on this file: the generator's verification emits exactly the tokens
-// plain sampling would (runtime/ml/generate.hpp), so a draft only changes how many forward
+// plain sampling would (runtime/ml/policy/generate.hpp), so a draft only changes how many forward
 // passes a sample takes.
 
 #include <chrono>

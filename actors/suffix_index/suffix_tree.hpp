@@ -24,7 +24,7 @@
 // min_token_prob and the draft is shorter than min(max_tokens, floor(m * spec_factor +
 // spec_offset)); score = the sum of the emitted tokens' probabilities (an estimate of the
 // accepted length); the highest score wins, ties to the longer match. These frequencies
-// choose drafts only: verification never reads them (runtime/ml/generate.hpp).
+// choose drafts only: verification never reads them (runtime/ml/policy/generate.hpp).
 //
 // Memory: nodes are 32 bytes in an arena with a free list, edges live in one open-addressing
 // hash table (16 bytes a slot, load <= 1/2), sequences keep their tokens (4 bytes each) so

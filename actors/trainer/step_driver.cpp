@@ -714,7 +714,7 @@ void step_driver::on(out& o, const ev::checkpoint_done& d) {
 }
 
 /// What survives a failed step and how to continue, appended to the failure's reason: the
-/// step in progress is lost, never half-saved (runtime/ml/checkpoint.hpp).
+/// step in progress is lost, never half-saved (runtime/ml/formats/checkpoint.hpp).
 std::string step_driver::resume_hint() const {
   if (last_checkpoint_.empty())
     return "no checkpoint of this run was written, so --resume has nothing to continue from";

@@ -1,7 +1,7 @@
 #pragma once
 
 // The trainer's part of a checkpoint, stored as the sidecar's "sorl.trainer" metadata
-// (runtime/ml/checkpoint.hpp): its counters and history, and the saved state of every role
+// (runtime/ml/formats/checkpoint.hpp): its counters and history, and the saved state of every role
 // whose state changes later decisions (ARCHITECTURE.md §3; the roles in `stateful_roles`), so
 // that `--resume` continues exactly where the checkpoint was taken.
 //

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Chat-template parity: sorl's renderer (runtime/ml/chat_template.hpp, through
-build/runtime/ml/sorl_chat_render) against transformers' apply_chat_template on the same
+"""Chat-template parity: sorl's renderer (runtime/ml/formats/chat_template.hpp, through
+build/bench/interop/sorl_chat_render) against transformers' apply_chat_template on the same
 model directory, over seeded random conversations (system or not, 1-9 messages, multi-turn,
 with and without the generation prompt; contents with Unicode, newlines, braces and Jinja-like
 text). Identical text is required on every one.
@@ -44,7 +44,7 @@ def conversation(rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir")
-    ap.add_argument("--sorl-chat-render", default="build/runtime/ml/sorl_chat_render")
+    ap.add_argument("--sorl-chat-render", default="build/bench/interop/sorl_chat_render")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     record.add_record_argument(ap, "chat-template-parity")

@@ -4,7 +4,7 @@
 //
 //   sorl_grpo_loss BATCH.json [--threads N]
 //
-// The model is a Hugging Face directory (runtime/ml/hf_model.hpp), loaded in fp32. The new
+// The model is a Hugging Face directory (runtime/ml/formats/hf_model.hpp), loaded in fp32. The new
 // log-probs of the completion tokens are the learner's differentiable forward
 // (learner::response_logprobs_tensor, actors/learner/learner_core.hpp: prompt then completion,
 // the log-prob of completion token t read from the logits at position prompt_len + t - 1,
@@ -46,9 +46,9 @@
 #include "actors/learner/grpo.hpp"
 #include "actors/learner/learner_core.hpp"
 #include "actors/learner/rollout_sample.hpp"
-#include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

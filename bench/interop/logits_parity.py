@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Logits parity: sorl's forward (build/runtime/ml/sorl_lm_score) against transformers'
+"""Logits parity: sorl's forward (build/bench/interop/sorl_lm_score) against transformers'
 AutoModelForCausalLM on the same Hugging Face model directory, in fp32, on a few prompts
 tokenized by the directory's own tokenizer. Prints per prompt the token count, max |delta logit|,
 the largest |logit| for scale, and the share of positions whose argmax agrees; then the mean
@@ -56,7 +56,7 @@ def read_safetensors(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir")
-    ap.add_argument("--sorl-lm-score", default="build/runtime/ml/sorl_lm_score")
+    ap.add_argument("--sorl-lm-score", default="build/bench/interop/sorl_lm_score")
     ap.add_argument("--atol", type=float, default=1e-3)
     record.add_record_argument(ap, "logits-parity")
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Reward parity: sorl's built-in reasoning checkers (runtime/ml/reasoning_checks.hpp, through
-build/runtime/ml/sorl_score_answers) against reasoning-gym's own score_answer, case by case.
+"""Reward parity: sorl's built-in reasoning checkers (runtime/ml/tasks/reasoning_checks.hpp, through
+build/bench/interop/sorl_score_answers) against reasoning-gym's own score_answer, case by case.
 
 For each task (countdown, gsm_symbolic) it makes seeded entries with reasoning-gym and, per
 entry, answers of the kinds a policy writes: the reference answer; with spaces, parentheses or
@@ -76,7 +76,7 @@ def gsm_variants(e, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=100, help="entries per task")
-    ap.add_argument("--sorl-score-answers", default="build/runtime/ml/sorl_score_answers")
+    ap.add_argument("--sorl-score-answers", default="build/bench/interop/sorl_score_answers")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--adapter", default="scripts/rewards/reasoning_gym_reward.py",
                     help="the reward-process scorer to check too, with this python ('' to skip)")
@@ -124,7 +124,7 @@ def main():
 
 
 def check_adapter(adapter, task, ds, cases, table):
-    """The reward process speaks its protocol (runtime/ml/reward_process.hpp): every case sent
+    """The reward process speaks its protocol (runtime/ml/tasks/reward_process.hpp): every case sent
     as a completion with the answer in <answer> tags, in one request; its rewards must be
     reasoning-gym's score of the tagged answer, item by item."""
     from reasoning_gym.utils import extract_answer

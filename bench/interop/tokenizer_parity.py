@@ -5,7 +5,7 @@ Usage:
     tokenizer_parity.py TOKENIZER_JSON SORL_TOKENIZE [--repeat N] [--show K]
 
 TOKENIZER_JSON is a Hugging Face tokenizer.json; SORL_TOKENIZE the sorl_tokenize binary
-(build/runtime/ml/sorl_tokenize). Needs the `tokenizers` package (pip install tokenizers).
+(build/bench/interop/sorl_tokenize). Needs the `tokenizers` package (pip install tokenizers).
 
 Encodes a built-in corpus (several hundred texts: English, contractions in every case, code,
 whitespace runs, CJK, Arabic, Devanagari, combining marks and NFC/NFD pairs, emoji with ZWJ
@@ -268,7 +268,8 @@ def compare(name, texts, py_ids, sorl_ids, show, table):
     return same == len(texts)
 
 
-# The split patterns of the families' tokenizer.json files (as runtime/ml/tokenizer_json.hpp).
+# The split patterns of the families' tokenizer.json files (as
+# runtime/ml/formats/tokenizer_json.hpp).
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")

@@ -67,7 +67,7 @@ runtime/config.hpp and actors/learner/learner_core.hpp, for keys it does not set
                the HF default would decay it linearly to 0), betas 0.9 / 0.999, eps 1e-8,
                weight_decay, max_grad_norm (global L2 clip, 1.0 by default in both).
   reward       [task].match "first_number" (the only rule implemented here), as sorl's
-               runtime/ml/jsonl_task.cpp scores it: the answer is the text inside the
+               runtime/ml/tasks/jsonl_task.cpp scores it: the answer is the text inside the
                completion's last <answer>...</answer> (one optional whitespace character inside
                each tag dropped, then stripped), else the whole completion stripped; its first
                number (\\b-?\\d+(?:\\.\\d+)?\\b) equal to the record's "answer" as floats
@@ -206,7 +206,7 @@ def read_records(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The reward: sorl's first_number rule (runtime/ml/reasoning_checks.cpp, hf_eval.cpp)
+# The reward: sorl's first_number rule (runtime/ml/tasks/reasoning_checks.cpp, hf_eval.cpp)
 
 ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 FIRST_NUMBER = re.compile(r"\b-?\d+(?:\.\d+)?\b")

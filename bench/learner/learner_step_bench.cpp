@@ -45,7 +45,7 @@
 #include "bench/record_ml.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>

@@ -16,7 +16,7 @@
 // Per step it prints the learner's seconds and forwards and the mismatch figures of the step
 // (runtime/metrics.hpp), and, before the update, where the bitwise share is lost: for each
 // trained token, the learner's log-prob (fp32 log_softmax of its batched packed forward), the
-// worker's (the sampler's fp64 formula over its cached-decode logits, runtime/ml/sampler.hpp
+// worker's (the sampler's fp64 formula over its cached-decode logits, runtime/ml/policy/sampler.hpp
 // training_logprob) and the sampler's formula over the learner's logits. Equal formula-over-
 // learner and worker values mean the two passes' logits agree to that float; equal learner
 // and formula-over-learner values mean the two formulas agree on identical logits.
@@ -31,9 +31,9 @@
 #include "bench/record_ml.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/sampler.hpp"
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/sampler.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>

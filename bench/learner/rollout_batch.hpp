@@ -5,9 +5,9 @@
 
 #include "actors/learner/rollout_sample.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/prompt_format.hpp"
-#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/formats/prompt_format.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
 
 #include <algorithm>
 #include <cstdint>

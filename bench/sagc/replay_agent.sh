@@ -10,7 +10,7 @@
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
 #    (default: the warm start the config trains from, its model.checkpoint) with
-#    build/runtime/ml/sorl_episode_lengths, at temperature 1, with the config's task (depth,
+#    build/bench/sagc/sorl_episode_lengths, at temperature 1, with the config's task (depth,
 #    max_dirs, max_files, detour_rate, max_turns; default configs/agent.toml), writing each
 #    episode's transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (with the config's share and kind of wrong ones).
@@ -103,7 +103,7 @@ trace=$out/trace_s.txt
 if [[ -n $episodes_file ]]; then
   episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
 else
-  nice -n 5 "$build/runtime/ml/sorl_episode_lengths" task=file_search depth="$depth" dirs="$dirs" \
+  nice -n 5 "$build/bench/sagc/sorl_episode_lengths" task=file_search depth="$depth" dirs="$dirs" \
     files="$files" detour="$detour" max_turns="$turns" \
     "${source_args[@]}" n="$episodes" seed="$task_seed" out="$episodes_csv"
 fi

@@ -11,7 +11,7 @@
 
 #include "actors/learner/learner_core.hpp"
 #include "bench/record_ml.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 #include "runtime/sync/delta_codec.hpp"
 
 #include <ATen/ATen.h>

@@ -66,9 +66,9 @@
 #include "bench/war/flag_values.hpp"
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/kv_cache.hpp"
-#include "runtime/ml/sampler.hpp"
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/kv_cache.hpp"
+#include "runtime/ml/policy/sampler.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>

@@ -7,9 +7,9 @@
 
 #include "actors/common/train_setup.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 #include <cstdio>
 #include <stdexcept>

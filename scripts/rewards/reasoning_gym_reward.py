@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A reward process (runtime/ml/reward_process.hpp) that scores with reasoning-gym.
+"""A reward process (runtime/ml/tasks/reward_process.hpp) that scores with reasoning-gym.
 
 Each item is scored by reasoning-gym's own score_answer for the dataset its entry names
 (entry["metadata"]["source_dataset"], as scripts/fetch-data writes the whole entry), so

@@ -334,7 +334,7 @@ TEST_CASE("a run killed or stopped with Ctrl-C and resumed has the uninterrupted
   // reach other weights. kl_coef > 0 keeps the reference model in the checkpointed state.
   //
   // Every run uses the same seed and two rollout workers. A rollout's tokens come from its
-  // request's own seeded stream and its own logits row (runtime/ml/sampler.hpp, "Batch
+  // request's own seeded stream and its own logits row (runtime/ml/policy/sampler.hpp, "Batch
   // independence"), so neither which worker serves it nor what shares its batch changes
   // them; the learner sees the batch in request-id order, so the comparison below is exact.
   auto config = [](const std::string& name) {

@@ -84,9 +84,9 @@ class RecordTest(unittest.TestCase):
         self.assertFalse(rec.write("none"))
 
     def test_a_tool_without_a_build_is_recorded_with_the_checkout_saying_so(self):
-        build = record.sorl_build_of_tool("build/runtime/ml/sorl_tokenize")
+        build = record.sorl_build_of_tool("build/bench/interop/sorl_tokenize")
         self.assertEqual(build["source"], "git checkout at record time "
-                                          "(build/runtime/ml/sorl_tokenize reports no build of its own)")
+                                          "(build/bench/interop/sorl_tokenize reports no build of its own)")
         self.assertRegex(build["commit"], r"^([0-9a-f]{40}|unknown)$")
 
     def test_library_scalars_are_written_as_plain_numbers(self):

@@ -23,14 +23,14 @@
 #include "messages/train.capnp.h"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
-#include "runtime/ml/gguf.hpp"
-#include "runtime/ml/gguf_import.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/hf_tokenizer.hpp"
-#include "runtime/ml/jsonl_task.hpp"
-#include "runtime/ml/tokenizer_json.hpp"
+#include "runtime/ml/formats/gguf.hpp"
+#include "runtime/ml/formats/gguf_import.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/formats/hf_tokenizer.hpp"
+#include "runtime/ml/tasks/jsonl_task.hpp"
+#include "runtime/ml/formats/tokenizer_json.hpp"
 #include "tests/ml/gguf_test_util.hpp"
-#include "runtime/ml/safetensors.hpp"
+#include "runtime/ml/formats/safetensors.hpp"
 #include "runtime/sync/delta_codec.hpp"
 
 namespace sorl::fuzz {
@@ -444,7 +444,7 @@ outcome run_tokenizer_json(const uint8_t* data, size_t size) {
 }
 
 // The byte-level alphabet plus a few merges and added tokens, in the three pre-tokenizer
-// pipelines of the supported families, written by runtime/ml/tokenizer_json.hpp.
+// pipelines of the supported families, written by runtime/ml/formats/tokenizer_json.hpp.
 std::vector<std::string> tokenizer_json_seeds() {
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   std::int64_t next = 0;

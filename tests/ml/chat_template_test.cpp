@@ -1,8 +1,8 @@
-// Chat templates (runtime/ml/chat_template.hpp): the two recognised sources rendered to the
+// Chat templates (runtime/ml/formats/chat_template.hpp): the two recognised sources rendered to the
 // text transformers gives (written out by hand here; bench/interop/chat_template_parity.py
 // checks the same against transformers itself), pieces that keep contents apart from
 // template text, and refusals.
-#include "runtime/ml/chat_template.hpp"
+#include "runtime/ml/formats/chat_template.hpp"
 
 #include "tests/support/scratch_dir.hpp"
 

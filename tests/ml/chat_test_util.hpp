@@ -3,7 +3,7 @@
 // Shared helpers for the multi-turn task tests (tests/ml/tasks_test.cpp,
 // tests/ml/file_search_test.cpp).
 
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
 
 #include <string>
 #include <vector>

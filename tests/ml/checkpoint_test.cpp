@@ -1,5 +1,5 @@
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/safetensors.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/safetensors.hpp"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>

@@ -1,9 +1,10 @@
-// bf16_linear (runtime/ml/decode_kernels.hpp): its definition in plain C++, every instruction
-// set bit for bit against it, batch invariance, and closeness to at::linear on the fp32 image.
-#include "runtime/ml/decode_kernels.hpp"
-#include "runtime/ml/model.hpp"
+// bf16_linear (runtime/ml/policy/decode_kernels.hpp): its definition in plain C++, every
+// instruction set bit for bit against it, batch invariance, and closeness to at::linear on the fp32
+// image.
+#include "runtime/ml/policy/decode_kernels.hpp"
+#include "runtime/ml/policy/model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>

@@ -1,10 +1,10 @@
 // Incremental decoding through the KV cache against the full (training) forward.
-#include "runtime/ml/kv_cache.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/kv_cache.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <catch2/catch.hpp>
 
 #include <string>

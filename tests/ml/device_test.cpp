@@ -5,7 +5,7 @@
 
 #include <torch/cuda.h>
 
-#include "runtime/ml/device.hpp"
+#include "runtime/ml/policy/device.hpp"
 
 using sorl::ml::device_from;
 

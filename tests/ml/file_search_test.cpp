@@ -1,7 +1,7 @@
-#include "runtime/ml/file_search.hpp"
-#include "runtime/ml/sft.hpp"
-#include "runtime/ml/tasks.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/tasks/file_search.hpp"
+#include "runtime/ml/train/sft.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
 #include "actors/sagc/timing.hpp"
 
 #include "tests/ml/chat_test_util.hpp"

@@ -1,6 +1,6 @@
-#include "runtime/ml/fused_logprobs.hpp"
+#include "runtime/ml/policy/fused_logprobs.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/CPUGeneratorImpl.h>
 #include <catch2/catch.hpp>
 

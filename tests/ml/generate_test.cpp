@@ -1,4 +1,4 @@
-#include "runtime/ml/generate.hpp"
+#include "runtime/ml/policy/generate.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 

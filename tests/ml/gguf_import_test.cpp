@@ -1,7 +1,7 @@
-// GGUF files as Hugging Face models (runtime/ml/gguf_import.hpp): llama.cpp's rotary row order
-// undone on hand-made rows, and whole small models written as GGUF the way llama.cpp's
+// GGUF files as Hugging Face models (runtime/ml/formats/gguf_import.hpp): llama.cpp's rotary row
+// order undone on hand-made rows, and whole small models written as GGUF the way llama.cpp's
 // converter writes them, read back weight for weight.
-#include "runtime/ml/gguf_import.hpp"
+#include "runtime/ml/formats/gguf_import.hpp"
 
 #include "tests/ml/gguf_test_util.hpp"
 #include "tests/ml/policy_test_util.hpp"

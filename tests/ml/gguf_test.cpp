@@ -1,4 +1,4 @@
-#include "runtime/ml/gguf.hpp"
+#include "runtime/ml/formats/gguf.hpp"
 
 #include "tests/ml/gguf_test_util.hpp"
 

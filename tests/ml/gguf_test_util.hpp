@@ -1,7 +1,7 @@
 #pragma once
 
 // A small GGUF writer for tests, byte by byte, so every field of a test's file is visible
-// (the layout: runtime/ml/gguf.hpp). Tests corrupt fields through gguf_builder's members.
+// (the layout: runtime/ml/formats/gguf.hpp). Tests corrupt fields through gguf_builder's members.
 
 #include <cstdint>
 #include <cstring>

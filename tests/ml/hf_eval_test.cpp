@@ -1,7 +1,7 @@
-// Scoring a model directory on held-out problems (runtime/ml/hf_eval.hpp): the aggregate
+// Scoring a model directory on held-out problems (runtime/ml/train/hf_eval.hpp): the aggregate
 // against hand-computed values, answer extraction and checkers, the JSONL reader's errors,
 // and a whole run on a small exported model whose greedy answers are known.
-#include "runtime/ml/hf_eval.hpp"
+#include "runtime/ml/train/hf_eval.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 

@@ -1,10 +1,10 @@
-// Hugging Face model directories (runtime/ml/hf_model.hpp): config.json fields as the two
+// Hugging Face model directories (runtime/ml/formats/hf_model.hpp): config.json fields as the two
 // supported families write them, refusals that name the field, save/load round trips (one
 // file and sharded), and the RoPE scaling rules against hand-computed frequencies.
-#include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
 
-#include "runtime/ml/chat_template.hpp"
-#include "runtime/ml/hf_tokenizer.hpp"
+#include "runtime/ml/formats/chat_template.hpp"
+#include "runtime/ml/formats/hf_tokenizer.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 

@@ -1,9 +1,9 @@
-// Hugging Face tokenizer.json tokenizers (runtime/ml/hf_tokenizer.hpp): small hand-written
+// Hugging Face tokenizer.json tokenizers (runtime/ml/formats/hf_tokenizer.hpp): small hand-written
 // files (the 256 byte-level symbols, ids = byte values, plus a few merges) whose ids are
 // worked out by hand for BPE merge order, the pre-tokenizer patterns, NFC, added tokens and
 // ignore_merges; decoding; and refusals that name the field. Parity with the Python
 // `tokenizers` library on real vocabularies is bench/interop/tokenizer_parity.py's job.
-#include "runtime/ml/hf_tokenizer.hpp"
+#include "runtime/ml/formats/hf_tokenizer.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

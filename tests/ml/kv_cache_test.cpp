@@ -1,4 +1,4 @@
-#include "runtime/ml/kv_cache.hpp"
+#include "runtime/ml/policy/kv_cache.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 

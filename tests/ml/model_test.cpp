@@ -1,8 +1,8 @@
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -4,9 +4,9 @@
 // milliseconds, with weights large enough (std 0.3) that attention is far from uniform, so a
 // wrong mask or position shows up in the logits.
 
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,6 @@
-#include "runtime/ml/prefix_cache.hpp"
+#include "runtime/ml/policy/prefix_cache.hpp"
 
-#include "runtime/ml/generate.hpp"
+#include "runtime/ml/policy/generate.hpp"
 #include "tests/ml/policy_test_util.hpp"
 
 #include <ATen/ATen.h>

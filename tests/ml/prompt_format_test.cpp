@@ -1,14 +1,14 @@
-// Prompt encodings (runtime/ml/prompt_format.hpp): sorl's byte format equals the functions
+// Prompt encodings (runtime/ml/formats/prompt_format.hpp): sorl's byte format equals the functions
 // the rollout pipeline uses today, a Hugging Face directory's format is its chat template's
 // text tokenized with contents kept plain, and a sorl policy's export is prompted in the
 // format it was trained in.
-#include "runtime/ml/prompt_format.hpp"
+#include "runtime/ml/formats/prompt_format.hpp"
 
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/hf_eval.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/tasks.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/train/evaluate.hpp"
+#include "runtime/ml/train/hf_eval.hpp"
 #include "tests/ml/policy_test_util.hpp"
 
 #include "tests/support/scratch_dir.hpp"

@@ -1,7 +1,7 @@
-// Built-in reasoning checkers (runtime/ml/reasoning_checks.hpp) on hand-worked cases, each
+// Built-in reasoning checkers (runtime/ml/tasks/reasoning_checks.hpp) on hand-worked cases, each
 // with the score reasoning-gym 0.1.25 gives it (bench/interop/reward_parity.py compares
 // thousands more against reasoning-gym itself).
-#include "runtime/ml/reasoning_checks.hpp"
+#include "runtime/ml/tasks/reasoning_checks.hpp"
 
 #include <catch2/catch.hpp>
 

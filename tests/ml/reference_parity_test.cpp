@@ -1,12 +1,12 @@
 // sorl's forward (full and cached) against reference_llama (bench/decode_parity.hpp), a dense
-// Hugging Face-style Llama in plain ATen that shares no code with runtime/ml/model.cpp, held
+// Hugging Face-style Llama in plain ATen that shares no code with runtime/ml/policy/model.cpp, held
 // to the tolerance that bench/decode.sh also holds the Python reference to.
 #include "bench/decode_parity.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <catch2/catch.hpp>
 
 #include <vector>

@@ -1,4 +1,4 @@
-#include "runtime/ml/reward_process.hpp"
+#include "runtime/ml/tasks/reward_process.hpp"
 
 #include "tests/support/scratch_dir.hpp"
 

@@ -1,4 +1,4 @@
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,13 +1,13 @@
-// Tests of the held-out evaluation (runtime/ml/evaluate.hpp) and the supervised warm start
-// (runtime/ml/sft.hpp). Models are a few thousand parameters and tasks a handful of problems,
+// Tests of the held-out evaluation (runtime/ml/train/evaluate.hpp) and the supervised warm start
+// (runtime/ml/train/sft.hpp). Models are a few thousand parameters and tasks a handful of problems,
 // so the whole file runs in seconds on 2 cores.
 
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/evaluate.hpp"
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/reward_process.hpp"
-#include "runtime/ml/sft.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/tasks/reward_process.hpp"
+#include "runtime/ml/train/evaluate.hpp"
+#include "runtime/ml/train/sft.hpp"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>

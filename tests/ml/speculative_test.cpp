@@ -1,8 +1,8 @@
 // Speculative decoding: exact verification of deterministic drafts (sampler.hpp verify_draft)
 // and the generator's draft path (generate.hpp), against plain sampling.
 
-#include "runtime/ml/generate.hpp"
-#include "runtime/ml/sampler.hpp"
+#include "runtime/ml/policy/generate.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 
 #include "tests/ml/policy_test_util.hpp"
 

@@ -1,9 +1,9 @@
-#include "runtime/ml/environments.hpp"
-#include "runtime/ml/jsonl_task.hpp"
-#include "runtime/ml/reward_process.hpp"
-#include "runtime/ml/tasks.hpp"
-#include "runtime/ml/tasks_arithmetic.hpp"
-#include "runtime/ml/tasks_random.hpp"
+#include "runtime/ml/tasks/environments.hpp"
+#include "runtime/ml/tasks/jsonl_task.hpp"
+#include "runtime/ml/tasks/reward_process.hpp"
+#include "runtime/ml/tasks/tasks.hpp"
+#include "runtime/ml/tasks/tasks_arithmetic.hpp"
+#include "runtime/ml/tasks/tasks_random.hpp"
 
 #include "tests/ml/chat_test_util.hpp"
 

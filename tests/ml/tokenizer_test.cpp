@@ -1,4 +1,4 @@
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
 
 #include <catch2/catch.hpp>
 

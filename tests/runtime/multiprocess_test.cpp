@@ -390,8 +390,9 @@ std::vector<std::pair<const char*, const char*>> no_kernel_variables() {
 
 TEST_CASE("the warm start's weights are those of an AVX2 machine whatever the CPU") {
   // run.kernels = "portable" pins libtorch's, oneDNN's and OpenBLAS's kernels to AVX2
-  // (runtime/ml/cpu_kernels.hpp); run b sets by hand what an AVX2-only machine would choose by
-  // itself. On an AVX-512 machine, run a without the pin differs in the last bits of every weight.
+  // (runtime/ml/policy/cpu_kernels.hpp); run b sets by hand what an AVX2-only machine would choose
+  // by itself. On an AVX-512 machine, run a without the pin differs in the last bits of every
+  // weight.
   auto run = [](const std::string& name, bool as_avx2_machine, const char* blas_dir = nullptr) {
     auto dir = fs::path{SORL_TEST_DATA_DIR} / ("isa_" + name + "_" + std::to_string(getpid()));
     fs::remove_all(dir);

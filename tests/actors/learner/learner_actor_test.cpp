@@ -24,8 +24,8 @@
 #include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
-#include "runtime/ml/checkpoint.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/formats/checkpoint.hpp"
+#include "runtime/ml/policy/model.hpp"
 #include "tests/support/actor_system.hpp"
 #include "tests/support/scratch_dir.hpp"
 

@@ -3,9 +3,9 @@
 
 #include "actors/learner/learner_core.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/safetensors.hpp"
+#include "runtime/ml/formats/safetensors.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 

@@ -15,7 +15,7 @@
 
 #include "actors/learner/learner_service.hpp"
 #include "runtime/config.hpp"
-#include "runtime/ml/hf_model.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace sorl;

@@ -3,10 +3,10 @@
 // log-probs without a recompute pass, the mismatch figures, and truncated importance sampling.
 
 #include "actors/learner/learner_core.hpp"
-#include "runtime/ml/generate.hpp"
+#include "runtime/ml/policy/generate.hpp"
 #include "tests/ml/policy_test_util.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 

@@ -5,7 +5,7 @@
 #include "actors/learner/learner_core.hpp"
 #include "tests/ml/policy_test_util.hpp"
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 

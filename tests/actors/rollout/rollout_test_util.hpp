@@ -3,7 +3,7 @@
 // Shared by the rollout worker's tests: a policy small enough that a test decodes hundreds of
 // rollouts in a second.
 
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 namespace sorl::rollout::fixtures {
 

@@ -22,7 +22,7 @@
 #include "runtime/actor_types.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 #include "tests/support/actor_system.hpp"
 
 using namespace sorl;

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/ml/torch_compat.hpp"
+#include "runtime/ml/policy/torch_compat.hpp"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -18,9 +18,9 @@
 #include "actors/sync/weight_receiver.hpp"
 #include "runtime/config.hpp"
 #include "runtime/envelope.hpp"
-#include "runtime/ml/hf_model.hpp"
-#include "runtime/ml/sampler.hpp"
-#include "runtime/ml/tokenizer.hpp"
+#include "runtime/ml/formats/hf_model.hpp"
+#include "runtime/ml/formats/tokenizer.hpp"
+#include "runtime/ml/policy/sampler.hpp"
 #include "tests/actors/rollout/rollout_test_util.hpp"
 #include "tests/support/scratch_dir.hpp"
 

@@ -9,7 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "actors/sync/delta_receiver.hpp"
-#include "runtime/ml/model.hpp"
+#include "runtime/ml/policy/model.hpp"
 
 using namespace sorl;
 
