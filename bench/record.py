@@ -148,8 +148,9 @@ def sorl_build(binary=None):
 
 def sorl_build_of_tool(tool):
     """The sorl build behind a measurement tool that does not report its own build (the tools
-    of build/runtime/ml/, sorl_grpo_loss): the repository's git state, with a source saying so
-    and naming the tool, so that a reader knows the commit is the checkout's at record time."""
+    of build/bench/interop/, sorl_grpo_loss among them): the repository's git state, with a
+    source saying so and naming the tool, so that a reader knows the commit is the checkout's
+    at record time."""
     build = sorl_build()
     build["source"] = f"git checkout at record time ({tool} reports no build of its own)"
     return build
