@@ -25,6 +25,18 @@ expect "check passes once rendered, with the notice" 0 "input.md:25: skipped: no
 expect "rendering again changes nothing" 0 "" -- "$render" --root "$tmp" "$tmp/input.md"
 expect "still the hand-written tables" 0 "" -- diff "$fix/expected.md" "$tmp/input.md"
 
+# rows= picks rows by their first cell, in its order.
+printf '<!-- record: record.json table=speed columns=batch,sorl rows=64,1 -->\n<!-- /record -->\n' \
+  > "$tmp/rows.md"
+{
+  echo '<!-- record: record.json table=speed columns=batch,sorl rows=64,1 -->'
+  sed -n 6p "$fix/expected.md"
+  printf '\n| batch | sorl (tokens/s) |\n|---|---|\n| 64 | 308.3 |\n| 1 | 27.4 |\n'
+  echo '<!-- /record -->'
+} > "$tmp/rows-expected.md"
+expect "rows= renders" 0 "" -- "$render" --root "$tmp" "$tmp/rows.md"
+expect "rows= picks and orders rows" 0 "" -- diff "$tmp/rows-expected.md" "$tmp/rows.md"
+
 # A figure changed in the record makes the rendered block stale.
 sed 's/27\.44/27.94/' "$fix/record.json" > "$tmp/record.json"
 expect "a changed record makes the block stale" 1 "input.md:5: stale" -- \
@@ -42,6 +54,9 @@ refused "an unknown table is named with its line" bad-table.md \
 refused "an unknown column is named" bad-col.md \
   '<!-- record: record.json table=speed columns=batch,nosuch -->\n<!-- /record -->\n' \
   "bad-col.md:1: table 'speed' has no column nosuch"
+refused "an unknown row is named" bad-row.md \
+  '<!-- record: record.json table=speed rows=1,2 -->\n<!-- /record -->\n' \
+  "bad-row.md:1: table 'speed' has no row 2"
 refused "an unclosed block is named" open.md '<!-- record: record.json table=speed -->\ntext\n' \
   "open.md:1: the record block has no closing <!-- /record -->"
 refused "an unknown option is named" option.md \
