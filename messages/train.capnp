@@ -43,6 +43,8 @@ struct StepTiming {
   flaggedInFlight @8 :UInt32; # rollouts flagged as stragglers from chunk messages while running
   aborted @9 :UInt32;        # rollouts that ended aborted (deadline cuts)
   rolloutsTimed @10 :UInt32; # finished rollouts with a valid duration
+  groupsJudged @11 :UInt32;  # groups with >= 2 finished rollouts (group_tokens rule)
+  groupEvents @12 :UInt32;   # of those, groups with a rollout over kappa x the group's median tokens
 }
 
 # Trainer → learner: one synchronous step's batch. The trainer first forwards each kept

@@ -991,8 +991,14 @@ void parse_sagc(table_reader& r, sagc_config& c) {
             "smallest group size the sagc and deadline policies choose");
   r.integer("g_max", c.g_max, 2, 1 << 16,
             "largest group size the sagc and deadline policies choose");
+  r.choice("straggler_rule", c.straggler_rule,
+           "what makes a rollout a straggler: wall_clock = its duration exceeds kappa x the "
+           "median of the last `window` durations, across steps; group_tokens = its response "
+           "tokens exceed kappa x its own group's median, and events are counted per group "
+           "(independent of load and of the prompts per step)");
   r.number("kappa", c.kappa, 1.0, 1e6,
-           "a rollout is a straggler when its duration exceeds kappa x the running median");
+           "a rollout is a straggler when it exceeds kappa x the median that straggler_rule "
+           "names");
   r.number("target_rate", c.target_rate, 0.0, 1.0,
            "target long-run rate of straggler events (epsilon)");
   r.integer("window", c.window, 1, 1 << 24, "rollouts in the running duration statistic");

@@ -72,6 +72,8 @@ enum class loss_norm_kind { token, sequence };          ///< [algorithm].loss_no
 enum class learner_weights_kind { bf16, fp32 };         ///< [algorithm].learner_weights
 enum class old_logprobs_kind { rollout, recompute };    ///< [algorithm].old_logprobs
 enum class group_policy_kind { fixed, sagc, deadline }; ///< [sagc].policy; `fixed` is "static"
+/// [sagc].straggler_rule (actors/sagc/timing.hpp straggler_rule).
+enum class straggler_rule_kind { wall_clock, group_tokens };
 enum class sync_kind { full, sparse };                  ///< [sync].mode
 /// [scheduler].policy (actors/scheduler/placement.hpp placement_policy).
 enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache_aware };
@@ -101,6 +103,8 @@ SORL_CONFIG_NAMES(old_logprobs_kind, 2, {old_logprobs_kind::rollout, "rollout"},
                   {old_logprobs_kind::recompute, "recompute"})
 SORL_CONFIG_NAMES(group_policy_kind, 3, {group_policy_kind::fixed, "static"},
                   {group_policy_kind::sagc, "sagc"}, {group_policy_kind::deadline, "deadline"})
+SORL_CONFIG_NAMES(straggler_rule_kind, 2, {straggler_rule_kind::wall_clock, "wall_clock"},
+                  {straggler_rule_kind::group_tokens, "group_tokens"})
 SORL_CONFIG_NAMES(sync_kind, 2, {sync_kind::full, "full"}, {sync_kind::sparse, "sparse"})
 SORL_CONFIG_NAMES(placement_kind, 4, {placement_kind::round_robin, "round_robin"},
                   {placement_kind::least_loaded, "least_loaded"},
@@ -324,7 +328,10 @@ struct sagc_config {
   int64_t group_size = 8;        ///< G for the static policy and the first step
   int64_t g_min = 2;
   int64_t g_max = 16;
-  double kappa = 3.0;            ///< straggler if duration > kappa × running median
+  /// What a straggler is: wall_clock = duration > kappa × the running median of durations;
+  /// group_tokens = response tokens > kappa × the median of its own group's.
+  straggler_rule_kind straggler_rule = straggler_rule_kind::wall_clock;
+  double kappa = 3.0;            ///< straggler if over kappa × the median straggler_rule names
   double target_rate = 0.1;      ///< ε, long-run straggler-event rate
   int64_t window = 256;          ///< rollouts in the running statistic
   double v = 10.0;               ///< sagc: penalty weight V of drift-plus-penalty

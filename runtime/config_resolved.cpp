@@ -185,6 +185,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.integer("group_size", c.sagc.group_size);
   e.integer("g_min", c.sagc.g_min);
   e.integer("g_max", c.sagc.g_max);
+  e.str("straggler_rule", to_string(c.sagc.straggler_rule));
   e.number("kappa", c.sagc.kappa);
   e.number("target_rate", c.sagc.target_rate);
   e.integer("window", c.sagc.window);

@@ -99,8 +99,10 @@ namespace sorl {
   X(duration_p50_s, "duration_p50_s", timing, number, "s", "nearest-rank p50 of rollout durations") \
   X(duration_p90_s, "duration_p90_s", timing, number, "s", "nearest-rank p90 of rollout durations") \
   X(duration_max_s, "duration_max_s", timing, number, "s", "longest rollout duration") \
-  X(straggler_event, "straggler_event", timing, flag, "", "1 when a rollout of the step passed the straggler threshold") \
-  X(straggler_threshold_s, "straggler_threshold_s", timing, number, "s", "duration above which a rollout is a straggler (0 before enough history)") \
+  X(straggler_event, "straggler_event", timing, flag, "", "1 when a rollout of the step was a straggler under [sagc].straggler_rule") \
+  X(groups_judged, "groups_judged", timing, count, "", "groups with at least 2 finished rollouts, judged by the group_tokens rule") \
+  X(group_events, "group_events", timing, count, "", "of groups_judged, those with a rollout over kappa x the group's median tokens") \
+  X(straggler_threshold_s, "straggler_threshold_s", timing, number, "s", "duration above which a rollout is a straggler under the wall_clock rule (0 before enough history)") \
   X(flagged_in_flight, "flagged_in_flight", timing, count, "", "rollouts flagged from chunk messages while still running") \
   X(rollouts_aborted_timing, "rollouts_aborted_timing", timing, count, "", "aborted rollouts as the timing statistics counted them") \
   X(loss,          "loss",          learner, number, "", "pg_loss + kl_coef * kl, mean over updates") \

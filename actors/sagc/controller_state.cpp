@@ -60,15 +60,18 @@ std::optional<int64_t> get_step(const json& j, const std::string& key) {
 std::string save_controller_state(const rollout_timing& timing, const group_policy& policy) {
   const policy_memory m = policy.memory();
   const auto& window = timing.rule().durations();
+  const auto& relative = timing.rule().relative_lengths();
   return json{{"format", format_name},
               {"format_version", format_version},
               {"policy", m.policy},
               {"last_closed_step", optional_step(timing.last_closed_step())},
               {"window_ns", std::vector<double>(window.begin(), window.end())},
+              {"window_relative", std::vector<double>(relative.begin(), relative.end())},
               {"virtual_queue", m.virtual_queue},
               {"truncated", m.truncated},
               {"steps_counted", m.steps_counted},
               {"events_counted", m.events_counted},
+              {"event_sum", m.event_sum},
               {"last_observed_step", optional_step(m.last_observed)},
               {"last_decided_step", optional_step(m.last_decided)},
               {"notes", m.notes}}
@@ -94,6 +97,17 @@ std::string restore_controller_state(std::string_view text, rollout_timing& timi
       fail("window_ns", "expected durations >= 0 in ns, got " + d.dump());
     window.push_back(d.get<double>());
   }
+  // Absent in states written before the group_tokens rule existed: an empty window.
+  std::vector<double> relative;
+  if (auto it = j.find("window_relative"); it != j.end()) {
+    if (!it->is_array())
+      fail("window_relative", "expected an array, got " + it->dump());
+    for (const auto& r : *it) {
+      if (!r.is_number() || !std::isfinite(r.get<double>()) || r.get<double>() < 0)
+        fail("window_relative", "expected relative lengths >= 0, got " + r.dump());
+      relative.push_back(r.get<double>());
+    }
+  }
   const auto last_closed = get_step(j, "last_closed_step");
   if (last_closed && *last_closed < 0)
     fail("last_closed_step", "must be >= 0, got " + std::to_string(*last_closed));
@@ -104,6 +118,9 @@ std::string restore_controller_state(std::string_view text, rollout_timing& timi
   m.truncated = get<double>(j, "truncated");
   m.steps_counted = get<int64_t>(j, "steps_counted");
   m.events_counted = get<int64_t>(j, "events_counted");
+  // Absent in states written before the group_tokens rule: Σ s_t was the event count.
+  m.event_sum = j.contains("event_sum") ? get<double>(j, "event_sum")
+                                        : static_cast<double>(m.events_counted);
   m.last_observed = get_step(j, "last_observed_step");
   m.last_decided = get_step(j, "last_decided_step");
   m.notes = get<std::string>(j, "notes");
@@ -113,6 +130,8 @@ std::string restore_controller_state(std::string_view text, rollout_timing& timi
   straggler_rule rule(timing.rule().options());
   for (double d : window)
     rule.add(d);
+  for (double r : relative)
+    rule.add_relative(r);
   std::string warning;
   const std::string configured = policy.memory().policy;
   try {
@@ -126,7 +145,7 @@ std::string restore_controller_state(std::string_view text, rollout_timing& timi
     warning = "the checkpoint's group-size policy is \"" + m.policy + "\", this run's is \"" +
               configured + "\": the straggler window is restored, the policy starts afresh";
   }
-  timing.restore(window, last_closed);
+  timing.restore(window, last_closed, relative);
   // The policy's window statistics follow the restored window in every case.
   if (m.policy != configured)
     policy.restore(policy.memory(), timing.rule());

@@ -10,7 +10,10 @@
 //    "policy": "sagc",                     the policy that wrote it
 //    "last_closed_step": 2,                null before the first step closed
 //    "window_ns": [1.0e9, ...],            the straggler window, oldest first, ns
+//    "window_relative": [1.0, 2.5, ...],   lengths relative to their group's median, oldest
+//                                          first (absent in older states: empty)
 //    "virtual_queue": 0.9, "truncated": 0, "steps_counted": 3, "events_counted": 1,
+//    "event_sum": 1.0,                     Σ s_t (absent in older states: events_counted)
 //    "last_observed_step": 2, "last_decided_step": 2,   null when none
 //    "notes": ""}
 //

@@ -143,6 +143,10 @@ void check_policy_memory(const policy_memory& m) {
   if (m.events_counted < 0 || m.events_counted > m.steps_counted)
     bad("events_counted", std::to_string(m.events_counted) + " is outside [0, steps_counted = "
                             + std::to_string(m.steps_counted) + "]");
+  if (!std::isfinite(m.event_sum) || m.event_sum < 0
+      || m.event_sum > static_cast<double>(m.steps_counted))
+    bad("event_sum", num(m.event_sum) + " is outside [0, steps_counted = "
+                       + std::to_string(m.steps_counted) + "]");
   if (m.last_observed && *m.last_observed < 0)
     bad("last_observed", "must be >= 0, got " + std::to_string(*m.last_observed));
   if (m.last_decided && *m.last_decided < 0)
@@ -165,12 +169,30 @@ double straggler_event_probability(double p, int64_t rollouts) {
 }
 
 window_tail window_tail_of(const straggler_rule& rule) {
+  return window_tail_of(rule, rule.options().kind);
+}
+
+window_tail window_tail_of(const straggler_rule& rule, straggler_rule_kind kind) {
   window_tail t;
+  t.kind = kind;
+  if (kind == straggler_rule_kind::group_tokens) {
+    const auto& values = rule.relative_lengths();
+    t.samples = values.size();
+    if (!values.empty())
+      t.median = nearest_rank_percentile(std::vector<double>(values.begin(), values.end()), 50);
+    if (t.samples >= rule.options().min_samples) {
+      const double kappa = rule.options().kappa;
+      t.threshold = kappa;
+      t.over = static_cast<size_t>(
+        std::count_if(values.begin(), values.end(), [&](double r) { return r > kappa; }));
+    }
+    return t;
+  }
   t.samples = rule.samples();
   if (auto m = rule.median_ns(); m && std::isfinite(*m))
-    t.median_ns = *m;
+    t.median = *m;
   if (auto thr = rule.threshold_ns(); thr && std::isfinite(*thr)) {
-    t.threshold_ns = *thr;
+    t.threshold = *thr;
     t.over = static_cast<size_t>(std::count_if(rule.durations().begin(), rule.durations().end(),
                                                [&](double d) { return d > *thr; }));
   }
@@ -215,12 +237,16 @@ sagc_group_policy::sagc_group_policy(group_policy_options options)
   : options_(checked(std::move(options), group_policy_kind::sagc)) {
 }
 
+int64_t sagc_group_policy::event_rollouts(int64_t g) const {
+  return tail_.kind == straggler_rule_kind::group_tokens ? g : options_.prompts_per_step * g;
+}
+
 double sagc_group_policy::score(int64_t g) const {
   const double u = options_.v * group_utility(g);
-  if (!tail_.threshold_ns)
+  if (!tail_.threshold)
     return u;
   const double p = tail_estimate(tail_, options_.tail_prior);
-  return u - queue_ * straggler_event_probability(p, options_.prompts_per_step * g);
+  return u - queue_ * straggler_event_probability(p, event_rollouts(g));
 }
 
 group_decision sagc_group_policy::decide(int64_t step) {
@@ -236,11 +262,13 @@ group_decision sagc_group_policy::decide(int64_t step) {
   last_decided_ = std::max(step, last_decided_.value_or(step));
 
   d.target_rate = step_target();
-  if (!tail_.threshold_ns) {
+  const bool groups = tail_.kind == straggler_rule_kind::group_tokens;
+  if (!tail_.threshold) {
     d.group_size = options_.group_size;
     d.utility = group_utility(d.group_size);
     d.reason = join_notes("no straggler threshold yet (window " + std::to_string(tail_.samples)
-                            + " durations): initial G = " + std::to_string(d.group_size),
+                            + (groups ? " relative lengths" : " durations")
+                            + "): initial G = " + std::to_string(d.group_size),
                           notes);
     return d;
   }
@@ -257,13 +285,15 @@ group_decision sagc_group_policy::decide(int64_t step) {
   }
   d.group_size = best;
   d.utility = group_utility(best);
-  d.p_straggler = straggler_event_probability(p, options_.prompts_per_step * best);
+  d.p_straggler = straggler_event_probability(p, event_rollouts(best));
   if (d.target_rate != options_.target_rate)
     notes += "eps=" + num(options_.target_rate) + " unreachable (G=" + std::to_string(options_.g_min)
              + " has events at " + num(unavoidable_rate(), 3) + "): bounding the excess, target "
              + num(d.target_rate, 3) + "; ";
   d.reason = join_notes("Q=" + num(queue_) + " window k=" + std::to_string(tail_.over) + "/"
-                          + std::to_string(tail_.samples) + " > thr=" + seconds(*tail_.threshold_ns)
+                          + std::to_string(tail_.samples) + " > thr="
+                          + (groups ? num(*tail_.threshold) + "x group median"
+                                    : seconds(*tail_.threshold))
                           + " p=" + num(p, 3) + " -> G=" + std::to_string(best)
                           + ": V*U=" + num(options_.v * d.utility)
                           + " - Q*P=" + num(queue_ * d.p_straggler),
@@ -272,22 +302,21 @@ group_decision sagc_group_policy::decide(int64_t step) {
 }
 
 double sagc_group_policy::unavoidable_rate() const {
-  if (!tail_.threshold_ns || tail_.samples == 0)
+  if (!tail_.threshold || tail_.samples == 0)
     return 0.0;
   const double k_over_n = static_cast<double>(tail_.over) / static_cast<double>(tail_.samples);
-  return straggler_event_probability(k_over_n, options_.prompts_per_step * options_.g_min);
+  return straggler_event_probability(k_over_n, event_rollouts(options_.g_min));
 }
 
 double sagc_group_policy::unavoidable_rate_lower() const {
-  if (!tail_.threshold_ns || tail_.samples == 0)
+  if (!tail_.threshold || tail_.samples == 0)
     return 0.0;
   // Wilson score interval's lower end at z = 2 (one-sided ~97.7%).
   constexpr double z = 2.0;
   const double n = static_cast<double>(tail_.samples), k = static_cast<double>(tail_.over);
   const double lower =
     (k + z * z / 2 - z * std::sqrt(k * (n - k) / n + z * z / 4)) / (n + z * z);
-  return straggler_event_probability(std::max(0.0, lower),
-                                     options_.prompts_per_step * options_.g_min);
+  return straggler_event_probability(std::max(0.0, lower), event_rollouts(options_.g_min));
 }
 
 double sagc_group_policy::step_target() const {
@@ -303,7 +332,15 @@ void sagc_group_policy::observe(const step_timing& timing, const straggler_rule&
   notes_ = std::move(c.notes);
   if (!c.counts)
     return;
-  const double s = timing.straggler_event ? 1.0 : 0.0;
+  double s = timing.straggler_event ? 1.0 : 0.0;
+  if (tail_.kind == straggler_rule_kind::group_tokens) {
+    if (timing.groups_judged == 0) {
+      notes_ += "step " + std::to_string(timing.step)
+                + ": no group had 2 finished rollouts to judge: not counted";
+      return;
+    }
+    s = timing.group_event_rate();
+  }
   double next = queue_ + s - target;
   if (next < 0) {
     truncated_ -= next;
@@ -312,6 +349,7 @@ void sagc_group_policy::observe(const step_timing& timing, const straggler_rule&
   queue_ = next;
   ++steps_counted_;
   events_counted_ += timing.straggler_event ? 1 : 0;
+  event_sum_ += s;
 }
 
 policy_memory sagc_group_policy::memory() const {
@@ -320,6 +358,7 @@ policy_memory sagc_group_policy::memory() const {
   m.truncated = truncated_;
   m.steps_counted = steps_counted_;
   m.events_counted = events_counted_;
+  m.event_sum = event_sum_;
   return m;
 }
 
@@ -329,6 +368,7 @@ void sagc_group_policy::restore(const policy_memory& m, const straggler_rule& ru
   truncated_ = m.truncated;
   steps_counted_ = m.steps_counted;
   events_counted_ = m.events_counted;
+  event_sum_ = m.event_sum;
 }
 
 // -- deadline -----------------------------------------------------------------------------
@@ -352,18 +392,18 @@ group_decision deadline_group_policy::decide(int64_t step) {
   last_decided_ = std::max(step, last_decided_.value_or(step));
 
   const std::string fixed = "fixed G = " + std::to_string(d.group_size);
-  if (!tail_.threshold_ns || !tail_.median_ns) {
+  if (!tail_.threshold || !tail_.median) {
     d.reason = join_notes(fixed + "; no straggler threshold yet (window "
                             + std::to_string(tail_.samples) + " durations): wait for all",
                           notes);
     return d;
   }
-  const double budget = options_.deadline_kappa * *tail_.median_ns;
+  const double budget = options_.deadline_kappa * *tail_.median;
   // A budget beyond int64 ns (292 years) is no deadline at all.
   if (budget < 9.0e18)
     d.deadline_ns = std::max<int64_t>(0, std::llround(budget));
   d.reason = join_notes(fixed + "; deadline " + num(options_.deadline_kappa) + " x median "
-                          + seconds(*tail_.median_ns) + " = " + seconds(budget)
+                          + seconds(*tail_.median) + " = " + seconds(budget)
                           + ", cut once every group has >= " + std::to_string(d.min_finished)
                           + " finished",
                         notes);
@@ -371,7 +411,8 @@ group_decision deadline_group_policy::decide(int64_t step) {
 }
 
 void deadline_group_policy::observe(const step_timing& timing, const straggler_rule& rule) {
-  tail_ = window_tail_of(rule);
+  // The budget is a time: the duration window whatever rule judges stragglers.
+  tail_ = window_tail_of(rule, straggler_rule_kind::wall_clock);
   notes_ = check_observed(timing, last_observed_).notes;
 }
 
@@ -381,6 +422,7 @@ policy_memory deadline_group_policy::memory() const {
 
 void deadline_group_policy::restore(const policy_memory& m, const straggler_rule& rule) {
   restore_steps(m, rule, last_observed_, last_decided_, notes_, tail_);
+  tail_ = window_tail_of(rule, straggler_rule_kind::wall_clock);
 }
 
 // -- factory ------------------------------------------------------------------------------
@@ -404,6 +446,7 @@ straggler_rule_options straggler_rule_from(const experiment_config& cfg) {
   o.kappa = cfg.sagc.kappa;
   o.window = static_cast<size_t>(cfg.sagc.window);
   o.min_samples = std::min<size_t>(o.min_samples, o.window);
+  o.kind = cfg.sagc.straggler_rule;
   return o;
 }
 

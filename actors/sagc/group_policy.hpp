@@ -79,7 +79,22 @@
 // Rollouts of one group share a prompt and their durations are correlated; the i.i.d.
 // formula then overstates P̂, which errs on the side of smaller groups.
 //
-// Before the window holds min_samples durations there is no threshold and the policy returns
+// Under the group_tokens straggler rule (actors/sagc/timing.hpp) the same controller runs on
+// groups instead of steps:
+//
+//   s_t      = group_events / groups_judged of step t, the step's share of groups with an event
+//   P̂(G)     = 1 − (1 − p̂)^G,   b_t = 1 − (1 − k/n)^{g_min}
+//   p̂        = (k + a) / (n + 2a), n relative lengths in the window (tokens / group median),
+//              k of them above κ
+//
+// so the constraint bounds the share of groups with a straggler, which does not grow with B,
+// and p̂ is measured on lengths relative to each group's own median, which do not change
+// with load or with G. P̂(G) treats a group's rollouts as i.i.d. around a fixed median; the
+// median of a larger group is estimated better, so P̂ slightly overstates the event
+// probability of small groups. A step none of whose groups could be judged (fewer than 2
+// finished rollouts each) does not move the queue.
+//
+// Before the window holds min_samples values there is no threshold and the policy returns
 // the configured initial G.
 //
 // ## The deadline baseline
@@ -141,17 +156,23 @@ double group_utility(int64_t group_size);
 /// the cautious reading); rollouts ≤ 0 gives 0.
 double straggler_event_probability(double tail_probability, int64_t rollouts);
 
-/// What the adaptive policy reads from a straggler rule's window.
+/// What the adaptive policy reads from a straggler rule's window. Values are durations in
+/// ns under wall_clock, and lengths relative to their group's median (unitless) under
+/// group_tokens.
 struct window_tail {
-  size_t samples = 0;                 ///< n, durations in the window
-  size_t over = 0;                    ///< k, durations strictly above the threshold
-  std::optional<double> threshold_ns; ///< κ × median; nullopt below min_samples
-  std::optional<double> median_ns;    ///< nullopt for an empty window
+  straggler_rule_kind kind = straggler_rule_kind::wall_clock;
+  size_t samples = 0;              ///< n, values in the window
+  size_t over = 0;                 ///< k, values strictly above the threshold
+  /// wall_clock: κ × median, ns; group_tokens: κ. nullopt below min_samples.
+  std::optional<double> threshold;
+  std::optional<double> median;    ///< of the window's values; nullopt for an empty window
 };
 
-/// Counts the window's durations above the rule's threshold. A non-finite threshold or
-/// median (impossible with a valid rule) is treated as absent.
+/// Counts the window's values above the threshold of `kind`'s rule (the rule's own kind
+/// when not given). A non-finite threshold or median (impossible with a valid rule) is
+/// treated as absent.
 window_tail window_tail_of(const straggler_rule& rule);
+window_tail window_tail_of(const straggler_rule& rule, straggler_rule_kind kind);
 
 /// p̂ = (k + a) / (n + 2a), the per-rollout straggler probability; a = prior ≥ 0.
 /// Returns NaN when n + 2a = 0.
@@ -166,6 +187,9 @@ struct policy_memory {
   double truncated = 0;      ///< what max(0, ·) cut off the queue so far (sagc), finite, ≥ 0
   int64_t steps_counted = 0; ///< steps whose event entered the queue (sagc), ≥ 0
   int64_t events_counted = 0; ///< of those, steps with a straggler event, in [0, steps_counted]
+  /// Σ s_t over the counted steps (sagc): events_counted under wall_clock, the sum of the
+  /// steps' group-event shares under group_tokens; finite, in [0, steps_counted].
+  double event_sum = 0;
   std::optional<int64_t> last_observed; ///< last step fed back through observe, ≥ 0
   std::optional<int64_t> last_decided;  ///< largest step decided, ≥ 0
   std::string notes; ///< what the last observe found odd, for the next decision's reason
@@ -260,13 +284,18 @@ public:
   double virtual_queue() const {
     return queue_;
   }
-  /// Steps whose straggler event entered the queue, and how many had an event; their
-  /// ratio is the time-average event rate the constraint bounds.
+  /// Steps whose straggler event entered the queue, and how many had an event. Under
+  /// wall_clock their ratio is the time-average event rate the constraint bounds; under
+  /// group_tokens that rate is event_sum() / steps_counted().
   int64_t steps_counted() const {
     return steps_counted_;
   }
   int64_t events_counted() const {
     return events_counted_;
+  }
+  /// Σ s_t over the counted steps (policy_memory::event_sum).
+  double event_sum() const {
+    return event_sum_;
   }
   /// Σ_t max(0, −(Q_t + s_t − ε_t)): what the max(0, ·) of the queue update cut off. Then
   /// exactly Σ s_t − Σ ε_t = Q_T − Q_0 − truncated, i.e. rate = mean ε_t + (Q_T − truncated)/T
@@ -280,8 +309,9 @@ public:
   }
   /// V·U(G) − Q·P̂(G) with the current estimates (NaN-free; needs a threshold to mean much).
   double score(int64_t group_size) const;
-  /// b_t = 1 − (1 − k/n)^{B·g_min}: the straggler-event probability of the smallest group
-  /// under the window's empirical CDF, in [0, 1]; 0 before the window has a threshold.
+  /// b_t = 1 − (1 − k/n)^{B·g_min} (group_tokens: ^{g_min}): the straggler-event probability
+  /// of the smallest group under the window's empirical CDF, in [0, 1]; 0 before the window
+  /// has a threshold.
   double unavoidable_rate() const;
   /// b⁻_t: as unavoidable_rate, at the lower end of the Wilson score interval (z = 2) of k/n.
   double unavoidable_rate_lower() const;
@@ -292,11 +322,15 @@ public:
   }
 
 private:
+  /// Rollouts one event draws over: B·G under wall_clock (a step), G under group_tokens.
+  int64_t event_rollouts(int64_t group_size) const;
+
   group_policy_options options_;
   double queue_ = 0;
   double truncated_ = 0;
   int64_t steps_counted_ = 0;
   int64_t events_counted_ = 0;
+  double event_sum_ = 0;
   window_tail tail_;
   std::optional<int64_t> last_observed_;
   std::optional<int64_t> last_decided_;

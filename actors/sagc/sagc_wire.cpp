@@ -52,6 +52,8 @@ trainer::step_timing_reply step_timing_message(const step_report& r) {
   m.timing.aborted = static_cast<uint32_t>(t.aborted);
   m.rollouts = static_cast<uint32_t>(t.finished);
   m.rollouts_timed = static_cast<uint32_t>(t.timed);
+  m.timing.groups_judged = static_cast<uint32_t>(t.groups_judged);
+  m.timing.group_events = static_cast<uint32_t>(t.group_events);
   return m;
 }
 

@@ -245,6 +245,9 @@ sim_result simulate(group_policy& policy, const sim_options& o, std::string labe
     const step_timing st = timing.close_step(t);
     policy.observe(st, timing.rule());
     s.straggler_event = st.straggler_event;
+    s.event_share = timing.rule().options().kind == straggler_rule_kind::group_tokens
+                      ? st.group_event_rate()
+                      : (st.straggler_event ? 1.0 : 0.0);
     for (int64_t n : finished_per_prompt) {
       s.utility += group_utility(n) / static_cast<double>(b);
       s.weighted_rollouts += static_cast<double>(n) * group_utility(n);
@@ -269,7 +272,7 @@ sim_summary summarize(const std::vector<sim_step>& steps, std::string label) {
   std::vector<double> step_s;
   for (const auto& s : steps) {
     g += static_cast<double>(s.decision.group_size);
-    events += s.straggler_event ? 1 : 0;
+    events += s.event_share;
     time += s.step_s;
     utility += s.utility;
     weighted += s.weighted_rollouts;

@@ -99,6 +99,9 @@ struct sim_step {
   int64_t finished = 0;       ///< trained rollouts
   int64_t aborted = 0;        ///< cut by a deadline (started or not)
   bool straggler_event = false; ///< from close_step
+  /// s_t, what the constraint counts: 1 or 0 for the event (wall_clock), the share of
+  /// judged groups with an event (group_tokens; actors/sagc/group_policy.hpp).
+  double event_share = 0;
   double rollout_phase_s = 0;
   double step_s = 0;
   double utility = 0;         ///< mean over prompts of U(finished rollouts of the prompt)
@@ -112,7 +115,9 @@ struct sim_summary {
   std::string label;
   int64_t steps = 0;
   double mean_g = 0;
-  double straggler_rate = 0;   ///< fraction of steps with a straggler event
+  /// Mean of the steps' event_share: the fraction of steps with a straggler event under
+  /// wall_clock, the mean share of groups with one under group_tokens.
+  double straggler_rate = 0;
   double mean_step_s = 0;
   double p99_step_s = 0;       ///< nearest-rank
   double rollouts_per_s = 0;   ///< finished rollouts / total time

@@ -97,6 +97,25 @@ std::map<std::string, int64_t> to_map(const timing_issue_counts& counts) {
   return out;
 }
 
+group_verdict judge_group(const std::vector<int64_t>& tokens, double kappa) {
+  if (!std::isfinite(kappa) || kappa <= 0)
+    throw std::invalid_argument("judge_group: kappa must be finite and > 0, got "
+                                + std::to_string(kappa));
+  for (int64_t t : tokens)
+    if (t < 0)
+      throw std::invalid_argument("judge_group: negative token count " + std::to_string(t));
+  group_verdict v;
+  if (tokens.size() < 2)
+    return v;
+  v.judged = true;
+  v.median_tokens = std::max<int64_t>(1, nearest_rank_percentile(tokens, 50));
+  v.threshold_tokens = kappa * static_cast<double>(v.median_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (static_cast<double>(tokens[i]) > v.threshold_tokens)
+      v.stragglers.push_back(i);
+  return v;
+}
+
 // -- straggler_rule -----------------------------------------------------------------------
 
 straggler_rule::straggler_rule(straggler_rule_options options) : options_(options) {
@@ -123,6 +142,21 @@ bool straggler_rule::add(double duration_ns) {
   window_.push_back(duration_ns);
   while (window_.size() > options_.window)
     window_.pop_front();
+  return true;
+}
+
+bool straggler_rule::add_relative(double ratio) {
+  if (!std::isfinite(ratio)) {
+    ++rejected_[idx(timing_issue::non_finite_duration)];
+    return false;
+  }
+  if (ratio < 0) {
+    ++rejected_[idx(timing_issue::negative_duration)];
+    return false;
+  }
+  relative_.push_back(ratio);
+  while (relative_.size() > options_.window)
+    relative_.pop_front();
   return true;
 }
 
@@ -220,7 +254,8 @@ bool rollout_timing::observe(const timing_event& e) {
 }
 
 step_timing rollout_timing::build(int64_t step, const step_state* state,
-                                  std::vector<int64_t>* timed_durations) const {
+                                  std::vector<int64_t>* timed_durations,
+                                  std::vector<double>* relative_lengths) const {
   step_timing out;
   out.step = step;
   out.threshold_ns = rule_.threshold_ns();
@@ -231,6 +266,7 @@ step_timing rollout_timing::build(int64_t step, const step_state* state,
 
   std::vector<int64_t> durations;
   std::vector<int64_t> tokens;
+  std::vector<straggler_flag> clock_stragglers;
   for (const auto& [id, r] : state->rollouts) {
     if (r.start)
       ++out.started;
@@ -264,7 +300,7 @@ step_timing rollout_timing::build(int64_t step, const step_state* state,
     if (r.finish)
       durations.push_back(d);
     if (out.threshold_ns && static_cast<double>(d) > *out.threshold_ns)
-      out.stragglers.push_back(
+      clock_stragglers.push_back(
         {id, r.group_id, end->worker, d, end->tokens, /*ended=*/true, /*aborted=*/!r.finish});
   }
 
@@ -279,6 +315,50 @@ step_timing rollout_timing::build(int64_t step, const step_state* state,
     out.tokens_p99 = nearest_rank_percentile(tokens, 99);
     out.tokens_max = nearest_rank_percentile(tokens, 100);
   }
+  // The group_tokens verdict. Groups and their members in id order, so the relative window
+  // never depends on message arrival order.
+  struct member {
+    uint64_t id;
+    const rollout_state* r;
+  };
+  std::map<uint64_t, std::vector<member>> groups;
+  for (const auto& [id, r] : state->rollouts)
+    if (r.finish || r.abort)
+      groups[r.group_id].push_back({id, &r});
+  std::vector<straggler_flag> token_stragglers;
+  const double kappa = rule_.options().kappa;
+  for (const auto& [group, members] : groups) {
+    std::vector<int64_t> finished_tokens;
+    for (const member& m : members)
+      if (m.r->finish)
+        finished_tokens.push_back(m.r->finish->tokens);
+    const group_verdict v = judge_group(finished_tokens, kappa);
+    if (!v.judged)
+      continue;
+    ++out.groups_judged;
+    bool event = false;
+    for (const member& m : members) {
+      const stamp& end = m.r->finish ? *m.r->finish : *m.r->abort;
+      if (static_cast<double>(end.tokens) > v.threshold_tokens) {
+        event = true;
+        const bool timed = m.r->start && m.r->start->worker == end.worker;
+        token_stragglers.push_back({m.id, group, end.worker,
+                                    timed ? std::max<int64_t>(0, end.ns - m.r->start->ns) : 0,
+                                    end.tokens, /*ended=*/true, /*aborted=*/!m.r->finish});
+      }
+      if (m.r->finish && relative_lengths != nullptr)
+        relative_lengths->push_back(static_cast<double>(end.tokens)
+                                    / static_cast<double>(v.median_tokens));
+    }
+    out.group_events += event ? 1 : 0;
+  }
+  std::sort(token_stragglers.begin(), token_stragglers.end(),
+            [](const straggler_flag& a, const straggler_flag& b) {
+              return a.request_id < b.request_id;
+            });
+  out.stragglers = rule_.options().kind == straggler_rule_kind::group_tokens
+                     ? std::move(token_stragglers)
+                     : std::move(clock_stragglers);
   out.straggler_event = !out.stragglers.empty();
   if (timed_durations != nullptr)
     *timed_durations = std::move(durations);
@@ -291,7 +371,8 @@ step_timing rollout_timing::summary(int64_t step) const {
 }
 
 void rollout_timing::restore(const std::vector<double>& durations_ns,
-                             std::optional<int64_t> last_closed) {
+                             std::optional<int64_t> last_closed,
+                             const std::vector<double>& relative) {
   if (last_closed && *last_closed < 0)
     throw std::invalid_argument("rollout_timing::restore: last closed step "
                                 + std::to_string(*last_closed) + " < 0");
@@ -299,6 +380,10 @@ void rollout_timing::restore(const std::vector<double>& durations_ns,
   for (size_t i = 0; i < durations_ns.size(); ++i)
     if (!fresh.add(durations_ns[i]))
       throw std::invalid_argument("rollout_timing::restore: duration " + std::to_string(i)
+                                  + " is negative or not finite");
+  for (size_t i = 0; i < relative.size(); ++i)
+    if (!fresh.add_relative(relative[i]))
+      throw std::invalid_argument("rollout_timing::restore: relative length " + std::to_string(i)
                                   + " is negative or not finite");
   rule_ = std::move(fresh);
   last_closed_ = last_closed;
@@ -318,13 +403,16 @@ step_timing rollout_timing::close_step(int64_t step) {
   auto it = steps_.find(step);
   const step_state* state = it == steps_.end() ? nullptr : &it->second;
   std::vector<int64_t> durations;
-  step_timing out = build(step, state, &durations);
+  std::vector<double> relative;
+  step_timing out = build(step, state, &durations, &relative);
   // Event-time issues were counted as they came; add the ones found only now.
   for (size_t i = 0; i < issues_.size(); ++i)
     issues_[i] += out.issues[i] - (state != nullptr ? state->issues[i] : 0);
   // Request-id order, so the window's contents never depend on message arrival order.
   for (int64_t d : durations)
     rule_.add(static_cast<double>(d));
+  for (double r : relative)
+    rule_.add_relative(r);
   if (it != steps_.end())
     steps_.erase(it);
   last_closed_ = step;
@@ -334,6 +422,8 @@ step_timing rollout_timing::close_step(int64_t step) {
 std::vector<straggler_flag> rollout_timing::in_flight_stragglers(
   int64_t step, const std::map<std::string, int64_t>& now_ns) const {
   std::vector<straggler_flag> out;
+  if (rule_.options().kind == straggler_rule_kind::group_tokens)
+    return in_flight_token_stragglers(step);
   const auto threshold = rule_.threshold_ns();
   auto st = steps_.find(step);
   if (!threshold || st == steps_.end())
@@ -355,6 +445,50 @@ std::vector<straggler_flag> rollout_timing::in_flight_stragglers(
     if (static_cast<double>(elapsed) > *threshold)
       out.push_back({id, r.group_id, start.worker, elapsed, tokens, false, false});
   }
+  return out;
+}
+
+std::vector<straggler_flag> rollout_timing::in_flight_token_stragglers(int64_t step) const {
+  std::vector<straggler_flag> out;
+  auto st = steps_.find(step);
+  if (st == steps_.end())
+    return out;
+  struct group_state {
+    int64_t started = 0;
+    std::vector<int64_t> finished;
+    std::vector<std::pair<uint64_t, const rollout_state*>> running;
+  };
+  std::map<uint64_t, group_state> groups;
+  for (const auto& [id, r] : st->second.rollouts) {
+    if (!r.start)
+      continue;
+    group_state& g = groups[r.group_id];
+    ++g.started;
+    if (r.finish)
+      g.finished.push_back(r.finish->tokens);
+    else if (!r.abort)
+      g.running.push_back({id, &r});
+  }
+  const double kappa = rule_.options().kappa;
+  for (auto& [group, g] : groups) {
+    const auto k = static_cast<size_t>((g.started + 1) / 2); // ⌈n/2⌉, the median's rank
+    if (g.running.empty() || g.finished.size() < k || k == 0)
+      continue;
+    std::nth_element(g.finished.begin(), g.finished.begin() + static_cast<long>(k - 1),
+                     g.finished.end());
+    const double bound = kappa * static_cast<double>(std::max<int64_t>(1, g.finished[k - 1]));
+    for (const auto& [id, r] : g.running) {
+      const stamp& start = *r->start;
+      const bool same_clock = r->progress && r->progress->worker == start.worker;
+      const int64_t tokens = same_clock ? r->progress->tokens : start.tokens;
+      if (static_cast<double>(tokens) > bound)
+        out.push_back({id, group, start.worker, same_clock ? r->progress->ns - start.ns : 0,
+                       tokens, false, false});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const straggler_flag& a, const straggler_flag& b) {
+    return a.request_id < b.request_id;
+  });
   return out;
 }
 

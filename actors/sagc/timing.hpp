@@ -13,6 +13,21 @@
 // stamped by the same worker, and in-flight elapsed time is measured against a "now" on that
 // worker's clock.
 //
+// Two straggler rules ([sagc].straggler_rule, `straggler_rule_options::kind`):
+//   - wall_clock: a finished rollout whose duration exceeds κ × the median of the last
+//     `window` durations, a window that runs across steps. A step has an event when any of
+//     its rollouts is a straggler. Durations stretch with the load per worker and the window
+//     mixes steps of different G, so the verdict depends on the machine as much as on the
+//     policy.
+//   - group_tokens: a rollout whose response tokens exceed κ × the median tokens of the
+//     finished rollouts of its own group (floored at 1 token), judged in groups with at
+//     least 2 finished rollouts. Tokens do not depend on load and a group is judged against
+//     its own siblings, so the verdict is the policy's alone: the group-level max/median
+//     statistic of the SAGC paper. Events are counted per group (group_events of
+//     groups_judged), so their rate does not grow with the number of prompts B.
+// Both verdicts are computed for every step; `stragglers` and `straggler_event` report the
+// selected one, and the duration window is kept under either (the deadline policy reads it).
+//
 // Percentiles. Every percentile here, the median included, is the nearest-rank percentile:
 // for n sorted values v_1 ≤ … ≤ v_n and 0 < p ≤ 100, P_p = v_k with k = ⌈p/100 · n⌉
 // (P_0 = v_1). It is always one of the observed values (no interpolation), so the tests can
@@ -26,6 +41,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "runtime/config.hpp"
 
 namespace sorl::sagc {
 
@@ -96,7 +113,27 @@ struct straggler_rule_options {
   /// is flagged. With 8 samples the nearest-rank median is the 4th smallest, so up to 4 fast
   /// outliers cannot drag it down by themselves. In [1, window].
   size_t min_samples = 8;
+  /// Which verdict `stragglers`, `straggler_event` and the in-flight flags use (header
+  /// comment, "Two straggler rules").
+  straggler_rule_kind kind = straggler_rule_kind::wall_clock;
 };
+
+/// The group_tokens verdict on one group (header comment): `tokens` are the final response
+/// tokens of its finished rollouts. median = nearest-rank median of `tokens`, floored at 1
+/// token (a group of empty responses would otherwise flag any rollout that says anything);
+/// threshold = kappa × median; an entry is a straggler when tokens > threshold strictly.
+/// Groups with fewer than 2 finished rollouts are not judged (`judged` false): one
+/// rollout has no sibling to be slow against.
+struct group_verdict {
+  bool judged = false;
+  int64_t median_tokens = 0;   ///< tokens; 0 when not judged
+  double threshold_tokens = 0; ///< kappa × median_tokens, tokens
+  std::vector<size_t> stragglers; ///< indices into `tokens`, ascending
+};
+
+/// Applies the group_tokens rule to one group. Raises std::invalid_argument for kappa not
+/// finite or ≤ 0, or a negative token count.
+group_verdict judge_group(const std::vector<int64_t>& tokens, double kappa);
 
 /// The straggler rule (ARCHITECTURE.md §6 SAGC): κ × median of a recent window of completed rollout
 /// durations, the window running across steps. Durations are ns on one worker's clock each.
@@ -131,6 +168,16 @@ public:
   const straggler_rule_options& options() const {
     return options_;
   }
+  /// Appends a finished rollout's length relative to its group's median (tokens /
+  /// group_verdict::median_tokens, unitless), evicting the oldest beyond the window: the
+  /// sample the group_tokens rule's tail probability is estimated from
+  /// (actors/sagc/group_policy.hpp). Same rejections as `add`.
+  bool add_relative(double ratio);
+  /// The relative lengths, oldest first.
+  const std::deque<double>& relative_lengths() const {
+    return relative_;
+  }
+
   /// Rejected `add` calls by reason (only the two duration issues are ever non-zero).
   const timing_issue_counts& rejected() const {
     return rejected_;
@@ -139,6 +186,7 @@ public:
 private:
   straggler_rule_options options_;
   std::deque<double> window_;
+  std::deque<double> relative_;
   timing_issue_counts rejected_{};
 };
 
@@ -181,11 +229,24 @@ struct step_timing {
   std::optional<double> threshold_ns;
   size_t window_samples = 0;
 
-  /// Ended rollouts over the threshold, ordered by request id. Aborted rollouts count when
-  /// their elapsed time at the abort already passed it (deadline mode aborts stragglers).
+  /// The selected rule's stragglers among the ended rollouts, ordered by request id.
+  /// wall_clock: over threshold_ns; aborted rollouts count when their elapsed time at the
+  /// abort already passed it (deadline mode aborts stragglers). group_tokens: over κ × their
+  /// group's median; an aborted rollout counts when its tokens at the abort already did.
   std::vector<straggler_flag> stragglers;
-  /// ARCHITECTURE.md §6: the step has a straggler event when any of its rollouts is a straggler.
+  /// ARCHITECTURE.md §6: the step has a straggler event when any of its rollouts is a
+  /// straggler under the selected rule.
   bool straggler_event = false;
+
+  /// The group_tokens verdict, whatever the selected rule: groups with ≥ 2 finished
+  /// rollouts, and of those the ones with a token straggler.
+  int64_t groups_judged = 0;
+  int64_t group_events = 0;
+  /// group_events / groups_judged; 0 when no group was judged.
+  double group_event_rate() const {
+    return groups_judged > 0 ? static_cast<double>(group_events) / static_cast<double>(groups_judged)
+                             : 0.0;
+  }
 
   /// Issues attributed to this step's rollouts.
   timing_issue_counts issues{};
@@ -214,13 +275,22 @@ public:
   step_timing summary(int64_t step) const;
 
   /// Final statistics of `step`: feeds its valid durations (ordered by request id) into the
-  /// straggler window, forgets its events, and treats later events of any step ≤ `step` as
+  /// straggler window and the relative lengths of its judged groups' finished rollouts (by
+  /// group id, then request id) into the relative window, forgets its events, and treats later events of any step ≤ `step` as
   /// late. Open steps before `step` are discarded (their rollouts counted as skipped_step).
   /// Raises std::invalid_argument when `step` is not after the last closed step.
   step_timing close_step(int64_t step);
 
-  /// Rollouts of `step` still running whose elapsed time already passes the threshold,
-  /// ordered by request id (stragglers are flagged before they finish). For each one,
+  /// Rollouts of `step` still running that are already stragglers under the selected rule,
+  /// ordered by request id (stragglers are flagged before they finish).
+  ///
+  /// group_tokens: a running rollout of a group of n started rollouts is flagged once
+  /// k = ⌈n/2⌉ of them have finished and its tokens so far exceed κ × m, m the k-th smallest
+  /// finished count (floored at 1). The group's final median is at most m (adding values
+  /// never raises the k-th smallest) and tokens only grow, so a flag is never withdrawn by
+  /// the close. `now_ns` is not used.
+  ///
+  /// wall_clock: elapsed time already passes the threshold. For each one,
   /// elapsed = max(latest chunk timestamp, now_ns[worker] when given) − start, all on that
   /// worker's clock: `now_ns` maps a worker name to its current steady-clock time in ns
   /// (injected by the caller, e.g. its last timestamp plus the local time since, so tests
@@ -250,13 +320,15 @@ public:
     return last_closed_;
   }
 
-  /// Replaces the straggler window with `durations_ns` (oldest first; beyond the rule's
-  /// window only the most recent are kept) and the last closed step with `last_closed`, as a
-  /// checkpoint saved them (actors/sagc/controller_state.hpp). Events of open steps are
-  /// dropped. Issue counters are diagnostics that no decision reads; they are not part of it.
-  /// Raises std::invalid_argument, changing nothing, for a negative or non-finite duration
-  /// or a negative step.
-  void restore(const std::vector<double>& durations_ns, std::optional<int64_t> last_closed);
+  /// Replaces the straggler window with `durations_ns` and the relative window with
+  /// `relative` (oldest first; beyond the rule's window only the most recent are kept) and
+  /// the last closed step with `last_closed`, as a checkpoint saved them
+  /// (actors/sagc/controller_state.hpp). Events of open steps are dropped. Issue counters are
+  /// diagnostics that no decision reads; they are not part of it. Raises
+  /// std::invalid_argument, changing nothing, for a negative or non-finite value or a
+  /// negative step.
+  void restore(const std::vector<double>& durations_ns, std::optional<int64_t> last_closed,
+               const std::vector<double>& relative = {});
 
 private:
   struct stamp {
@@ -280,8 +352,11 @@ private:
   /// into the summary's counters, and the valid durations (request-id order) into
   /// `timed_durations` when given.
   step_timing build(int64_t step, const step_state* state,
-                    std::vector<int64_t>* timed_durations) const;
+                    std::vector<int64_t>* timed_durations,
+                    std::vector<double>* relative_lengths = nullptr) const;
   bool reject(timing_issue issue, step_state* state);
+  /// in_flight_stragglers under group_tokens (its comment).
+  std::vector<straggler_flag> in_flight_token_stragglers(int64_t step) const;
 
   straggler_rule rule_;
   std::map<int64_t, step_state> steps_;

@@ -517,6 +517,8 @@ void step_driver::on(out&, const ev::step_timing& t) {
   rec.set(metric::straggler_event, t.straggler_event);
   rec.set(metric::straggler_threshold_s, t.threshold_ns / 1e9);
   rec.set(metric::flagged_in_flight, t.flagged_in_flight);
+  rec.set(metric::groups_judged, t.groups_judged);
+  rec.set(metric::group_events, t.group_events);
   rec.set(metric::rollouts_aborted_timing, t.aborted);
 }
 

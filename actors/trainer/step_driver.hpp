@@ -209,6 +209,10 @@ struct step_timing {
   uint32_t flagged_in_flight = 0;
   uint32_t aborted = 0;
   uint64_t step{}; ///< the step (0-based) these timings are of; another step's are ignored
+  /// The group_tokens verdict (actors/sagc/timing.hpp), whatever rule is selected: groups
+  /// with ≥ 2 finished rollouts, and of those the ones with a token straggler.
+  uint32_t groups_judged = 0;
+  uint32_t group_events = 0;
 };
 
 /// [TrainResult] the learner's update produced `version`; its loss metrics by name. With

@@ -106,7 +106,8 @@ ev::group_size_decision from_msg(msg::GroupSizeDecision::Reader d) {
 ev::step_timing from_msg(msg::StepTiming::Reader t) {
   return {t.getDurationP50Ns(),  t.getDurationP90Ns(), t.getDurationMaxNs(),
           t.getStragglers(),     t.getStragglerEvent(), t.getThresholdNs(),
-          t.getFlaggedInFlight(), t.getAborted(), t.getStep()};
+          t.getFlaggedInFlight(), t.getAborted(), t.getStep(),
+          t.getGroupsJudged(),   t.getGroupEvents()};
 }
 
 ev::train_result from_msg(msg::TrainResult::Reader r) {
@@ -163,6 +164,8 @@ envelope to_msg(const step_timing_reply& t) {
     b.setFlaggedInFlight(t.timing.flagged_in_flight);
     b.setAborted(t.timing.aborted);
     b.setRolloutsTimed(t.rollouts_timed);
+    b.setGroupsJudged(t.timing.groups_judged);
+    b.setGroupEvents(t.timing.group_events);
   });
 }
 

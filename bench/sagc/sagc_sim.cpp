@@ -35,6 +35,7 @@
 //
 // Usage: sagc_sim [--trace FILE] [--steps N] [--seed S] [--prompts B] [--workers W]
 //                 [--batch-limit L] [--epsilon E] [--v V] [--kappa K] [--deadline-kappa K]
+//                 [--straggler-rule wall_clock|group_tokens]
 //                 [--drift-tail Q] [--g-min G] [--g-max G] [--group-size G]
 //                 [--load-slowdown BETA] [--decode-tokens-per-s R]
 //                 [--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift]
@@ -76,7 +77,8 @@ struct args {
   std::fprintf(stderr,
                "sagc_sim: %s\nusage: sagc_sim [--trace FILE] [--steps N] [--seed S] "
                "[--prompts B] [--workers W] [--batch-limit L] [--epsilon E] [--v V] "
-               "[--kappa K] [--deadline-kappa K] [--drift-tail Q] [--g-min G] [--g-max G] "
+               "[--kappa K] [--deadline-kappa K] [--straggler-rule wall_clock|group_tokens] "
+               "[--drift-tail Q] [--g-min G] [--g-max G] "
                "[--group-size G] [--load-slowdown BETA] [--decode-tokens-per-s R] "
                "[--learner-tokens-per-s R] [--overhead-s S] [--scenarios long,light,drift] "
                "[--record PATH]\n",
@@ -126,6 +128,15 @@ args parse(int argc, char** argv) {
       a.sim.rule.kappa = number(flag, value);
     else if (flag == "--deadline-kappa")
       a.policy.deadline_kappa = number(flag, value);
+    else if (flag == "--straggler-rule") {
+      const std::string rule = value;
+      if (rule == "wall_clock")
+        a.sim.rule.kind = sorl::straggler_rule_kind::wall_clock;
+      else if (rule == "group_tokens")
+        a.sim.rule.kind = sorl::straggler_rule_kind::group_tokens;
+      else
+        usage(("--straggler-rule: '" + rule + "' is not wall_clock or group_tokens").c_str());
+    }
     else if (flag == "--drift-tail")
       a.drift_tail = number(flag, value);
     else if (flag == "--g-min")
@@ -356,15 +367,22 @@ int main(int argc, char** argv) try {
               static_cast<long long>(o.prompts_per_step), static_cast<long long>(o.workers),
               static_cast<long long>(o.batch_limit), o.load_slowdown, o.decode_tokens_per_s,
               o.learner_tokens_per_s, o.overhead_s);
-  std::printf("straggler rule: kappa %g x median of the last %zu durations (min %zu); "
+  std::printf("straggler rule: %s, kappa %g x %s (window %zu, min %zu); "
               "sagc: G in [%lld, %lld], initial %lld, epsilon %g, V %g, tail prior %g; "
               "deadline: G %lld, %g x median, cut after >= %lld finished per group\n",
-              o.rule.kappa, o.rule.window, o.rule.min_samples,
+              o.rule.kind == sorl::straggler_rule_kind::group_tokens ? "group_tokens"
+                                                                      : "wall_clock",
+              o.rule.kappa,
+              o.rule.kind == sorl::straggler_rule_kind::group_tokens
+                ? "the group's median tokens"
+                : "the median of the window's durations",
+              o.rule.window, o.rule.min_samples,
               static_cast<long long>(a.policy.g_min), static_cast<long long>(a.policy.g_max),
               static_cast<long long>(a.policy.group_size), a.policy.target_rate, a.policy.v,
               a.policy.tail_prior, static_cast<long long>(a.policy.group_size),
               a.policy.deadline_kappa, static_cast<long long>(a.policy.g_min));
-  std::printf("columns: strag/st = fraction of steps with a straggler event; step times in s; "
+  std::printf("columns: strag/st = fraction of steps with a straggler event (group_tokens: "
+              "mean share of groups with one); step times in s; "
               "rollouts/s counts trained (finished) rollouts; U = 1 - 1/(finished per group); "
               "cut %% = rollouts aborted by a deadline; len rat = mean tokens trained / "
               "sampled (< 1: biased short); U-roll/s = utility-weighted rollouts per s = "

@@ -122,8 +122,8 @@ TEST_CASE("a tiny window gives a hand-computed tail estimate, P(G) and argmax",
   const window_tail tail = window_tail_of(rule);
   CHECK(tail.samples == 4);
   CHECK(tail.over == 1);
-  REQUIRE(tail.threshold_ns);
-  CHECK(*tail.threshold_ns == 2.0);
+  REQUIRE(tail.threshold);
+  CHECK(*tail.threshold == 2.0);
   CHECK(tail_estimate(tail, 0.0) == 0.25);       // k/n
   CHECK(tail_estimate(tail, 0.5) == Approx(0.3)); // (1 + 0.5)/(4 + 1)
 

@@ -47,6 +47,8 @@ envelope step_timing(uint64_t step, const sagc::step_timing& t, uint32_t flagged
     b.setFlaggedInFlight(flagged);
     b.setAborted(static_cast<uint32_t>(t.aborted));
     b.setRolloutsTimed(static_cast<uint32_t>(t.timed));
+    b.setGroupsJudged(static_cast<uint32_t>(t.groups_judged));
+    b.setGroupEvents(static_cast<uint32_t>(t.group_events));
   });
 }
 
@@ -142,6 +144,8 @@ TEST_CASE("the controller's step timings keep the shell's bytes", "[sagc_wire]")
   r.timing.threshold_ns = 3.75e9 + 0.75; // truncated to whole ns on the wire
   r.timing.stragglers.resize(2);
   r.timing.straggler_event = true;
+  r.timing.groups_judged = 4;
+  r.timing.group_events = 1;
   r.flagged_in_flight = 3;
   SECTION("with a threshold") {
     CHECK(same_bytes(trainer::to_msg(sagc::step_timing_message(r)),
@@ -158,6 +162,8 @@ TEST_CASE("the controller's step timings keep the shell's bytes", "[sagc_wire]")
     CHECK(m.timing.aborted == 1);
     CHECK(m.rollouts == 32);
     CHECK(m.rollouts_timed == 31);
+    CHECK(m.timing.groups_judged == 4);
+    CHECK(m.timing.group_events == 1);
   }
   SECTION("before the window has a threshold") {
     r.timing.threshold_ns.reset();

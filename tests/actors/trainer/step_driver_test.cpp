@@ -320,7 +320,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
         lines{"keep 3", "query_step_timing step 0", "train step 0 [0 1 2 3]"});
   CHECK(h.d.now() == phase::learn);
   CHECK(h.at(4 * sec, ev::step_timing{1500000000, 1800000000, 2000000000, 1, true, 1700000000,
-                                      2, 0})
+                                      2, 0, 0, 3, 1})
           .empty());
   CHECK(h.at(5 * sec, ev::train_result{1, {"loss", "kl", "unpaired"}, {0.5, 0.01}}).empty());
   CHECK(h.d.now() == phase::sync);
@@ -380,6 +380,8 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     {"straggler_event", 1},
     {"straggler_threshold_s", 1.7},
     {"flagged_in_flight", 2},
+    {"groups_judged", 3},
+    {"group_events", 1},
     {"rollouts_aborted_timing", 0},
     {"loss", 0.5},
     {"kl", 0.01},

@@ -323,6 +323,8 @@ TEST_CASE("every field of the learner's and the controller's replies reaches the
       b.setFlaggedInFlight(3);
       b.setAborted(1);
       b.setRolloutsTimed(31);
+      b.setGroupsJudged(4);
+      b.setGroupEvents(2);
     });
     read_as<msg::StepTiming>(e, [](auto r) {
       auto x = from_msg(r);
@@ -335,6 +337,8 @@ TEST_CASE("every field of the learner's and the controller's replies reaches the
       CHECK(x.threshold_ns == 250);
       CHECK(x.flagged_in_flight == 3);
       CHECK(x.aborted == 1);
+      CHECK(x.groups_judged == 4);
+      CHECK(x.group_events == 2);
     });
   }
   SECTION("TrainResult") {
@@ -447,11 +451,11 @@ TEST_CASE("the controller's replies carry every field to the driver's events and
                                     [](auto r) { CHECK(std::isnan(from_msg(r).p_straggler)); });
   }
   SECTION("StepTiming") {
-    const step_timing_reply t{{100, 200, 300, 2, true, 250, 3, 1, 6}, 32, 31};
+    const step_timing_reply t{{100, 200, 300, 2, true, 250, 3, 1, 6, 4, 2}, 32, 31};
     auto fields = [](const ev::step_timing& x) {
       return std::tie(x.step, x.duration_p50_ns, x.duration_p90_ns, x.duration_max_ns,
                       x.stragglers, x.straggler_event, x.threshold_ns, x.flagged_in_flight,
-                      x.aborted);
+                      x.aborted, x.groups_judged, x.group_events);
     };
     read_as<msg::StepTiming>(to_msg(t), [&](auto r) {
       const ev::step_timing x = from_msg(r);
