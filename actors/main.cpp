@@ -644,9 +644,9 @@ int main(int argc, char** argv) {
   add_set(eval);
   auto* eval_checker_opt =
     eval->add_option("--checker", eval_checker,
-                     "exact, first_number or countdown (default: an experiment TOML's task.match "
-                     "when it is one of these, else first_number)")
-      ->check(CLI::IsMember({"exact", "first_number", "countdown"}));
+                     "exact, first_number, last_number or countdown (default: an experiment "
+                     "TOML's task.match when it is one of these, else first_number)")
+      ->check(CLI::IsMember({"exact", "first_number", "last_number", "countdown"}));
   eval->add_option("--k", eval_opts.k, "completions per prompt: 1 = greedy, more = sampled (pass@k)")
     ->check(CLI::Range(1, 64))
     ->capture_default_str();

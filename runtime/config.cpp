@@ -789,7 +789,8 @@ void parse_task(table_reader& r, task_config& c, const std::string& base) {
            "eval_fraction of path's prompts");
   r.choice("match", c.match,
            "jsonl: how a completion is scored against answer (reasoning-gym's rules, on the last "
-           "<answer> tag when there is one)");
+           "<answer> tag when there is one; last_number reads the answer's last number, for "
+           "responses that reason before they answer)");
   r.integer("min_digits", c.min_digits, 1, 9, "arithmetic: fewest digits of an operand");
   r.integer("max_digits", c.max_digits, 1, 9, "arithmetic: most digits of an operand");
   if (auto* n = r.string("operators", c.operators,

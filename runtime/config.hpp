@@ -77,7 +77,7 @@ enum class straggler_rule_kind { wall_clock, group_tokens };
 enum class sync_kind { full, sparse };                  ///< [sync].mode
 /// [scheduler].policy (actors/scheduler/placement.hpp placement_policy).
 enum class placement_kind { round_robin, least_loaded, cache_aware, sglang_cache_aware };
-enum class match_kind { exact, integer, first_number, countdown }; ///< [task].match
+enum class match_kind { exact, integer, first_number, last_number, countdown }; ///< [task].match
 /// [salt].gram (actors/learner/grad_gram.hpp gram_method).
 enum class salt_gram_kind { automatic, ghost, materialized };
 enum class kernels_kind { native, portable }; ///< [run].kernels (runtime/ml/policy/cpu_kernels.hpp)
@@ -112,8 +112,9 @@ SORL_CONFIG_NAMES(placement_kind, 4, {placement_kind::round_robin, "round_robin"
                   {placement_kind::sglang_cache_aware, "sglang_cache_aware"})
 SORL_CONFIG_NAMES(salt_gram_kind, 3, {salt_gram_kind::automatic, "auto"}, {salt_gram_kind::ghost, "ghost"},
                   {salt_gram_kind::materialized, "materialized"})
-SORL_CONFIG_NAMES(match_kind, 4, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
-                  {match_kind::first_number, "first_number"}, {match_kind::countdown, "countdown"})
+SORL_CONFIG_NAMES(match_kind, 5, {match_kind::exact, "exact"}, {match_kind::integer, "integer"},
+                  {match_kind::first_number, "first_number"},
+                  {match_kind::last_number, "last_number"}, {match_kind::countdown, "countdown"})
 SORL_CONFIG_NAMES(kernels_kind, 2, {kernels_kind::native, "native"},
                   {kernels_kind::portable, "portable"})
 #undef SORL_CONFIG_NAMES
@@ -189,7 +190,7 @@ struct task_config {
   std::string name = "arithmetic"; ///< "arithmetic" | "number_guess" | "file_search" | "jsonl"
   std::string path;                ///< JSONL prompts (name = "jsonl"), relative to the config file
   std::string eval_path;           ///< optional held-out JSONL
-  /// jsonl answer match: "exact" | "integer" | "first_number" | "countdown" (reasoning-gym's
+  /// jsonl answer match: "exact" | "integer" | "first_number" | "last_number" | "countdown" (reasoning-gym's
   /// rules, on the text of the completion's last <answer> tag when it has one;
   /// runtime/ml/tasks/tasks.hpp answer_match)
   match_kind match = match_kind::exact;

@@ -37,6 +37,7 @@ ml::task_options task_options_from(const experiment_config& cfg) {
   case match_kind::exact: o.jsonl.match = ml::answer_match::exact; break;
   case match_kind::integer: o.jsonl.match = ml::answer_match::integer; break;
   case match_kind::first_number: o.jsonl.match = ml::answer_match::first_number; break;
+  case match_kind::last_number: o.jsonl.match = ml::answer_match::last_number; break;
   case match_kind::countdown: o.jsonl.match = ml::answer_match::countdown; break;
   }
   o.jsonl.reward.argv = t.reward_command;

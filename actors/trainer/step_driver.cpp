@@ -223,6 +223,7 @@ void step_driver::on(out& o, const ev::group_size_decision& d) {
   so.max_refill_rounds = opts_.max_refill_rounds;
   try {
     plan_ = std::make_unique<step_plan>(so, counters_);
+    first_failure_.clear();
   } catch (const std::exception& ex) {
     fail(o, ex.what());
     return;
@@ -283,6 +284,8 @@ void step_driver::on(out& o, const ev::rollout_finished& t) {
       fail(o, what + " (algorithm.on_reward_failure = \"fail\")");
       return;
     }
+    if (first_failure_.empty())
+      first_failure_ = what;
     o.push_back(cmd::log{cmd::log_level::warn, what + "; not trained on"});
   }
   try_cut(o);
@@ -495,10 +498,11 @@ void step_driver::end_rollouts(out& o) {
   set_speculation(rec, spec);
   set_prefill_and_load(rec, rollouts_);
   if (chosen.empty()) {
-    fail(o, fmt::format("step {}: no group to train on ({} of {} rollouts failed, {} without a "
-                        "reward)",
-                        step_ + 1, plan_->failed_rollouts(), rollouts_.size(),
-                        plan_->reward_failures()));
+    fail(o, fmt::format("step {}: no group to train on: of {} rollouts, {} failed and {} have "
+                        "no reward{}",
+                        step_ + 1, rollouts_.size(), plan_->failed_rollouts(),
+                        plan_->reward_failures(),
+                        first_failure_.empty() ? "" : "; the first: " + first_failure_));
     return;
   }
   phase_ = phase::learn;

@@ -527,6 +527,10 @@ private:
   uint32_t min_finished_ = 0;
   bool deadline_passed_ = false;
   std::unique_ptr<step_plan> plan_;
+  /// The step's first failed or unrewarded rollout as its warning said it, "" when none: the
+  /// error of a step left with nothing to train on repeats it, so the cause is not only in
+  /// warnings scrolled away.
+  std::string first_failure_;
   std::map<uint64_t, kept_rollout> rollouts_;     ///< accepted this step, by request id
   std::map<uint64_t, std::string> started_on_;    ///< request id → worker (start events)
   int64_t progress_ns_ = 0; ///< last progress of the rollout phase (decision, finished rollout)

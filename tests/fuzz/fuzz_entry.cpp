@@ -485,8 +485,10 @@ outcome run_jsonl(const uint8_t* data, size_t size) {
   write_all(path, data, size);
   outcome result = accepted();
   for (auto match : {ml::answer_match::exact, ml::answer_match::integer, ml::answer_match::first_number,
-                     ml::answer_match::countdown}) {
-    const bool reasoning = match == ml::answer_match::first_number || match == ml::answer_match::countdown;
+                     ml::answer_match::last_number, ml::answer_match::countdown}) {
+    const bool reasoning = match == ml::answer_match::first_number
+                           || match == ml::answer_match::last_number
+                           || match == ml::answer_match::countdown;
     ml::jsonl_options o;
     o.path = path.string();
     o.match = match;

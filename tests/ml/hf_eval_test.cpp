@@ -51,7 +51,13 @@ TEST_CASE("answers are taken from the last answer tags, else the whole completio
   eval_item cd{"q", "94*4 - 61 - 6", {6, 61, 94, 4}, 309, 1};
   CHECK(score_answer(answer_checker::countdown, cd, "4*94 - 6 - 61") == 1.0);
   CHECK(parse_answer_checker("countdown") == answer_checker::countdown);
-  CHECK_THROWS_WITH(parse_answer_checker("regex"), Catch::Contains("known: exact, first_number, countdown"));
+  CHECK(score_answer(answer_checker::last_number, gsm, completion_answer("3 + 285 = 288")) == 1.0);
+  CHECK(score_answer(answer_checker::last_number, gsm,
+                     completion_answer("288? <answer>3 + 284 = 287</answer>")) == 0.01);
+  CHECK(parse_answer_checker("last_number") == answer_checker::last_number);
+  CHECK(to_string(answer_checker::last_number) == "last_number");
+  CHECK_THROWS_WITH(parse_answer_checker("regex"),
+                    Catch::Contains("known: exact, first_number, last_number, countdown"));
 }
 
 TEST_CASE("held-out files are read with their line numbers, errors naming them", "[hf_eval]") {

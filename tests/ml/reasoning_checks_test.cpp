@@ -69,6 +69,24 @@ TEST_CASE("gsm_symbolic scores the first number as reasoning-gym does", "[reason
   CHECK(first_number_score("\xd9\xa3" "57", "357") == 1.0);  // Arabic-Indic three: float() reads it
 }
 
+TEST_CASE("last_number scores the conclusion of a worked answer", "[reasoning_checks]") {
+  CHECK(last_number_score("7 + 5 = 12, and 12 - 3 = 9. The answer is 9.", "9") == 1.0);
+  CHECK(first_number_score("7 + 5 = 12, and 12 - 3 = 9. The answer is 9.", "9") == 0.01);
+  CHECK(last_number_score("9, not 10", "9") == 0.01); // the last number counts
+  CHECK(last_number_score("288", "288") == 1.0);
+  CHECK(last_number_score("so 288.0", "288") == 1.0);
+  CHECK(last_number_score("no number", "288") == 0.0);
+  CHECK(last_number_score("", "288") == 0.0);
+  CHECK(last_number_score("5 minus 9 is x-4", "-4") == 1.0);
+  CHECK(last_number_score("5 - 9 = -4. The answer is -4.", "-4") == 1.0); // first_number: 0.01
+  CHECK(first_number_score("-4", "-4") == 0.01);
+  CHECK(last_number_score("-4", "-4") == 1.0);
+  CHECK(last_number_score("12 - 3 = 9", "9") == 1.0);  // a minus between numbers is the operator
+  CHECK(last_number_score("12 - 3 = 9", "-9") == 0.01);
+  CHECK(last_number_score("it is 288kg", "288") == 0.0); // no word boundary after the digits
+  CHECK(last_number_score("12", "twelve") == 0.0);       // the reference is not a number
+}
+
 TEST_CASE("the answer inside the last answer tags", "[reasoning_checks]") {
   CHECK(extract_tagged_answer("think... <answer>42</answer>") == std::optional<std::string>("42"));
   CHECK(extract_tagged_answer("<answer> 1 </answer> then <answer>\n 2 + 3 \n</answer>") ==

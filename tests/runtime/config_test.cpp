@@ -897,6 +897,8 @@ TEST_CASE("task.reward_command is an array of non-empty strings for the jsonl ta
   CHECK(cfg.task.match == match_kind::countdown);
   auto first = parse_config("[task]\nmatch = \"first_number\"\n" + std::string{minimal}, "test.toml", roles);
   CHECK(first.task.match == match_kind::first_number);
+  auto last = parse_config("[task]\nmatch = \"last_number\"\n" + std::string{minimal}, "test.toml", roles);
+  CHECK(last.task.match == match_kind::last_number);
 
   auto not_array = only_error(jsonl + "reward_command = \"python3 score.py\"\n" + std::string{minimal},
                               dir.path.string());

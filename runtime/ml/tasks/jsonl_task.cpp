@@ -202,11 +202,14 @@ reward_result jsonl_task::score(const task_prompt& prompt, std::string_view comp
     item.entry_json = rec.entry_json;
     return to_reward_result(scorer_->score({item}).at(0));
   }
-  if (options_.match == answer_match::first_number || options_.match == answer_match::countdown) {
+  if (options_.match == answer_match::first_number || options_.match == answer_match::last_number
+      || options_.match == answer_match::countdown) {
     const std::string answer = completion_answer(completion);
     double r = 0.0;
     if (options_.match == answer_match::first_number) {
       r = first_number_score(answer, prompt.reference);
+    } else if (options_.match == answer_match::last_number) {
+      r = last_number_score(answer, prompt.reference);
     } else {
       const jsonl_record& rec = record();
       r = countdown_score(answer, rec.numbers, rec.target);
@@ -241,7 +244,8 @@ reward_result jsonl_task::score(const task_prompt& prompt, std::string_view comp
 std::optional<std::string> jsonl_task::wrong_completion(const task_prompt& prompt,
                                                        std::uint64_t seed) const {
   detail::split_mix rng(detail::mix64(seed ^ detail::hash_text(prompt.prompt)));
-  if (options_.match == answer_match::integer || options_.match == answer_match::first_number) {
+  if (options_.match == answer_match::integer || options_.match == answer_match::first_number
+      || options_.match == answer_match::last_number) {
     const integer_answer ref = parse_integer_answer(prompt.reference);
     if (ref.value || options_.match == answer_match::integer)
       return std::to_string(detail::wrong_integer_near(ref.value.value_or(0), rng));

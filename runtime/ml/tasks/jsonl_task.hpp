@@ -59,7 +59,7 @@ std::vector<jsonl_record> load_jsonl(
 ///
 /// Scoring: exact mode — reward 1 when the completion equals the answer after trimming
 /// ASCII whitespace on both; integer mode — as "arithmetic"; otherwise 0 with a reason.
-/// first_number and countdown modes — reasoning-gym's rules (answer_match). With a reward
+/// first_number, last_number and countdown modes — reasoning-gym's rules (answer_match). With a reward
 /// command (jsonl_options::reward), its scorer process decides instead, started at the first
 /// score() and shared by copies of the task; a failed call throws reward_failed_error
 /// (runtime/ml/tasks/reward_process.hpp), which the rollout worker records as a failed reward.
@@ -74,7 +74,7 @@ public:
   std::optional<std::uint64_t> size(task_split split) const override;
   task_prompt prompt(task_split split, std::uint64_t index) const override;
   reward_result score(const task_prompt& prompt, std::string_view completion) const override;
-  /// Integer and first_number modes: the answer (an integer) shifted by a nonzero offset in
+  /// Integer, first_number and last_number modes: the answer (an integer) shifted by a nonzero offset in
   /// [-10, 10] (first_number: a non-integer answer gets another record's). Otherwise: the
   /// answer of another train record whose answer differs (never an eval answer: these
   /// feed training), or "" if there is none.

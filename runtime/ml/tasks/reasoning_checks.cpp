@@ -8,6 +8,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -354,18 +355,41 @@ double countdown_score(std::string_view answer_in, const std::vector<std::int64_
   return std::fabs(*v - t) <= 1e-6L + 1e-5L * std::fabs(t) ? 1.0 : 0.05;
 }
 
-double first_number_score(std::string_view answer_in, std::string_view expected) {
+namespace {
+
+/// first_number_score and last_number_score: the `last` or first number of the answer against
+/// the expected value.
+double number_score(std::string_view answer_in, std::string_view expected, bool last) {
   static const pattern number(R"(\b-?\d+(?:\.\d+)?\b)");
   const std::string answer = sanitize_utf8(answer_in);
-  const auto m = number.all(answer, 1);
+  const auto m = last ? number.all(answer) : number.all(answer, 1);
   if (m.empty()) return 0.0;
-  const std::string found = ascii_digits(answer.substr(m[0].begin, m[0].end - m[0].begin));
+  const auto& hit = last ? m.back() : m.front();
+  std::string found = ascii_digits(answer.substr(hit.begin, hit.end - hit.begin));
+  // `\b-?` takes a minus only after a word character ("x-5"); reasoning-gym's first-number
+  // rule keeps that quirk, the last-number rule also reads "is -5" and a leading "-5".
+  const bool word_before_minus =
+    hit.begin >= 2 && (std::isalnum(static_cast<unsigned char>(answer[hit.begin - 2])) != 0
+                       || answer[hit.begin - 2] == '_');
+  if (last && !found.empty() && found[0] != '-' && hit.begin >= 1 && answer[hit.begin - 1] == '-'
+      && !word_before_minus)
+    found.insert(found.begin(), '-');
   if (found.empty()) return 0.0;
   char* end = nullptr;
   const std::string exp(expected);
   const double want = std::strtod(exp.c_str(), &end);
   if (exp.empty() || end != exp.c_str() + exp.size()) return 0.0;
   return std::strtod(found.c_str(), nullptr) == want ? 1.0 : 0.01;
+}
+
+}  // namespace
+
+double first_number_score(std::string_view answer, std::string_view expected) {
+  return number_score(answer, expected, /*last=*/false);
+}
+
+double last_number_score(std::string_view answer, std::string_view expected) {
+  return number_score(answer, expected, /*last=*/true);
 }
 
 }  // namespace sorl::ml

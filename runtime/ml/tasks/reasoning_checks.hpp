@@ -51,4 +51,10 @@ double countdown_score(std::string_view answer, const std::vector<std::int64_t>&
 /// `expected` is not a number.
 double first_number_score(std::string_view answer, std::string_view expected);
 
+/// first_number_score's rule on the last number of `answer` instead of the first: a response
+/// that works through the problem before it answers ("7 + 5 = 12, 12 - 3 = 9, so 9") is
+/// scored on its conclusion, not on the first operand it restates. Unlike it, a minus sign
+/// at the start or after a non-word character belongs to the number ("is -4" reads −4).
+double last_number_score(std::string_view answer, std::string_view expected);
+
 }  // namespace sorl::ml

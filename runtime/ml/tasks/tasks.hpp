@@ -224,6 +224,9 @@ enum class answer_match {
   /// gsm_symbolic's rule: the answer's first number equals the reference's value: 1, a
   /// different number 0.01, no number 0 (first_number_score)
   first_number,
+  /// the answer's last number equals the reference's value: 1, a different number 0.01, no
+  /// number 0 (last_number_score): for responses that reason before they answer
+  last_number,
   /// countdown's rule against the record's "entry" (metadata.numbers, metadata.target,
   /// checked at load): 1 for an expression using exactly those numbers with the target's
   /// value, else 0.05 / 0.01 (countdown_score)

@@ -31,6 +31,8 @@ std::string_view to_string(answer_checker c) noexcept {
       return "exact";
     case answer_checker::first_number:
       return "first_number";
+    case answer_checker::last_number:
+      return "last_number";
     case answer_checker::countdown:
       return "countdown";
   }
@@ -38,10 +40,11 @@ std::string_view to_string(answer_checker c) noexcept {
 }
 
 answer_checker parse_answer_checker(std::string_view name) {
-  for (auto c : {answer_checker::exact, answer_checker::first_number, answer_checker::countdown})
+  for (auto c : {answer_checker::exact, answer_checker::first_number, answer_checker::last_number,
+                 answer_checker::countdown})
     if (name == to_string(c)) return c;
-  throw std::invalid_argument(
-      fmt::format("unknown answer checker '{}' (known: exact, first_number, countdown)", name));
+  throw std::invalid_argument(fmt::format(
+      "unknown answer checker '{}' (known: exact, first_number, last_number, countdown)", name));
 }
 
 std::vector<eval_item> load_eval_items(const std::filesystem::path& path, answer_checker checker) {
@@ -91,6 +94,8 @@ double score_answer(answer_checker checker, const eval_item& item, std::string_v
       return trim_ascii_whitespace(answer) == trim_ascii_whitespace(item.answer) ? 1.0 : 0.0;
     case answer_checker::first_number:
       return first_number_score(answer, item.answer);
+    case answer_checker::last_number:
+      return last_number_score(answer, item.answer);
     case answer_checker::countdown:
       return countdown_score(answer, item.numbers, item.target);
   }

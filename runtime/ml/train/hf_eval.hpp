@@ -26,10 +26,11 @@ namespace sorl::ml {
 enum class answer_checker {
   exact,         ///< the answer equals the reference after trimming whitespace: 1, else 0
   first_number,  ///< first_number_score (gsm_symbolic's rule)
+  last_number,   ///< last_number_score (the same on the answer's last number)
   countdown,     ///< countdown_score against the item's entry (metadata.numbers, .target)
 };
 
-/// "exact", "first_number" or "countdown"; parse_answer_checker is its inverse and throws
+/// "exact", "first_number", "last_number" or "countdown"; parse_answer_checker is its inverse and throws
 /// std::invalid_argument naming the known names for anything else.
 std::string_view to_string(answer_checker c) noexcept;
 answer_checker parse_answer_checker(std::string_view name);

@@ -1199,7 +1199,8 @@ TEST_CASE("a step whose every rollout failed fails the job") {
               "log warn: step 1: rollout 3 (group 1, sample 1) from rollout_worker#0@n failed: "
               "x; not trained on",
               "query_step_timing step 0",
-              "fail: step 1: no group to train on (4 of 4 rollouts failed, 0 without a reward)"});
+              "fail: step 1: no group to train on: of 4 rollouts, 4 failed and 0 have no reward; "
+              "the first: step 1: rollout 0 (group 0, sample 0) from rollout_worker#0@n failed: x"});
   CHECK(h.d.now() == phase::done);
 }
 
