@@ -6,6 +6,7 @@
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N]
 #                          [--policies "static4 static8 static16 static32 deadline sagc"]
+#                          (also: sagc-tokens, sagc under the group_tokens straggler rule)
 #                          [--record PATH]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
@@ -58,6 +59,9 @@ for p in $policies; do
   case $p in
     static*) sagc=(policy=static "group_size=${p#static}") ;;
     sagc) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1) ;;
+    # The load-invariant rule (docs/sagc.md, "Two straggler rules"); its target counts groups.
+    sagc-tokens) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1
+                       straggler_rule=group_tokens) ;;
     deadline) sagc=(policy=deadline group_size=8 g_min=4) ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac

@@ -50,15 +50,25 @@ def write_record(path, out, target, heldout_target, policies, rows):
                        c("reward_last5", "reward last 5", "", 3), c("heldout_before", "held-out before", "", 2),
                        c("heldout_after", "held-out after", "", 2), c("len_p50", "length p50", "tokens", 1),
                        c("len_p99", "length p99", "tokens", 1), c("straggler_rate", "steps with a straggler", "", 3),
+                       c("group_rate", "groups with a token straggler", "", 3),
                        c("rollout_s", "rollout", "s", 2)])
     for r in rows:
-        if r["policy"] != "sagc":
+        if not r["policy"].startswith("sagc"):
             t.setdefault("baseline_rows", []).append(len(t["rows"]))
         reach, h = r["reach"] or (None, None), r["heldout_reach"] or (None, None)
         t["rows"].append([r["policy"], r["steps"], r["g"], r["total"], reach[1], reach[0], h[1], h[0], r["first"],
-                          r["final"], r["before"], r["after"], r["length"], r["length99"], r["rate"], r["rollout"]])
+                          r["final"], r["before"], r["after"], r["length"], r["length99"], r["rate"],
+                          r["group_rate"], r["rollout"]])
     if rec.write(path):
         record.note_written(path)
+
+
+def group_share(recs):
+    """Groups with a rollout longer than kappa x their median tokens over the groups judged
+    (metrics groups_judged / group_events, actors/sagc/timing.hpp), whichever rule the run used;
+    None when no step reports them."""
+    judged = sum(r.get("groups_judged", 0) for r in recs)
+    return sum(r.get("group_events", 0) for r in recs) / judged if judged else None
 
 
 def main(out, target, policies, heldout_target=None, record_path=None):
@@ -87,6 +97,7 @@ def main(out, target, policies, heldout_target=None, record_path=None):
                          length=sum(lens) / max(1, len(lens)),
                          length99=sum(lens99) / max(1, len(lens99)),
                          rate=sum(events) / max(1, len(events)),
+                         group_rate=group_share(recs),
                          g=sum(r.get("G", 0) for r in recs) / max(1, len(recs)),
                          rollout=sum(r.get("rollout_s", 0) for r in recs) / max(1, len(recs))))
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
@@ -96,7 +107,8 @@ def main(out, target, policies, heldout_target=None, record_path=None):
               f"every run.eval_every steps, is ≥ it; wall_s summed, evaluations left out)")
     print(f"{'policy':<10} {'steps':>5} {'mean G':>6} {'wall s':>7} {'to target s':>11} "
           f"{'(step)':>6} {'to target held-out':>18} {'reward 1-5':>10} {'last 5':>7} "
-          f"{'held-out':>13} {'len p50':>7} {'len p99':>7} {'strag rate':>10} {'rollout s':>9}")
+          f"{'held-out':>13} {'len p50':>7} {'len p99':>7} {'strag rate':>10} {'group rate':>10} "
+          f"{'rollout s':>9}")
     for r in rows:
         reach_s = fmt(r["reach"][1] if r["reach"] else None, ".1f")
         reach_step = str(r["reach"][0]) if r["reach"] else "-"
@@ -105,10 +117,11 @@ def main(out, target, policies, heldout_target=None, record_path=None):
         held = f"{fmt(r['before'], '.2f')}→{fmt(r['after'], '.2f')}"
         print(f"{r['policy']:<10} {r['steps']:>5} {r['g']:>6.1f} {r['total']:>7.1f} {reach_s:>11} "
               f"{reach_step:>6} {heldout_s:>18} {r['first']:>10.3f} {r['final']:>7.3f} "
-              f"{held:>13} {r['length']:>7.1f} {r['length99']:>7.1f} {r['rate']:>10.3f} {r['rollout']:>9.2f}")
-    sagc = next((r for r in rows if r["policy"] == "sagc"), None)
-    compare_to_best_static(rows, sagc, "reach", "the target")
-    compare_to_best_static(rows, sagc, "heldout_reach", "the held-out target")
+              f"{held:>13} {r['length']:>7.1f} {r['length99']:>7.1f} {r['rate']:>10.3f} "
+              f"{fmt(r['group_rate'], '>10.3f')} {r['rollout']:>9.2f}")
+    for sagc in (r for r in rows if r["policy"].startswith("sagc")):
+        compare_to_best_static(rows, sagc, "reach", "the target")
+        compare_to_best_static(rows, sagc, "heldout_reach", "the held-out target")
     if record_path and record_path != "none":
         write_record(record_path, out, target, heldout_target, policies, rows)
 
@@ -121,10 +134,10 @@ def compare_to_best_static(rows, sagc, key, what):
         return
     best = min(statics, key=lambda r: r[key][1])
     if sagc[key]:
-        print(f"sagc vs best static ({best['policy']}) to {what}: "
+        print(f"{sagc['policy']} vs best static ({best['policy']}) to {what}: "
               f"{best[key][1] / sagc[key][1]:.2f}x faster")
     else:
-        print(f"sagc did not reach {what}; {best['policy']} did in {best[key][1]:.1f} s")
+        print(f"{sagc['policy']} did not reach {what}; {best['policy']} did in {best[key][1]:.1f} s")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="real_run_table.py")
