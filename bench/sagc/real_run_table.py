@@ -105,7 +105,7 @@ def main(out, target, policies, heldout_target=None, record_path=None):
     if heldout_target is not None:
         print(f"held-out target {heldout_target} (first step whose greedy held-out accuracy, "
               f"every run.eval_every steps, is ≥ it; wall_s summed, evaluations left out)")
-    print(f"{'policy':<10} {'steps':>5} {'mean G':>6} {'wall s':>7} {'to target s':>11} "
+    print(f"{'policy':<12} {'steps':>5} {'mean G':>6} {'wall s':>7} {'to target s':>11} "
           f"{'(step)':>6} {'to target held-out':>18} {'reward 1-5':>10} {'last 5':>7} "
           f"{'held-out':>13} {'len p50':>7} {'len p99':>7} {'strag rate':>10} {'group rate':>10} "
           f"{'rollout s':>9}")
@@ -115,7 +115,7 @@ def main(out, target, policies, heldout_target=None, record_path=None):
         h = r["heldout_reach"]
         heldout_s = f"{h[1]:.1f} (step {h[0]})" if h else "—"
         held = f"{fmt(r['before'], '.2f')}→{fmt(r['after'], '.2f')}"
-        print(f"{r['policy']:<10} {r['steps']:>5} {r['g']:>6.1f} {r['total']:>7.1f} {reach_s:>11} "
+        print(f"{r['policy']:<12} {r['steps']:>5} {r['g']:>6.1f} {r['total']:>7.1f} {reach_s:>11} "
               f"{reach_step:>6} {heldout_s:>18} {r['first']:>10.3f} {r['final']:>7.3f} "
               f"{held:>13} {r['length']:>7.1f} {r['length99']:>7.1f} {r['rate']:>10.3f} "
               f"{fmt(r['group_rate'], '>10.3f')} {r['rollout']:>9.2f}")
