@@ -286,9 +286,11 @@ public:
   ///
   /// group_tokens: a running rollout of a group of n started rollouts is flagged once
   /// k = ⌈n/2⌉ of them have finished and its tokens so far exceed κ × m, m the k-th smallest
-  /// finished count (floored at 1). The group's final median is at most m (adding values
-  /// never raises the k-th smallest) and tokens only grow, so a flag is never withdrawn by
-  /// the close. `now_ns` is not used.
+  /// finished count (floored at 1). When every rollout of the group has started, the group's
+  /// final median is at most m (adding values never raises the k-th smallest) and tokens only
+  /// grow, so the close keeps the flag. The timing does not know G: a rollout still waiting
+  /// for a worker's batch slot is not counted in n, and then the close may not confirm the
+  /// flag. `now_ns` is not used.
   ///
   /// wall_clock: elapsed time already passes the threshold. For each one,
   /// elapsed = max(latest chunk timestamp, now_ns[worker] when given) − start, all on that
