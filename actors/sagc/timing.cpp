@@ -130,34 +130,27 @@ straggler_rule::straggler_rule(straggler_rule_options options) : options_(option
                                 + std::to_string(options_.min_samples));
 }
 
-bool straggler_rule::add(double duration_ns) {
-  if (!std::isfinite(duration_ns)) {
+bool straggler_rule::push(std::deque<double>& window, double value) {
+  if (!std::isfinite(value)) {
     ++rejected_[idx(timing_issue::non_finite_duration)];
     return false;
   }
-  if (duration_ns < 0) {
+  if (value < 0) {
     ++rejected_[idx(timing_issue::negative_duration)];
     return false;
   }
-  window_.push_back(duration_ns);
-  while (window_.size() > options_.window)
-    window_.pop_front();
+  window.push_back(value);
+  while (window.size() > options_.window)
+    window.pop_front();
   return true;
 }
 
+bool straggler_rule::add(double duration_ns) {
+  return push(window_, duration_ns);
+}
+
 bool straggler_rule::add_relative(double ratio) {
-  if (!std::isfinite(ratio)) {
-    ++rejected_[idx(timing_issue::non_finite_duration)];
-    return false;
-  }
-  if (ratio < 0) {
-    ++rejected_[idx(timing_issue::negative_duration)];
-    return false;
-  }
-  relative_.push_back(ratio);
-  while (relative_.size() > options_.window)
-    relative_.pop_front();
-  return true;
+  return push(relative_, ratio);
 }
 
 std::optional<double> straggler_rule::median_ns() const {

@@ -184,6 +184,10 @@ public:
   }
 
 private:
+  /// Appends `value` to `window` (one of the two), evicting beyond options_.window; counts and
+  /// refuses a non-finite or negative value.
+  bool push(std::deque<double>& window, double value);
+
   straggler_rule_options options_;
   std::deque<double> window_;
   std::deque<double> relative_;

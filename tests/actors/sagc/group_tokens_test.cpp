@@ -15,26 +15,15 @@
 #include "actors/sagc/group_policy.hpp"
 #include "actors/sagc/timing.hpp"
 #include "runtime/config.hpp"
+#include "tests/actors/sagc/timing_events.hpp"
 
 using namespace sorl::sagc;
 using sorl::straggler_rule_kind;
+using sorl::sagc::test::ev;
 
 namespace {
 
 constexpr int64_t ms = 1'000'000; // ns
-
-timing_event ev(uint64_t id, int64_t step, uint64_t group, timing_kind kind, int64_t ns,
-                int64_t tokens, std::string worker = "w0") {
-  timing_event e;
-  e.request_id = id;
-  e.step = step;
-  e.group_id = group;
-  e.kind = kind;
-  e.worker_ns = ns;
-  e.tokens = tokens;
-  e.worker = std::move(worker);
-  return e;
-}
 
 straggler_rule_options tokens_rule(double kappa = 3.0, size_t window = 256,
                                    size_t min_samples = 8) {
@@ -49,8 +38,8 @@ straggler_rule_options tokens_rule(double kappa = 3.0, size_t window = 256,
 /// One rollout of `tokens` tokens that takes `tokens × ns_per_token` ns on worker w0.
 void finished(rollout_timing& t, uint64_t id, int64_t step, uint64_t group, int64_t tokens,
               int64_t ns_per_token) {
-  REQUIRE(t.observe(ev(id, step, group, timing_kind::start, 0, 0)));
-  REQUIRE(t.observe(ev(id, step, group, timing_kind::finish, tokens * ns_per_token, tokens)));
+  REQUIRE(t.observe(ev(id, step, timing_kind::start, 0, 0, "w0", group)));
+  REQUIRE(t.observe(ev(id, step, timing_kind::finish, tokens * ns_per_token, tokens, "w0", group)));
 }
 
 /// Step `step`: group 1 = {10, 11, 12, 40} tokens (ids 1-4), group 2 = {20, 21, 22, 23}
@@ -63,8 +52,8 @@ step_timing three_groups(rollout_timing& t, int64_t step, int64_t ns_per_token) 
     finished(t, base + 5 + i, step, 2, g2[i], ns_per_token);
   }
   finished(t, base + 9, step, 3, 9, ns_per_token);
-  REQUIRE(t.observe(ev(base + 10, step, 3, timing_kind::start, 0, 0)));
-  REQUIRE(t.observe(ev(base + 10, step, 3, timing_kind::abort, 500 * ns_per_token, 500)));
+  REQUIRE(t.observe(ev(base + 10, step, timing_kind::start, 0, 0, "w0", 3)));
+  REQUIRE(t.observe(ev(base + 10, step, timing_kind::abort, 500 * ns_per_token, 500, "w0", 3)));
   return t.close_step(step);
 }
 
@@ -163,8 +152,8 @@ TEST_CASE("an aborted rollout already over its group's threshold is a straggler"
   rollout_timing t(tokens_rule());
   for (uint64_t id = 1; id <= 3; ++id)
     finished(t, id, 0, 7, 10, ms);
-  REQUIRE(t.observe(ev(4, 0, 7, timing_kind::start, 0, 0)));
-  REQUIRE(t.observe(ev(4, 0, 7, timing_kind::abort, 31 * ms, 31)));
+  REQUIRE(t.observe(ev(4, 0, timing_kind::start, 0, 0, "w0", 7)));
+  REQUIRE(t.observe(ev(4, 0, timing_kind::abort, 31 * ms, 31, "w0", 7)));
   const step_timing s = t.close_step(0);
   REQUIRE(s.stragglers.size() == 1);
   CHECK(s.stragglers[0].request_id == 4);
@@ -179,21 +168,21 @@ TEST_CASE("a running rollout is flagged once half its group finished and the clo
   rollout_timing t(tokens_rule());
   // Group 5 of four rollouts; ids 1 and 2 finish with 10 and 30 tokens.
   for (uint64_t id = 1; id <= 4; ++id)
-    REQUIRE(t.observe(ev(id, 0, 5, timing_kind::start, 0, 0)));
-  REQUIRE(t.observe(ev(1, 0, 5, timing_kind::finish, 10 * ms, 10)));
-  REQUIRE(t.observe(ev(3, 0, 5, timing_kind::chunk, 20 * ms, 95)));
+    REQUIRE(t.observe(ev(id, 0, timing_kind::start, 0, 0, "w0", 5)));
+  REQUIRE(t.observe(ev(1, 0, timing_kind::finish, 10 * ms, 10, "w0", 5)));
+  REQUIRE(t.observe(ev(3, 0, timing_kind::chunk, 20 * ms, 95, "w0", 5)));
   // One of ⌈4/2⌉ = 2 finished: the median is not bounded yet.
   CHECK(t.in_flight_stragglers(0).empty());
-  REQUIRE(t.observe(ev(2, 0, 5, timing_kind::finish, 30 * ms, 30)));
+  REQUIRE(t.observe(ev(2, 0, timing_kind::finish, 30 * ms, 30, "w0", 5)));
   // Bound m = 30 (2nd smallest finished): 95 > 90 is flagged, 80 is not.
-  REQUIRE(t.observe(ev(4, 0, 5, timing_kind::chunk, 25 * ms, 80)));
+  REQUIRE(t.observe(ev(4, 0, timing_kind::chunk, 25 * ms, 80, "w0", 5)));
   const auto flags = t.in_flight_stragglers(0);
   CHECK(ids_of(flags) == std::vector<uint64_t>{3});
   CHECK(flags[0].tokens == 95);
   CHECK_FALSE(flags[0].ended);
   // Whatever they end with, the final median is at most 30, so id 3 stays a straggler.
-  REQUIRE(t.observe(ev(3, 0, 5, timing_kind::finish, 40 * ms, 100)));
-  REQUIRE(t.observe(ev(4, 0, 5, timing_kind::finish, 40 * ms, 80)));
+  REQUIRE(t.observe(ev(3, 0, timing_kind::finish, 40 * ms, 100, "w0", 5)));
+  REQUIRE(t.observe(ev(4, 0, timing_kind::finish, 40 * ms, 80, "w0", 5)));
   const step_timing s = t.close_step(0);
   CHECK(ids_of(s.stragglers) == std::vector<uint64_t>{3}); // median 30, threshold 90
 }

@@ -8,24 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/actors/sagc/timing_events.hpp"
+
 using namespace sorl::sagc;
+using sorl::sagc::test::ev;
 
 namespace {
 
 constexpr int64_t ms = 1'000'000; // ns
-
-timing_event ev(uint64_t id, int64_t step, timing_kind kind, int64_t ns, int64_t tokens = 0,
-                std::string worker = "w0", uint64_t group = 0) {
-  timing_event e;
-  e.request_id = id;
-  e.step = step;
-  e.group_id = group;
-  e.kind = kind;
-  e.worker_ns = ns;
-  e.tokens = tokens;
-  e.worker = std::move(worker);
-  return e;
-}
 
 /// Runs one step whose rollouts take `durations_ms` (ids first_id, first_id+1, ...) and
 /// closes it.
