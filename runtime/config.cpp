@@ -721,6 +721,10 @@ void parse_run(table_reader& r, run_config& c) {
   r.integer("eval_every", c.eval_every, 0, 100'000'000,
             "steps between greedy held-out evaluations on task.eval_prompts prompts; 0 = only "
             "before the first step and after the last");
+  r.number("stop_at_accuracy", c.stop_at_accuracy, 0.0, 1.0,
+           "end the run early after the first held-out evaluation (every eval_every steps) whose "
+           "greedy accuracy is >= this: it checkpoints and stops as if run.steps ended there; "
+           "0 = never");
   r.integer("threads", c.threads, 0, 1024,
             "libtorch intra-op threads per process; 0 = libtorch's default (one per core)");
   r.choice("kernels", c.kernels,
@@ -1464,6 +1468,12 @@ experiment_config parse_root(const toml::table& root, error_sink& sink,
              fmt::format("a model from hf_dir trains single-turn tasks (jsonl, arithmetic); "
                          "task \"{}\" is multi-turn and speaks sorl's byte turn format",
                          cfg.task.name));
+  if (cfg.run.stop_at_accuracy > 0 && (cfg.run.eval_every == 0 || cfg.task.eval_prompts == 0))
+    sink.add(source_of("run", "stop_at_accuracy"), "run.stop_at_accuracy",
+             cfg.run.eval_every == 0
+               ? "stopping at a held-out accuracy needs evaluations during the run: set "
+                 "run.eval_every > 0"
+               : "stopping at a held-out accuracy needs held-out prompts: task.eval_prompts is 0");
   if (cfg.model.hf_dir.empty() && !cfg.task.system_prompt.empty())
     sink.add(source_of("task", "system_prompt"), "task.system_prompt",
              "a system message needs a chat template: set model.hf_dir (sorl's byte presets "

@@ -139,6 +139,11 @@ struct run_config {
   /// task.eval_prompts prompts after the step's weight sync; 0 = only before the first step
   /// and after the last. Range 0..1e8.
   int64_t eval_every = 0;
+  /// Greedy held-out accuracy, in [0, 1], at which the run ends early: after the first
+  /// evaluation every eval_every steps whose accuracy is ≥ it, the run checkpoints and stops
+  /// as if run.steps ended there (that evaluation is its "after"). 0 = run every step. Needs
+  /// eval_every > 0 and task.eval_prompts > 0.
+  double stop_at_accuracy = 0.0;
   /// libtorch intra-op threads per process. 1 suits CPU runs where the learner and the
   /// rollout workers share the cores; 0 leaves libtorch's default (one per core).
   int64_t threads = 1;

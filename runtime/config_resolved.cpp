@@ -94,6 +94,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.path("output_dir", c.run.output_dir);
   e.integer("checkpoint_every", c.run.checkpoint_every);
   e.integer("eval_every", c.run.eval_every);
+  e.number("stop_at_accuracy", c.run.stop_at_accuracy);
   e.integer("threads", c.run.threads);
   e.str("kernels", to_string(c.run.kernels));
   e.str("device", c.run.device);

@@ -29,6 +29,7 @@ driver_options driver_options_from(const experiment_config& cfg,
   o.watchdog_s = cfg.rollout.watchdog_s;
   o.checkpoint_every = cfg.run.checkpoint_every;
   o.eval_every = cfg.run.eval_every;
+  o.stop_at_accuracy = cfg.run.stop_at_accuracy;
   o.run_dir = cfg.run.run_dir();
   o.max_new_tokens = static_cast<uint32_t>(cfg.task.max_new_tokens);
   o.temperature = cfg.algorithm.temperature;
@@ -167,6 +168,14 @@ void step_driver::on(out& o, const ev::eval_result& r) {
     record_.set(metric::heldout_len, r.mean_length);
     record_.set(metric::heldout_reward_failures, r.reward_failures);
     record_.set(metric::eval_s, static_cast<double>(now_ns_ - eval_start_ns_) / 1e9);
+    if (opts_.stop_at_accuracy > 0 && r.accuracy >= opts_.stop_at_accuracy) {
+      reached_at_ = step_;
+      acc_after_ = r.accuracy;
+      o.push_back(cmd::print_line{fmt::format("held-out accuracy {:.3f} ≥ run.stop_at_accuracy "
+                                              "{:g} after step {}/{}: the run ends here",
+                                              r.accuracy, opts_.stop_at_accuracy, step_,
+                                              opts_.steps)});
+    }
     write_record(o);
   } else {
     acc_after_ = r.accuracy;
@@ -177,6 +186,10 @@ void step_driver::on(out& o, const ev::eval_result& r) {
 // -- rollout phase ---------------------------------------------------------------------------
 
 void step_driver::begin_step(out& o) {
+  if (reached_at_) { // its evaluation was the final one
+    finish(o);
+    return;
+  }
   if (step_ >= opts_.steps) {
     if (opts_.eval_prompts > 0)
       request_eval(o, phase::eval_after, "after");
@@ -654,7 +667,7 @@ void step_driver::on(out& o, const ev::metrics_written& r) {
   }
   o.push_back(
     cmd::print_line{progress_line(record_, opts_.steps, reward_trailing_mean(reward_history_))});
-  bool last = step_ >= opts_.steps;
+  bool last = step_ >= opts_.steps || reached_at_;
   auto every = opts_.checkpoint_every;
   if (last || (every > 0 && step_ % every == 0) || !stop_request_.empty()) {
     start_checkpoint(o);

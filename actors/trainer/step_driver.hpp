@@ -68,6 +68,10 @@ struct driver_options {
   /// the last: the final evaluation covers it); 0 = only before and after the run. Needs
   /// eval_prompts > 0.
   int64_t eval_every = 0;
+  /// run.stop_at_accuracy: the run ends after the first evaluation every eval_every steps
+  /// whose greedy accuracy is ≥ it (checkpoint, then done, that evaluation standing as the
+  /// final one); 0 = never.
+  double stop_at_accuracy = 0.0;
   std::string run_dir;                ///< run.run_dir(): where checkpoints go
   uint32_t max_new_tokens = 16;       ///< task.max_new_tokens, tokens per turn
   double temperature = 1.0;           ///< algorithm.temperature, at the precision written
@@ -548,6 +552,8 @@ private:
   int64_t mismatch_alarms_ = 0;
   std::optional<double> acc_before_;
   std::optional<double> acc_after_;
+  /// Step whose evaluation reached opts_.stop_at_accuracy: the run ends after its checkpoint.
+  std::optional<int64_t> reached_at_;
   std::string eval_tag_;      ///< the tag of the evaluation awaited; "" while none
   int64_t eval_start_ns_ = 0; ///< when it was requested
   int64_t run_start_ns_ = 0;

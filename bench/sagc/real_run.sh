@@ -4,7 +4,8 @@
 # for file_search, whose episode lengths are long-tailed: docs/your-task.md).
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
-#                          [--heldout-target R] [--eval-every N]
+#                          [--heldout-target R] [--eval-every N] [--stop-at-target]
+#                          [--seed N]
 #                          [--policies "static4 static8 static16 static32 deadline sagc"]
 #                          (also: sagc-tokens, sagc under the group_tokens straggler rule)
 #                          [--record PATH]
@@ -15,10 +16,12 @@
 # wall_s), with --heldout-target the wall-clock to the first step whose greedy held-out
 # accuracy (heldout_accuracy, measured every --eval-every N steps: run.eval_every, default
 # the config's own) is ≥ R, summing wall_s, which leaves the evaluations out ("—" when never
-# reached or not measured), final reward (mean of the last 5 steps), held-out greedy accuracy
+# reached or not measured; --stop-at-target ends each run there, run.stop_at_accuracy, so
+# --steps becomes a cap), final reward (mean of the last 5 steps), held-out greedy accuracy
 # before → after training, mean response length, straggler-event rate and mean G. Runs land
-# in runs/sagc-real/<policy>. The run's record (bench/record.py: that table) goes to --record
-# PATH, else $SORL_BENCH_RECORD, else runs/bench/sagc-real-run-UTC.json.
+# in runs/sagc-real/<policy> (--seed N: run.seed = N, in runs/sagc-real-seedN/<policy>).
+# The run's record (bench/record.py: that table) goes to --record PATH, else
+# $SORL_BENCH_RECORD, else runs/bench/sagc-real-run-UTC.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -31,6 +34,9 @@ target=0.30
 heldout_target=
 eval_every=
 policies="static4 static8 static16 static32 deadline sagc"
+stop_at_target=
+seed=
+out=runs/sagc-real
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
@@ -39,6 +45,8 @@ while (($#)); do
     --heldout-target) heldout_target=$2; shift 2 ;;
     --eval-every) eval_every=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
+    --stop-at-target) stop_at_target=1; shift ;;
+    --seed) seed=$2; out=runs/sagc-real-seed$2; shift 2 ;;
     --record) record=$2; shift 2 ;;
     *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -47,8 +55,8 @@ me=bench/sagc/real_run.sh
 source "$root/scripts/lib/need.sh"
 need_commands /usr/bin/python3:python3
 [[ -f $config ]] || { echo "$me: no config file $config" >&2; exit 2; }
+[[ -n $stop_at_target && -z $heldout_target ]] && { echo "$me: --stop-at-target needs --heldout-target" >&2; exit 2; }
 [[ -x build/sorl ]] || scripts/build
-out=runs/sagc-real
 mkdir -p "$out"
 # Every run starts from the same warm start (the config's model.checkpoint); the first
 # run writes it when it is missing, outside its steps' wall-clock.
@@ -60,13 +68,18 @@ for p in $policies; do
     static*) sagc=(policy=static "group_size=${p#static}") ;;
     sagc) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1) ;;
     # The load-invariant rule (docs/sagc.md, "Two straggler rules"); its target counts groups.
-    sagc-tokens) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1
+    # κ = 8, ε = 0.2 of groups: on SmolLM2's sampled chain_sum answers (docs/your-task.md) a
+    # rollout is past 3 × its group's median 19 % of the time, which no G meets; past 8 ×,
+    # 3.9 %, which puts groups of 4 to 8 near ε.
+    sagc-tokens) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.2 kappa=8
                        straggler_rule=group_tokens) ;;
     deadline) sagc=(policy=deadline group_size=8 g_min=4) ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac
-  args=(--set "run.name=$p" --set run.output_dir=runs/sagc-real --set "run.steps=$steps")
+  args=(--set "run.name=$p" --set "run.output_dir=$out" --set "run.steps=$steps")
   if [[ -n $eval_every ]]; then args+=(--set "run.eval_every=$eval_every"); fi
+  if [[ -n $seed ]]; then args+=(--set "run.seed=$seed"); fi
+  if [[ -n $stop_at_target ]]; then args+=(--set "run.stop_at_accuracy=$heldout_target"); fi
   for kv in "${sagc[@]}"; do args+=(--set "sagc.$kv"); done
   echo "== $p: build/sorl train $config ${args[*]} --overwrite" >&2
   build/sorl train "$config" "${args[@]}" --overwrite > "$out/$p.log" 2>&1

@@ -86,6 +86,11 @@ def main(out, target, policies, heldout_target=None, record_path=None):
         log = open(f"{out}/{p}.log").read()
         acc = re.findall(r"held-out accuracy \((before|after)[^)]*\): ([0-9.]+)", log)
         accs = {k: float(v) for k, v in acc}
+        # A run that stopped at run.stop_at_accuracy has no "after" evaluation: its last
+        # evaluation during the run is the final one.
+        during = [r["heldout_accuracy"] for r in recs if r.get("heldout_accuracy") is not None]
+        if "after" not in accs and during:
+            accs["after"] = during[-1]
         events = [r.get("straggler_event") for r in recs if r.get("straggler_event") is not None]
         lens = [r.get("resp_len_p50") for r in recs if r.get("resp_len_p50") is not None]
         lens99 = [r.get("resp_len_p99") for r in recs if r.get("resp_len_p99") is not None]

@@ -201,6 +201,25 @@ TEST_CASE("run.eval_every is read and a negative value is an error located at th
   CHECK(e.message == "-1 is out of range [0, 100000000]");
 }
 
+TEST_CASE("run.stop_at_accuracy is read, and refused at its key without evaluations to stop "
+          "on") {
+  CHECK(parse_config(minimal, "test.toml", roles).run.stop_at_accuracy == 0.0);
+  CHECK(parse_config("[run]\neval_every = 5\nstop_at_accuracy = 0.35\n" + std::string{minimal},
+                     "test.toml", roles)
+          .run.stop_at_accuracy == 0.35);
+  auto e = only_error("[run]\nstop_at_accuracy = 0.35\n" + std::string{minimal});
+  CHECK(e.line == 2);
+  CHECK(e.key == "run.stop_at_accuracy");
+  CHECK_THAT(e.message, Catch::Contains("set run.eval_every > 0"));
+  auto e2 = only_error("[run]\neval_every = 5\nstop_at_accuracy = 0.35\n[task]\n"
+                       "eval_prompts = 0\n" + std::string{minimal});
+  CHECK(e2.line == 3);
+  CHECK_THAT(e2.message, Catch::Contains("task.eval_prompts is 0"));
+  auto e3 = only_error("[run]\neval_every = 5\nstop_at_accuracy = 1.5\n" + std::string{minimal});
+  CHECK(e3.key == "run.stop_at_accuracy");
+  CHECK(e3.message == "1.5 is out of range [0, 1]");
+}
+
 TEST_CASE("the file_search keys are read and a malformed one is located at its value") {
   auto cfg = parse_config("[model]\npreset = \"tiny-2k\"\n[task]\nname = \"file_search\"\ndepth = 3\n"
                           "max_dirs = 4\nmax_files = 5\nmax_episode_tokens = 1000\n"

@@ -1424,6 +1424,46 @@ TEST_CASE("a resumed run evaluates after the same steps as an uninterrupted one"
   CHECK(h.evals == lines{"eval step 2 3"});
 }
 
+TEST_CASE("run.stop_at_accuracy ends the run after the first evaluation that reaches it, "
+          "which stands as the final evaluation") {
+  auto o = five_steps(2);
+  // result_after(k) has accuracy k/8: step 2 gives 0.25 (below), step 4 gives 0.5 (equal).
+  o.stop_at_accuracy = 0.5;
+  harness h{o};
+  auto t = start_with_eval(h);
+  for (uint64_t k = 1; k <= 3; ++k) {
+    t = run_to_sync(h, t, k - 1);
+    auto out = h.at(t += sec, ready(k));
+    if (k == 2)
+      out = h.at(t += sec, result_after(2));
+    REQUIRE(out.back() == "write_metrics step " + std::to_string(k));
+    h.at(t, ev::metrics_written{});
+  }
+  t = run_to_sync(h, t, 3);
+  REQUIRE(h.at(t += sec, ready(4)) == lines{"eval step 4 3"});
+  auto out = h.at(t += sec, result_after(4));
+  REQUIRE(out.size() == 3);
+  CHECK(out[1] == "print: held-out accuracy 0.500 ≥ run.stop_at_accuracy 0.5 after step 4/5: "
+                  "the run ends here");
+  CHECK(out[2] == "write_metrics step 4");
+  CHECK(h.written.back().extra.at("heldout_accuracy") == 0.5);
+  // Step 4 is no checkpoint step of its own (checkpoint_every 0): the stop makes it one.
+  CHECK(h.at(t, ev::metrics_written{}).size() == 3); // progress line, two role queries
+  REQUIRE(h.d.now() == phase::checkpoint);
+  h.at(t, ev::role_state{4, "sagc_controller", "{}", true, ""});
+  h.at(t, ev::role_state{4, "scheduler", "{}", true, ""});
+  out = h.at(t, ev::checkpoint_done{4, "c4", true, ""});
+  REQUIRE(out.size() == 2);
+  CHECK(out[0] == "log info: checkpoint c4");
+  CHECK(out[1].rfind("finish: 4 steps; mean reward first 4 steps 0.500, last 4 steps 0.500; "
+                     "held-out accuracy 0.125 → 0.500",
+                     0) == 0);
+  CHECK(h.d.now() == phase::done);
+  // No evaluation after the run: step 4's was the last.
+  CHECK(h.evals == lines{"eval before 3", "eval step 2 3", "eval step 4 3"});
+  CHECK(h.written.size() == 4);
+}
+
 TEST_CASE("events during a held-out evaluation after a step are handled as in the other "
           "evaluations") {
   harness h{five_steps(2)};
