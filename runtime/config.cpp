@@ -916,6 +916,10 @@ void parse_algorithm(table_reader& r, algorithm_config& c) {
            "group and the loss, fail = stop the job");
   r.integer("epochs", c.epochs, 1, 1000, "passes over the batch per step");
   r.integer("minibatches", c.minibatches, 1, 1 << 16, "optimizer steps per pass");
+  r.boolean("group_minibatches", c.group_minibatches,
+            "minibatches hold whole groups (shuffled and split by group, veRL's split by "
+            "prompt), so a group's advantages sum to 0 in its minibatch; false = single "
+            "rollouts are shuffled and split");
   r.integer("micro_batch_tokens", c.micro_batch_tokens, 0, int64_t{1} << 40,
             "bound on one learner forward, padded tokens (rows x longest row); 0 = none");
   r.number("lr", c.lr, 0.0, 1.0,

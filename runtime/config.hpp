@@ -281,6 +281,9 @@ struct algorithm_config {
   reward_failure_kind on_reward_failure = reward_failure_kind::mask;
   int64_t epochs = 1;             ///< passes over the batch per step
   int64_t minibatches = 1;        ///< optimizer steps per pass
+  /// Minibatches hold whole groups (shuffled and split by group) instead of single rollouts,
+  /// so that a group's advantages sum to 0 in its minibatch. No effect with one minibatch.
+  bool group_minibatches = false;
   /// Bound on one learner forward, padded tokens (rows × longest prompt + response), >= 0;
   /// 0 = none. Larger minibatches run as micro-batches of similar-length rows whose
   /// gradients add up to the minibatch's (actors/learner/learner_core.hpp).

@@ -164,6 +164,7 @@ std::vector<resolved_entry> resolved_entries(const experiment_config& c) {
   e.str("on_reward_failure", to_string(a.on_reward_failure));
   e.integer("epochs", a.epochs);
   e.integer("minibatches", a.minibatches);
+  e.boolean("group_minibatches", a.group_minibatches);
   e.integer("micro_batch_tokens", a.micro_batch_tokens);
   e.number("lr", a.lr);
   e.number("clip_eps_low", a.clip_eps_low);

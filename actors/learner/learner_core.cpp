@@ -565,6 +565,7 @@ learner_options learner_options_from(const experiment_config& cfg) {
   o.temperature = a.temperature > 0 ? a.temperature : 1.0;
   o.epochs = static_cast<int>(a.epochs);
   o.minibatches = static_cast<int>(a.minibatches);
+  o.group_minibatches = a.group_minibatches;
   o.micro_batch_tokens = a.micro_batch_tokens;
   o.salt_enabled = cfg.salt.enabled;
   o.salt.eta = cfg.salt.eta;
@@ -631,6 +632,24 @@ void learner_options::validate() const {
 
 // ---------------------------------------------------------------------------------------------
 // Free functions
+
+std::vector<std::vector<std::int64_t>> minibatch_rows(const std::vector<std::vector<std::int64_t>>& units,
+                                                      int minibatches, std::uint64_t seed,
+                                                      std::int64_t step, int epoch) {
+  if (minibatches < 1)
+    throw std::invalid_argument(fmt::format("minibatch_rows: minibatches must be >= 1, got {}", minibatches));
+  const auto n = static_cast<std::int64_t>(units.size());
+  const std::int64_t n_mb = std::min<std::int64_t>(minibatches, std::max<std::int64_t>(n, 1));
+  // One minibatch needs no shuffle: the order would only change summation order.
+  const std::vector<std::int64_t> order = n_mb > 1 ? permutation(n, seed, step, epoch) : std::vector<std::int64_t>();
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(n_mb));
+  for (std::int64_t b = 0; b < n_mb; ++b)
+    for (std::int64_t k = b * n / n_mb; k < (b + 1) * n / n_mb; ++k) {
+      const auto& unit = units[static_cast<std::size_t>(n_mb > 1 ? order[static_cast<std::size_t>(k)] : k)];
+      out[static_cast<std::size_t>(b)].insert(out[static_cast<std::size_t>(b)].end(), unit.begin(), unit.end());
+    }
+  return out;
+}
 
 std::vector<std::vector<std::int64_t>> plan_micro_batches(const std::vector<std::int64_t>& rows,
                                                           const std::vector<std::int64_t>& seq_len,
@@ -790,7 +809,19 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
 
   // 3./4. Old log-probs (and entropy, mismatch) with the current weights, reference log-probs.
   const auto n = static_cast<std::int64_t>(batch.size());
-  const std::int64_t n_mb = std::min<std::int64_t>(options_.minibatches, n);
+  // What a minibatch is cut from: single rollouts, or whole groups, whose advantages sum to 0
+  // inside every minibatch as they do over the batch (SALT's cancellation is measured within
+  // a minibatch, actors/learner/salt.hpp).
+  std::vector<std::vector<std::int64_t>> units;
+  if (options_.group_minibatches) {
+    for (const auto& g : group_indices(batch))
+      units.emplace_back(g.begin(), g.end());
+  } else {
+    for (std::int64_t i = 0; i < n; ++i)
+      units.push_back({i});
+  }
+  const auto n_units = static_cast<std::int64_t>(units.size());
+  const std::int64_t n_mb = std::min<std::int64_t>(options_.minibatches, n_units);
   std::vector<std::int64_t> all_rows(static_cast<std::size_t>(n));
   std::iota(all_rows.begin(), all_rows.end(), std::int64_t{0});
   const auto whole = plan_micro_batches(all_rows, p.seq_len, options_.micro_batch_tokens);
@@ -869,15 +900,9 @@ step_metrics learner_core::train_step(const std::vector<rollout_sample>& batch) 
   double loss_sum = 0.0, pg_sum = 0.0, kl_sum = 0.0, clip_lo_sum = 0.0, clip_hi_sum = 0.0;
   double ratio_sum = 0.0, gnorm_sum = 0.0;
   for (int epoch = 0; epoch < options_.epochs; ++epoch) {
-    // One minibatch needs no shuffle: the order would only change summation order.
-    const std::vector<std::int64_t> order =
-      n_mb > 1 ? permutation(n, seed_, step_, epoch) : std::vector<std::int64_t>();
+    const auto minibatches = minibatch_rows(units, static_cast<int>(n_mb), seed_, step_, epoch);
     for (std::int64_t b = 0; b < n_mb; ++b) {
-      // Near-equal contiguous slices of the shuffled order: sizes differ by at most one.
-      const std::int64_t begin = b * n / n_mb, end = (b + 1) * n / n_mb;
-      std::vector<std::int64_t> rows_idx;
-      for (std::int64_t k = begin; k < end; ++k)
-        rows_idx.push_back(n_mb > 1 ? order[static_cast<std::size_t>(k)] : k);
+      const std::vector<std::int64_t>& rows_idx = minibatches[static_cast<std::size_t>(b)];
       // Each micro-batch's rows, trimmed to its own longest sequence (shorter forwards); the
       // whole batch as it is in the single pass.
       std::vector<micro_batch> parts;

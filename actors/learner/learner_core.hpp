@@ -109,6 +109,11 @@ struct learner_options {
   /// Optimizer updates per epoch (≥ 1); the batch is shuffled and split into this many
   /// near-equal minibatches (fewer when the batch has fewer samples).
   int minibatches = 1;
+  /// Minibatches hold whole groups (veRL splits by prompt): the groups are shuffled and split
+  /// into near-equal counts of groups, so a group's advantages sum to 0 within its minibatch
+  /// (with SALT, the Gram of actors/learner/salt.hpp then sees every sibling of a rollout).
+  /// Off = single rollouts are shuffled and split. No effect with one minibatch.
+  bool group_minibatches = false;
   /// Bound on one forward pass, in padded tokens (rows × the longest row's prompt + response),
   /// ≥ 0; 0 = no bound. A minibatch or the old-log-prob pass that would exceed it is split
   /// into micro-batches of rows of similar length (plan_micro_batches) whose gradients add up
@@ -323,6 +328,16 @@ at::Tensor response_logprobs_tensor(const ml::policy_model& model,
 std::vector<std::vector<std::int64_t>> plan_micro_batches(const std::vector<std::int64_t>& rows,
                                                           const std::vector<std::int64_t>& seq_len,
                                                           std::int64_t budget);
+
+/// Row indices of each minibatch of one epoch. `units` are what is shuffled: one row each, or
+/// one group's rows each (learner_options::group_minibatches). With `minibatches` > 1 they are
+/// shuffled by the generator seeded with (seed, step, epoch) and cut into min(minibatches,
+/// units) contiguous slices whose unit counts differ by at most one; a minibatch is its units'
+/// rows, unit after unit. One minibatch is every unit in the given order. Throws
+/// std::invalid_argument when minibatches < 1.
+std::vector<std::vector<std::int64_t>> minibatch_rows(const std::vector<std::vector<std::int64_t>>& units,
+                                                      int minibatches, std::uint64_t seed,
+                                                      std::int64_t step, int epoch);
 
 /// GRPO / DAPO learner over a caller-owned fp32 policy_model. Not thread-safe: call it from
 /// one thread (the learner actor's). libtorch's intra-op thread pool is used as configured by

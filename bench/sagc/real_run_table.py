@@ -34,7 +34,7 @@ def heldout_reach(recs, target):
     return None
 
 
-def write_record(path, out, target, heldout_target, policies, rows):
+def write_record(path, out, target, heldout_target, policies, rows, by_g):
     binary = os.path.join(record.repo_root(), "build", "sorl")
     log = open(f"{out}/{policies[0]}.log", encoding="utf-8", errors="replace").read()
     rec = record.Record("sagc-real-run", sorl=record.sorl_build(binary), runtime=record.sorl_runtime(binary, log))
@@ -59,6 +59,12 @@ def write_record(path, out, target, heldout_target, policies, rows):
         t["rows"].append([r["policy"], r["steps"], r["g"], r["total"], reach[1], reach[0], h[1], h[0], r["first"],
                           r["final"], r["before"], r["after"], r["length"], r["length99"], r["rate"],
                           r["group_rate"], r["rollout"]])
+    if by_g:
+        rec.add_table("group-events", "groups with a token straggler over each static run's first 5 "
+                      "steps, measured and as the smallest G predicts for independent rollouts",
+                      [c("g", "G"), c("groups", "groups judged"), c("measured", "measured share", "", 3),
+                       c("independent", "independent rollouts", "", 3)],
+                      [[g, n, r, pred] for g, n, r, pred in by_g])
     if rec.write(path):
         record.note_written(path)
 
@@ -71,11 +77,33 @@ def group_share(recs):
     return sum(r.get("group_events", 0) for r in recs) / judged if judged else None
 
 
+def group_events_by_g(per_policy, first_steps=5):
+    """Per static policy over its first `first_steps` steps (the same starting policy in every
+    run): (G, groups judged, share with a token straggler, the share the smallest static G
+    predicts for G if rollouts were independent: 1 - (1 - r0)^(G / G0), the extrapolation
+    SAGC's P(event | G) makes, actors/sagc/timing.hpp). [] without two static policies."""
+    found = []
+    for p, recs in per_policy.items():
+        if not p.startswith("static"):
+            continue
+        head = recs[:first_steps]
+        judged = sum(r.get("groups_judged", 0) for r in head)
+        if judged:
+            found.append((int(p[len("static"):]), int(judged), sum(r.get("group_events", 0) for r in head) / judged))
+    found.sort()
+    if len(found) < 2:
+        return []
+    g0, _, r0 = found[0]
+    return [(g, n, r, 1 - (1 - r0) ** (g / g0)) for g, n, r in found]
+
+
 def main(out, target, policies, heldout_target=None, record_path=None):
     rows = []
+    per_policy = {}
     for p in policies:
         recs = [json.loads(l) for l in open(f"{out}/{p}/metrics.jsonl") if l.strip()]
         recs.sort(key=lambda r: r["step"])
+        per_policy[p] = recs
         rewards = [r.get("reward_mean", 0.0) for r in recs]
         walls = [r.get("wall_s", 0.0) for r in recs]
         reach = None
@@ -124,11 +152,18 @@ def main(out, target, policies, heldout_target=None, record_path=None):
               f"{reach_step:>6} {heldout_s:>18} {r['first']:>10.3f} {r['final']:>7.3f} "
               f"{held:>13} {r['length']:>7.1f} {r['length99']:>7.1f} {r['rate']:>10.3f} "
               f"{fmt(r['group_rate'], '>10.3f')} {r['rollout']:>9.2f}")
+    by_g = group_events_by_g(per_policy)
+    if by_g:
+        print(f"groups with a token straggler in each static run's first 5 steps, against the share "
+              f"static {by_g[0][0]}'s predicts if rollouts were independent")
+        print(f"{'G':>4} {'groups':>7} {'measured':>9} {'independent':>11}")
+        for g, n, r, pred in by_g:
+            print(f"{g:>4} {n:>7} {r:>9.3f} {pred:>11.3f}")
     for sagc in (r for r in rows if r["policy"].startswith("sagc")):
         compare_to_best_static(rows, sagc, "reach", "the target")
         compare_to_best_static(rows, sagc, "heldout_reach", "the held-out target")
     if record_path and record_path != "none":
-        write_record(record_path, out, target, heldout_target, policies, rows)
+        write_record(record_path, out, target, heldout_target, policies, rows, by_g)
 
 
 def compare_to_best_static(rows, sagc, key, what):

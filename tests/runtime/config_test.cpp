@@ -201,6 +201,14 @@ TEST_CASE("run.eval_every is read and a negative value is an error located at th
   CHECK(e.message == "-1 is out of range [0, 100000000]");
 }
 
+TEST_CASE("algorithm.group_minibatches is read, false by default") {
+  CHECK_FALSE(parse_config(minimal, "test.toml", roles).algorithm.group_minibatches);
+  CHECK(parse_config("[algorithm]\ngroup_minibatches = true\n" + std::string{minimal}, "test.toml", roles)
+          .algorithm.group_minibatches);
+  auto e = only_error("[algorithm]\ngroup_minibatches = 2\n" + std::string{minimal});
+  CHECK(e.key == "algorithm.group_minibatches");
+}
+
 TEST_CASE("run.stop_at_accuracy is read, and refused at its key without evaluations to stop "
           "on") {
   CHECK(parse_config(minimal, "test.toml", roles).run.stop_at_accuracy == 0.0);

@@ -245,6 +245,66 @@ TEST_CASE("later minibatches are off-policy, so clipping can engage") {
   CHECK(m.clip_frac_low + m.clip_frac_high > 0.0);
 }
 
+TEST_CASE("minibatch_rows cuts shuffled units into near-equal counts and keeps a unit's rows "
+          "together") {
+  using rows = std::vector<std::vector<std::int64_t>>;
+  const rows singles{{0}, {1}, {2}, {3}, {4}};
+  // One minibatch: every unit, in order, unshuffled.
+  CHECK(minibatch_rows(singles, 1, 7, 0, 0) == rows{{0, 1, 2, 3, 4}});
+  // Two: 5 units cut 2 + 3, together a permutation of the rows.
+  const rows two = minibatch_rows(singles, 2, 7, 0, 0);
+  REQUIRE(two.size() == 2);
+  CHECK(two[0].size() == 2);
+  CHECK(two[1].size() == 3);
+  std::vector<std::int64_t> all = two[0];
+  all.insert(all.end(), two[1].begin(), two[1].end());
+  std::sort(all.begin(), all.end());
+  CHECK(all == std::vector<std::int64_t>{0, 1, 2, 3, 4});
+  // The same (seed, step, epoch) gives the same cut; 2 of 5 has 10 possible first halves, and
+  // these three seeds' draws are not all the same one.
+  CHECK(minibatch_rows(singles, 2, 7, 0, 0) == two);
+  CHECK_FALSE((minibatch_rows(singles, 2, 8, 0, 0) == two && minibatch_rows(singles, 2, 7, 1, 0) == two &&
+                minibatch_rows(singles, 2, 7, 0, 1) == two));
+  // More minibatches than units: one unit each.
+  CHECK(minibatch_rows(singles, 9, 7, 0, 0).size() == 5);
+
+  // Groups of interleaved rows: 4 groups of 3 rows.
+  const rows groups{{0, 4, 8}, {1, 5, 9}, {2, 6, 10}, {3, 7, 11}};
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    INFO("seed " << seed);
+    const rows mb = minibatch_rows(groups, 2, seed, 5, 0);
+    REQUIRE(mb.size() == 2);
+    for (const auto& m : mb) {
+      REQUIRE(m.size() == 6); // two whole groups each
+      // Each minibatch is two of the groups, each one's rows in its own order.
+      for (std::size_t at = 0; at < m.size(); at += 3) {
+        const auto g = static_cast<std::size_t>(m[at]);
+        REQUIRE(g < 4);
+        CHECK(std::vector<std::int64_t>(m.begin() + static_cast<long>(at), m.begin() + static_cast<long>(at) + 3) ==
+              groups[g]);
+      }
+    }
+  }
+  CHECK_THROWS_WITH(minibatch_rows(groups, 0, 1, 0, 0), Catch::Contains("minibatches must be >= 1"));
+}
+
+TEST_CASE("group_minibatches splits the batch by group: fewer groups than minibatches give one "
+          "update per group") {
+  at::set_num_threads(1);
+  const auto batch = synthetic_batch(2, 4, small_dims().vocab);
+  for (const bool by_group : {false, true}) {
+    INFO("group_minibatches " << by_group);
+    learner_options o = test_options();
+    o.minibatches = 4;
+    o.group_minibatches = by_group;
+    ml::policy_model model(small_dims(), 5);
+    learner_core learner(model, o, 1);
+    const step_metrics m = learner.train_step(batch);
+    // Rollouts: 4 minibatches of 2 of the 8. Groups: only 2 groups, one minibatch each.
+    CHECK(m.updates == (by_group ? 2 : 4));
+  }
+}
+
 TEST_CASE("the same inputs and seed give bit-identical weights") {
   at::set_num_threads(1);
   learner_options o = test_options();
