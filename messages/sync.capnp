@@ -77,4 +77,6 @@ struct VersionReady {
   sparseBytes @13 :UInt64;   # bytes of the sparse payload (per worker that got it), 0 if none
   verifiedWorkers @14 :UInt32; # of `workers`, those whose last acknowledgement of `version`
                                # was ok and carried `modelHash` (the publisher compares)
+  recurringElements @15 :UInt64; # of changedElements, those that changed in an earlier
+                                 # version the publisher encoded as a delta (temporal locality)
 }

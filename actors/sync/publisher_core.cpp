@@ -116,9 +116,11 @@ const payload& publisher_core::sparse_payload(uint64_t base_version) {
   delta_options o;
   o.bucket_bytes = bucket_bytes_;
   o.threads = 0; // every core: the learner and the workers wait for this version
+  o.history = &history_;
   delta_stats stats;
   auto buckets = encode_delta(base_version, version_, sources, o, &stats);
   changed_ = stats.changed;
+  recurring_ = stats.recurring;
   for (size_t k = 0; k < buckets.size(); ++k) {
     p.bytes += buckets[k].size();
     weight_bucket b;
@@ -146,7 +148,7 @@ void publisher_core::begin(const snapshot_view& snap, result& r) {
   metas_.clear();
   full_.reset();
   sparse_.reset();
-  changed_ = elements_ = dense_bytes_ = bytes_sent_ = 0;
+  changed_ = recurring_ = elements_ = dense_bytes_ = bytes_sent_ = 0;
   full_sends_ = sparse_sends_ = 0;
   encode_ns_ = apply_ns_max_ = 0;
   acked_hash_.clear();
@@ -225,6 +227,7 @@ void publisher_core::complete(result& r) {
   v.dense_bytes = dense_bytes_;
   v.publish_ns = now_() - started_ns_;
   v.changed_elements = changed_;
+  v.recurring_elements = recurring_;
   v.elements = elements_;
   v.encode_ns = encode_ns_;
   v.apply_ns_max = apply_ns_max_;

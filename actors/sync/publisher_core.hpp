@@ -21,6 +21,7 @@
 #include "actors/sync/sync_messages.hpp"
 #include "actors/sync/sync_protocol.hpp"
 #include "actors/sync/weight_sync.hpp"
+#include "runtime/sync/delta_codec.hpp"
 
 namespace sorl::sync {
 
@@ -150,7 +151,10 @@ private:
   std::vector<tensor_meta> metas_;
   std::optional<payload> full_; ///< built on first need
   std::optional<payload> sparse_;
+  /// Every element a delta of this run changed: sync_recurring_fraction's reference.
+  change_history history_;
   uint64_t changed_ = 0;
+  uint64_t recurring_ = 0;
   uint64_t elements_ = 0;
   uint64_t dense_bytes_ = 0;
   uint64_t bytes_sent_ = 0; ///< over all workers

@@ -80,6 +80,7 @@ struct version_ready {
   uint32_t resyncs = 0;
   uint64_t sparse_bytes = 0;
   uint32_t verified_workers = 0;
+  uint64_t recurring_elements = 0; ///< of changed_elements, those changed in an earlier delta
 };
 
 /// A log line a core asks its shell to write (the shell owns the logger).

@@ -92,6 +92,7 @@ envelope encode_version_ready(const version_ready& v) {
     b.setResyncs(v.resyncs);
     b.setSparseBytes(v.sparse_bytes);
     b.setVerifiedWorkers(v.verified_workers);
+    b.setRecurringElements(v.recurring_elements);
   });
 }
 
@@ -112,6 +113,7 @@ version_ready decode_version_ready(msg::VersionReady::Reader r) {
   v.resyncs = r.getResyncs();
   v.sparse_bytes = r.getSparseBytes();
   v.verified_workers = r.getVerifiedWorkers();
+  v.recurring_elements = r.getRecurringElements();
   return v;
 }
 

@@ -619,6 +619,9 @@ void step_driver::end_step(out& o, const ev::version_ready& ready) {
     rec.set(metric::sync_changed_fraction, static_cast<double>(ready.changed_elements)
                                               / static_cast<double>(ready.elements));
     rec.set(metric::sync_sparse_bytes, static_cast<double>(ready.sparse_bytes));
+    if (ready.changed_elements > 0)
+      rec.set(metric::sync_recurring_fraction, static_cast<double>(ready.recurring_elements)
+                                                 / static_cast<double>(ready.changed_elements));
   }
   rec.set(metric::sync_encode_s, static_cast<double>(ready.encode_ns) / 1e9);
   rec.set(metric::sync_apply_s, static_cast<double>(ready.apply_ns_max) / 1e9);

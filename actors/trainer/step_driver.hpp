@@ -117,6 +117,8 @@ struct version_ready {
   uint64_t sparse_bytes = 0;     ///< bytes of the sparse delta, 0 if none
   uint64_t elements = 0;         ///< bf16 elements of the model
   uint64_t changed_elements = 0; ///< of them, those whose bits changed
+  /// of those, the ones that changed in an earlier version the publisher sent as a delta
+  uint64_t recurring_elements = 0;
   int64_t encode_ns = 0;
   int64_t apply_ns_max = 0;      ///< slowest worker's apply + hash
   uint32_t full_workers = 0;

@@ -5,7 +5,7 @@
 #
 #   bench/sagc/real_run.sh [--config FILE] [--steps N] [--target R]
 #                          [--heldout-target R] [--eval-every N] [--stop-at-target]
-#                          [--seed N]
+#                          [--seed N] [--skip-done]
 #                          [--policies "static4 static8 static16 static32 deadline sagc"]
 #                          (also: sagc-tokens, sagc under the group_tokens straggler rule)
 #                          [--record PATH]
@@ -21,7 +21,10 @@
 # before → after training, mean response length, straggler-event rate and mean G. Runs land
 # in runs/sagc-real/<policy> (--seed N: run.seed = N, in runs/sagc-real-seedN/<policy>).
 # The run's record (bench/record.py: that table) goes to --record PATH, else
-# $SORL_BENCH_RECORD, else runs/bench/sagc-real-run-UTC.json.
+# $SORL_BENCH_RECORD, else runs/bench/sagc-real-run-UTC.json. --skip-done keeps each policy
+# whose run in that folder already finished (its log ends with the job's summary) instead of
+# running it again, so an interrupted sweep continues where it stopped; the table covers them
+# all, the kept runs with the timings of their own invocation.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -35,6 +38,7 @@ heldout_target=
 eval_every=
 policies="static4 static8 static16 static32 deadline sagc"
 stop_at_target=
+skip_done=
 seed=
 out=runs/sagc-real
 while (($#)); do
@@ -46,6 +50,7 @@ while (($#)); do
     --eval-every) eval_every=$2; shift 2 ;;
     --policies) policies=$2; shift 2 ;;
     --stop-at-target) stop_at_target=1; shift ;;
+    --skip-done) skip_done=1; shift ;;
     --seed) seed=$2; out=runs/sagc-real-seed$2; shift 2 ;;
     --record) record=$2; shift 2 ;;
     *) echo "real_run.sh: unknown argument $1" >&2; exit 2 ;;
@@ -81,6 +86,10 @@ for p in $policies; do
   if [[ -n $seed ]]; then args+=(--set "run.seed=$seed"); fi
   if [[ -n $stop_at_target ]]; then args+=(--set "run.stop_at_accuracy=$heldout_target"); fi
   for kv in "${sagc[@]}"; do args+=(--set "sagc.$kv"); done
+  if [[ -n $skip_done && -f $out/$p.log ]] && tail -1 "$out/$p.log" | grep -q '^sorl train: job finished'; then
+    echo "== $p: kept, finished earlier: $(tail -1 "$out/$p.log")" >&2
+    continue
+  fi
   echo "== $p: build/sorl train $config ${args[*]} --overwrite" >&2
   build/sorl train "$config" "${args[@]}" --overwrite > "$out/$p.log" 2>&1
   tail -1 "$out/$p.log" >&2

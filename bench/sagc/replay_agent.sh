@@ -5,7 +5,7 @@
 #   bench/sagc/replay_agent.sh [--config FILE] [--checkpoint DIR|demonstrations] [--episodes N]
 #                              [--metrics FILE] [--seconds-per-token S]
 #                              [--workers "32 64"] [--steps N] [--episodes-file CSV]
-#                              [--task-seed N] [--record PATH]
+#                              [--task-seed N] [--eval-report JSON] [--record PATH]
 #                              [other sagc_sim options]
 #
 # 1. Samples N episodes (default 400) of file_search from the latest checkpoint under DIR
@@ -15,7 +15,12 @@
 #    episode's transcript tokens (out=FILE). `--checkpoint demonstrations` takes the scripted
 #    warm-start demonstrations instead (with the config's share and kind of wrong ones).
 #    --task-seed N picks the episodes (the task seed, default 1).
-#    `--episodes-file CSV` reuses such a file instead of sampling.
+#    `--episodes-file CSV` reuses such a file instead of sampling. `--eval-report JSON` takes a
+#    single-turn workload's lengths instead: every completion of a `sorl eval --k K --out JSON`
+#    report is one rollout of one turn (its tokens, the stop token included), e.g. the
+#    reasoning workload of configs/smollm2-reasoning.toml (docs/sagc.md gives the command).
+#    The simulator draws each rollout independently from the trace, so the lengths of one
+#    prompt's completions are not kept together.
 # 2. Turns tokens into a duration trace: duration = tokens × S seconds. At the warm start a
 #    rollout's duration is roughly proportional to its episode's tokens (every turn decodes
 #    an action and prefills an observation). With --metrics FILE (a real run's
@@ -49,6 +54,7 @@ workers="32 64"
 steps=2000
 metrics=
 episodes_file=
+eval_report=
 task_seed=1
 extra=()
 while (($#)); do
@@ -61,6 +67,7 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
     --episodes-file) episodes_file=$2; shift 2 ;;
+    --eval-report) eval_report=$2; shift 2 ;;
     --task-seed) task_seed=$2; shift 2 ;;
     --record) record=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
@@ -91,7 +98,7 @@ source_args=(checkpoint="$checkpoint")
 if [[ $checkpoint == demonstrations ]]; then
   # The scripted warm-start demonstrations, with the config's share and kind of wrong ones.
   source_args=(wrong="$wrong" wrong_episodes="$wrong_episodes" wander_share="$wander_share")
-elif [[ -z $episodes_file && ! -f "$checkpoint/latest" ]]; then
+elif [[ -z $episodes_file && -z $eval_report && ! -f "$checkpoint/latest" ]]; then
   echo "$me: no checkpoint under $checkpoint; create the warm start first" \
     "(build/sorl sft $config writes it)" >&2
   exit 2
@@ -100,7 +107,19 @@ out=runs/sagc-replay
 mkdir -p "$out"
 episodes_csv=$out/episodes.csv
 trace=$out/trace_s.txt
-if [[ -n $episodes_file ]]; then
+if [[ -n $eval_report ]]; then
+  [[ -f $eval_report ]] || { echo "$me: no eval report $eval_report" >&2; exit 2; }
+  /usr/bin/python3 - "$eval_report" "$episodes_csv" <<'PY'
+import json, sys
+items = json.load(open(sys.argv[1]))["items"]
+lengths = [n for it in items for n in it["lengths"]]
+if not lengths:
+    sys.exit(f"{sys.argv[1]}: the report has no completions")
+with open(sys.argv[2], "w") as f:
+    f.write("tokens,turns\n")
+    f.writelines(f"{n},1\n" for n in lengths)
+PY
+elif [[ -n $episodes_file ]]; then
   episodes_csv=$episodes_file # tokens,turns lines from an earlier sorl_episode_lengths out=
 else
   nice -n 5 "$build/bench/sagc/sorl_episode_lengths" task=file_search depth="$depth" dirs="$dirs" \

@@ -398,10 +398,12 @@ void place_segment(bucket_builder& bb, const delta_segment_entry& en, delta_segm
 // ---- bucket framing ----
 
 struct delta_bucket_framer::state {
-  state(uint64_t base_version, uint64_t version, uint64_t bucket_bytes, const char* w)
-    : bb(base_version, version, bucket_bytes, w), who(w) {}
+  state(uint64_t base_version, uint64_t version, uint64_t bucket_bytes, const char* w,
+        change_history* h)
+    : bb(base_version, version, bucket_bytes, w), who(w), history(h) {}
   bucket_builder bb;
   const char* who;
+  change_history* history;
   delta_stats stats;
   std::vector<uint32_t> rebased;
 };
@@ -409,7 +411,7 @@ struct delta_bucket_framer::state {
 delta_bucket_framer::delta_bucket_framer(uint64_t base_version, uint64_t version,
                                          const delta_options& options, const char* who) {
   check_delta_options(options, who);
-  s_ = std::make_unique<state>(base_version, version, options.bucket_bytes, who);
+  s_ = std::make_unique<state>(base_version, version, options.bucket_bytes, who, options.history);
 }
 
 delta_bucket_framer::~delta_bucket_framer() = default;
@@ -420,6 +422,12 @@ void delta_bucket_framer::add_segment(const delta_segment_entry& entry,
   if (entry.changed == 0)
     return;
   s_->stats.changed += entry.changed;
+  if (s_->history != nullptr) {
+    const uint32_t* positions = nullptr;
+    const uint16_t* steps = nullptr;
+    data.changes(&positions, &steps);
+    s_->stats.recurring += s_->history->record(entry.tensor, entry.offset, positions, entry.changed);
+  }
   place_segment(s_->bb, entry, data, s_->rebased, s_->who);
 }
 
@@ -430,6 +438,28 @@ std::vector<std::vector<uint8_t>> delta_bucket_framer::finish(delta_stats* stats
   if (stats != nullptr)
     *stats = st;
   return buckets;
+}
+
+uint64_t change_history::record(uint32_t tensor, uint64_t offset, const uint32_t* positions,
+                                size_t n) {
+  if (n == 0)
+    return 0;
+  if (bits_.size() <= tensor)
+    bits_.resize(size_t{tensor} + 1);
+  auto& words = bits_[tensor];
+  const uint64_t last = offset + positions[n - 1]; // positions increase
+  if (words.size() <= last / 64)
+    words.resize(last / 64 + 1, 0);
+  uint64_t before = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t e = offset + positions[i];
+    uint64_t& w = words[e / 64];
+    const uint64_t bit = uint64_t{1} << (e % 64);
+    before += (w & bit) != 0 ? 1 : 0;
+    w |= bit;
+  }
+  marked_ += n - before;
+  return before;
 }
 
 void check_delta_options(const delta_options& options, const char* who) {

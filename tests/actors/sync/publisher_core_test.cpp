@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <tuple>
 #include <memory>
 
 #include <fmt/format.h>
@@ -243,6 +244,30 @@ TEST_CASE("the first version goes out in full and the next as a delta against it
   CHECK(r.ready->publish_ns == 30);
   CHECK(r.ready->verified_workers == 2);
   CHECK(p.core.protocol().base_version() == 1u);
+}
+
+TEST_CASE("each delta's changed elements that an earlier delta changed are counted as "
+          "recurring") {
+  publisher p{{"a", "b"}};
+  worker a{make_model({100, 30, 80}, 1), "a"}, b{make_model({100, 30, 80}, 2), "b"};
+  publish_v0(p, a, b); // in full: no delta, nothing recorded
+  // Version 1 moves every 4th element (25 + 8 + 20 = 53), version 2 every 2nd (50 + 15 + 40 =
+  // 105), of which the 53 that version 1 moved recur.
+  const auto v1 = nudged(model_v0(), 4), v2 = nudged(v1, 2);
+  uint64_t version = 1;
+  for (const auto& [model, changed, recurring] :
+       {std::tuple{v1, 53, 0}, std::tuple{v2, 105, 53}}) {
+    INFO("version " << version);
+    auto r = p.core.on_snapshot(snapshot(model, version));
+    REQUIRE(sends(r) == both_sparse);
+    auto acks = deliver(p, r, {{"a", &a}, {"b", &b}});
+    p.core.on_ack("a", acks["a"]);
+    r = p.core.on_ack("b", acks["b"]);
+    REQUIRE(r.ready);
+    CHECK(r.ready->changed_elements == static_cast<uint64_t>(changed));
+    CHECK(r.ready->recurring_elements == static_cast<uint64_t>(recurring));
+    ++version;
+  }
 }
 
 TEST_CASE("a delta that misses the published hash is re-sent in full and counted as a "

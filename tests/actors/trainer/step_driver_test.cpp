@@ -331,6 +331,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
   r.sparse_bytes = 800;
   r.elements = 2000;
   r.changed_elements = 500;
+  r.recurring_elements = 125;
   r.encode_ns = 2000000;
   r.apply_ns_max = 3000000;
   r.sparse_workers = 2;
@@ -389,6 +390,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     {"sync_bytes", 1000},
     {"sync_dense_bytes", 4000},
     {"sync_changed_fraction", 0.25},
+    {"sync_recurring_fraction", 0.25}, // 125 of the 500 changed
     {"sync_sparse_bytes", 800},
     {"sync_encode_s", 0.002},
     {"sync_apply_s", 0.003},
@@ -655,6 +657,7 @@ TEST_CASE("the step's checksum says what the publisher verified") {
   CHECK(rec.extra_text.at("model_hash") == "00000000deadbeef");
   // Nobody got a delta: no changed fraction, no sparse bytes.
   CHECK(rec.extra.count("sync_changed_fraction") == 0);
+  CHECK(rec.extra.count("sync_recurring_fraction") == 0);
   CHECK(rec.extra.count("sync_sparse_bytes") == 0);
 }
 

@@ -503,6 +503,56 @@ TEST_CASE("encoding on several threads gives the single-threaded bytes and stats
   }
 }
 
+TEST_CASE("a change history counts the changed elements that changed in an earlier version",
+          "[delta_codec]") {
+  // Tensor 0 (1000 elements, over a segment boundary when segments are small) and tensor 5
+  // (300). Version 1 moves every 10th element, version 2 every 15th: in tensor 0, 100 then 67
+  // changes, of which the 34 multiples of 30 recur; in tensor 5, 30 then 20, 10 recurring.
+  auto moved = [](const std::vector<uint16_t>& v, size_t every) {
+    auto out = v;
+    for (size_t j = 0; j < out.size(); j += every)
+      out[j] = static_cast<uint16_t>(out[j] + 1);
+    return out;
+  };
+  const std::vector<uint16_t> a0(1000, 0x3f80), b0(300, 0x4000);
+  const auto a1 = moved(a0, 10), b1 = moved(b0, 10);
+  const auto a2 = moved(a1, 15), b2 = moved(b1, 15);
+  for (uint64_t bucket_bytes : {uint64_t{delta_min_bucket_bytes}, uint64_t{1} << 20}) {
+    for (uint32_t threads : {1u, 2u}) {
+      INFO("bucket_bytes " << bucket_bytes << ", threads " << threads);
+      change_history h;
+      delta_options o{bucket_bytes};
+      o.threads = threads;
+      o.history = &h;
+      delta_stats st;
+      encode_delta(0, 1, {{0, a0.data(), a1.data(), 1000}, {5, b0.data(), b1.data(), 300}}, o, &st);
+      CHECK(st.changed == 130);
+      CHECK(st.recurring == 0);
+      CHECK(h.marked() == 130);
+      encode_delta(1, 2, {{0, a1.data(), a2.data(), 1000}, {5, b1.data(), b2.data(), 300}}, o, &st);
+      CHECK(st.changed == 87);
+      CHECK(st.recurring == 44);
+      CHECK(h.marked() == 130 + 87 - 44);
+      // Without a history nothing is counted.
+      delta_options plain{bucket_bytes};
+      encode_delta(1, 2, {{0, a1.data(), a2.data(), 1000}, {5, b1.data(), b2.data(), 300}}, plain, &st);
+      CHECK(st.recurring == 0);
+    }
+  }
+  // record() on its own: positions are relative to the offset, and tensors are kept apart.
+  change_history h;
+  const uint32_t p1[] = {0, 3, 64, 65};
+  CHECK(h.record(2, 100, p1, 4) == 0); // elements 100, 103, 164, 165 of tensor 2
+  const uint32_t p2[] = {3, 4, 65};
+  CHECK(h.record(2, 100, p2, 3) == 2); // 103 and 165 again, 104 new
+  CHECK(h.record(1, 100, p2, 3) == 0); // another tensor
+  CHECK(h.record(2, 0, p2, 0) == 0);
+  CHECK(h.marked() == 4 + 1 + 3);
+  h.clear();
+  CHECK(h.marked() == 0);
+  CHECK(h.record(2, 100, p2, 3) == 0);
+}
+
 TEST_CASE("buckets respect the byte bound and split tensors across buckets", "[delta_codec]") {
   std::vector<tensor_pair> ts{make_pair(0, 300000, 0.01, 5), make_pair(1, 5, 1.0, 6, 1.0),
                               make_pair(2, 200000, 0.9, 7, 1.0), make_pair(3, 0, 0.0, 8),

@@ -17,6 +17,7 @@ inline void check_same_stats(const delta_stats& a, const delta_stats& b) {
   CHECK(a.dense_segments == b.dense_segments);
   CHECK(a.buckets == b.buckets);
   CHECK(a.entries == b.entries);
+  CHECK(a.recurring == b.recurring);
 }
 
 } // namespace sorl::sync::test
