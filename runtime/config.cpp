@@ -1009,7 +1009,8 @@ void parse_sagc(table_reader& r, sagc_config& c) {
            "a rollout is a straggler when it exceeds kappa x the median that straggler_rule "
            "names");
   r.number("target_rate", c.target_rate, 0.0, 1.0,
-           "target long-run rate of straggler events (epsilon)");
+           "epsilon: the long-run share of groups (group_tokens) or of steps (wall_clock) with "
+           "a straggler event that sagc holds");
   r.integer("window", c.window, 1, 1 << 24, "rollouts in the running duration statistic");
   r.number("v", c.v, 1e-9, 1e12, "sagc: penalty weight V of drift-plus-penalty");
   r.number("deadline_kappa", c.deadline_kappa, 1e-3, 1e6,

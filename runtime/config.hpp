@@ -338,8 +338,10 @@ struct sagc_config {
   int64_t g_min = 2;
   int64_t g_max = 16;
   /// What a straggler is: wall_clock = duration > kappa × the running median of durations;
-  /// group_tokens = response tokens > kappa × the median of its own group's.
-  straggler_rule_kind straggler_rule = straggler_rule_kind::wall_clock;
+  /// group_tokens = response tokens > kappa × the median of its own group's. group_tokens is
+  /// the default because its verdict does not move with the load (docs/sagc.md, "Two
+  /// straggler rules").
+  straggler_rule_kind straggler_rule = straggler_rule_kind::group_tokens;
   double kappa = 3.0;            ///< straggler if over kappa × the median straggler_rule names
   double target_rate = 0.1;      ///< ε, long-run straggler-event rate
   int64_t window = 256;          ///< rollouts in the running statistic

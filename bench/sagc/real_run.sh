@@ -7,7 +7,8 @@
 #                          [--heldout-target R] [--eval-every N] [--stop-at-target]
 #                          [--seed N] [--skip-done]
 #                          [--policies "static4 static8 static16 static32 deadline sagc"]
-#                          (also: sagc-tokens, sagc under the group_tokens straggler rule)
+#                          (also: sagc-tokens, sagc under the group_tokens straggler rule;
+#                          the other arms use the wall_clock rule)
 #                          [--record PATH]
 #
 # Runs each policy with the same seed, steps, warm start and everything else, one after the
@@ -69,16 +70,18 @@ for p in $policies; do
   # The config as it is, with the run's name, folder, steps (and eval_every) and the policy's
   # [sagc] keys set on top. configs/guess.toml and agent.toml set no other [sagc] key; a
   # config that does keeps it in every run.
+  # The static, deadline and sagc arms judge stragglers by wall clock (their event-rate
+  # column), whatever the configured default.
   case $p in
-    static*) sagc=(policy=static "group_size=${p#static}") ;;
-    sagc) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1) ;;
+    static*) sagc=(policy=static "group_size=${p#static}" straggler_rule=wall_clock) ;;
+    sagc) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.1 straggler_rule=wall_clock) ;;
     # The load-invariant rule (docs/sagc.md, "Two straggler rules"); its target counts groups.
     # κ = 8, ε = 0.2 of groups: on SmolLM2's sampled chain_sum answers (docs/your-task.md) a
     # rollout is past 3 × its group's median 19 % of the time, which no G meets; past 8 ×,
     # 3.9 %, which puts groups of 4 to 8 near ε.
     sagc-tokens) sagc=(policy=sagc group_size=8 g_min=4 g_max=32 target_rate=0.2 kappa=8
                        straggler_rule=group_tokens) ;;
-    deadline) sagc=(policy=deadline group_size=8 g_min=4) ;;
+    deadline) sagc=(policy=deadline group_size=8 g_min=4 straggler_rule=wall_clock) ;;
     *) echo "real_run.sh: unknown policy $p" >&2; exit 2 ;;
   esac
   args=(--set "run.name=$p" --set "run.output_dir=$out" --set "run.steps=$steps")

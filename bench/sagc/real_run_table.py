@@ -51,14 +51,16 @@ def write_record(path, out, target, heldout_target, policies, rows, by_g):
                        c("heldout_after", "held-out after", "", 2), c("len_p50", "length p50", "tokens", 1),
                        c("len_p99", "length p99", "tokens", 1), c("straggler_rate", "steps with a straggler", "", 3),
                        c("group_rate", "groups with a token straggler", "", 3),
-                       c("rollout_s", "rollout", "s", 2)])
+                       c("rollout_s", "rollout", "s", 2),
+                       c("len_mean_end", "mean trained response, last 3 steps", "tokens", 1),
+                       c("heldout_len_end", "held-out mean length at the end", "tokens", 1)])
     for r in rows:
         if not r["policy"].startswith("sagc"):
             t.setdefault("baseline_rows", []).append(len(t["rows"]))
         reach, h = r["reach"] or (None, None), r["heldout_reach"] or (None, None)
         t["rows"].append([r["policy"], r["steps"], r["g"], r["total"], reach[1], reach[0], h[1], h[0], r["first"],
                           r["final"], r["before"], r["after"], r["length"], r["length99"], r["rate"],
-                          r["group_rate"], r["rollout"]])
+                          r["group_rate"], r["rollout"], r["len_end"], r["heldout_len_end"]])
     if by_g:
         rec.add_table("group-events", "groups with a token straggler over each static run's first 5 "
                       "steps, measured and as the smallest G predicts for independent rollouts",
@@ -122,7 +124,14 @@ def main(out, target, policies, heldout_target=None, record_path=None):
         events = [r.get("straggler_event") for r in recs if r.get("straggler_event") is not None]
         lens = [r.get("resp_len_p50") for r in recs if r.get("resp_len_p50") is not None]
         lens99 = [r.get("resp_len_p99") for r in recs if r.get("resp_len_p99") is not None]
+        # The trained responses' mean length over the last 3 steps: the learner counts every
+        # token of every rollout it trains once (metrics tokens_trained / trained_rollouts).
+        tail = recs[-3:]
+        trained = sum(r.get("trained_rollouts", 0) for r in tail)
+        len_end = sum(r.get("tokens_trained", 0) for r in tail) / trained if trained else None
+        held_lens = [r["heldout_len"] for r in recs if r.get("heldout_len") is not None]
         rows.append(dict(policy=p, steps=len(recs), total=sum(walls), reach=reach,
+                         len_end=len_end, heldout_len_end=held_lens[-1] if held_lens else None,
                          heldout_reach=heldout_reach(recs, heldout_target),
                          final=sum(rewards[-5:]) / max(1, len(rewards[-5:])),
                          first=sum(rewards[:5]) / max(1, len(rewards[:5])),
@@ -141,7 +150,7 @@ def main(out, target, policies, heldout_target=None, record_path=None):
     print(f"{'policy':<12} {'steps':>5} {'mean G':>6} {'wall s':>7} {'to target s':>11} "
           f"{'(step)':>6} {'to target held-out':>18} {'reward 1-5':>10} {'last 5':>7} "
           f"{'held-out':>13} {'len p50':>7} {'len p99':>7} {'strag rate':>10} {'group rate':>10} "
-          f"{'rollout s':>9}")
+          f"{'rollout s':>9} {'len end':>7} {'held len':>8}")
     for r in rows:
         reach_s = fmt(r["reach"][1] if r["reach"] else None, ".1f")
         reach_step = str(r["reach"][0]) if r["reach"] else "-"
@@ -151,7 +160,8 @@ def main(out, target, policies, heldout_target=None, record_path=None):
         print(f"{r['policy']:<12} {r['steps']:>5} {r['g']:>6.1f} {r['total']:>7.1f} {reach_s:>11} "
               f"{reach_step:>6} {heldout_s:>18} {r['first']:>10.3f} {r['final']:>7.3f} "
               f"{held:>13} {r['length']:>7.1f} {r['length99']:>7.1f} {r['rate']:>10.3f} "
-              f"{fmt(r['group_rate'], '>10.3f')} {r['rollout']:>9.2f}")
+              f"{fmt(r['group_rate'], '>10.3f')} {r['rollout']:>9.2f} {fmt(r['len_end'], '>7.1f')} "
+              f"{fmt(r['heldout_len_end'], '>8.1f')}")
     by_g = group_events_by_g(per_policy)
     if by_g:
         print(f"groups with a token straggler in each static run's first 5 steps, against the share "

@@ -22,6 +22,7 @@ TEST_CASE("a run with the sagc policy trains every step at the G the controller 
   // B = 4, G in [2, 4], first G = 3. A window of 8 durations is full after the first step
   // (12 rollouts), so every later step is decided from the straggler estimate and the queue.
   // From the warm start (made by the ctest fixture e2e_warm_start), so every step learns.
+  // The wall-clock rule: responses of at most 4 tokens give the token rule nothing to judge.
   sorl::test::require_warm_start(dir);
   const std::string text = "[run]\nname = \"sagc-policy\"\nseed = 3\nsteps = 3\noutput_dir = \""
                            + (dir / "runs").string() + "\"\n"
@@ -35,6 +36,7 @@ g_min = 2
 g_max = 4
 group_size = 3
 window = 8
+straggler_rule = "wall_clock"
 [rollout]
 max_batch = 16
 [[node]]

@@ -284,9 +284,12 @@ TEST_CASE("a few synchronous steps in one process keep every invariant") {
 TEST_CASE("a run killed after a checkpoint resumes with model, optimizer and group-size "
           "controller bit for bit") {
   fs::remove_all(data_dir() / "runs" / "resume");
-  // SAGC: its virtual queue and duration window must survive the restart.
-  auto cfg = write("resume.toml", small_config("resume", 5, one_node, 2,
-                                               "policy = \"sagc\"\ng_min = 2\ng_max = 6\n"));
+  // SAGC under the wall-clock rule: its virtual queue and duration window must survive the
+  // restart.
+  auto cfg = write("resume.toml",
+                   small_config("resume", 5, one_node, 2,
+                                "policy = \"sagc\"\ng_min = 2\ng_max = 6\n"
+                                "straggler_rule = \"wall_clock\"\n"));
   std::string saved;
   {
     std::smatch m;

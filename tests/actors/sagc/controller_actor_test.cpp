@@ -56,11 +56,13 @@ void ask(caf::scoped_actor& self, const caf::actor& to, Fill fill, Read read) {
     caf::after(10s) >> [&] { FAIL("no reply from the controller"); });
 }
 
-/// The sagc policy with G in [2, 4] from 3, κ = 2 over a window of 8, ε = 0.5, V = 0.5 and
-/// B = 2 (a step of size G has 2G rollouts), small enough to compute its decisions by hand.
+/// The sagc policy with G in [2, 4] from 3, κ = 2 over a window of 8 durations (the wall-clock
+/// rule), ε = 0.5, V = 0.5 and B = 2 (a step of size G has 2G rollouts), small enough to
+/// compute its decisions by hand.
 experiment_config small_sagc() {
   experiment_config exp;
   exp.sagc.policy = group_policy_kind::sagc;
+  exp.sagc.straggler_rule = straggler_rule_kind::wall_clock;
   exp.sagc.g_min = 2;
   exp.sagc.g_max = 4;
   exp.sagc.group_size = 3;
@@ -95,6 +97,7 @@ TEST_CASE("the controller flags a straggler from its chunk messages before it fi
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   experiment_config exp; // static G = 8, κ = 3, straggler rule needs 8 durations
+  exp.sagc.straggler_rule = straggler_rule_kind::wall_clock; // flagged by its duration
   auto ctl = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
 
   ask<msg::GroupSizeQuery, msg::GroupSizeDecision>(
@@ -180,6 +183,7 @@ TEST_CASE("a controller restored from another's saved state answers the next ste
   exp.sagc.group_size = 4;
   exp.sagc.g_min = 2;
   exp.sagc.g_max = 8;
+  exp.sagc.straggler_rule = straggler_rule_kind::wall_clock; // the 5 s straggler below
   auto kept = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
   auto resumed = spawn_sagc_controller(sys, test_context(exp, "sagc_controller"));
 
