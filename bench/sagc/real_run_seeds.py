@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """One table over the seeds of bench/sagc/real_run.sh: per policy, the wall-clock to the
 held-out target in each seed, its mean, and the ratio of the best static G's time to the
-policy's time (> 1: the policy got there sooner), with mean G and the straggler shares
+policy's time (> 1: the policy got there sooner), then the steps to the target in each seed
+(which do not depend on the machine's speed that day), with mean G and the straggler shares
 averaged over the seeds.
 
     real_run_seeds.py RECORD... [--record PATH]
@@ -42,7 +43,8 @@ def mean(values):
 
 def summarise(seeds):
     """Rows [policy, seconds per seed..., mean seconds, mean ratio best static / policy,
-    mean G, mean wall-clock event share, mean token-straggler group share], policies in the
+    steps per seed..., mean G, mean event share under the arm's rule, mean token-straggler
+    group share], policies in the
     order the first seed lists them, then any that only later seeds have."""
     order = []
     for rows in seeds:
@@ -56,8 +58,9 @@ def summarise(seeds):
             if t and best:
                 ratios.append(best / t)
         cells = [rows[p] for rows in seeds if p in rows]
-        out.append([p] + times + [mean(times), mean(ratios),
-                                  mean([c.get("mean_g") for c in cells]),
+        steps = [rows.get(p, {}).get("to_heldout_step") for rows in seeds]
+        out.append([p] + times + [mean(times), mean(ratios)] + steps +
+                                 [mean([c.get("mean_g") for c in cells]),
                                   mean([c.get("straggler_rate") for c in cells]),
                                   mean([c.get("group_rate") for c in cells])])
     return out
@@ -73,12 +76,16 @@ def main(paths, record_path):
     rows = summarise(seeds)
     n = len(seeds)
     print(f"{'policy':<12} " + " ".join(f"{'seed ' + str(i + 1) + ' s':>10}" for i in range(n))
-          + f" {'mean s':>8} {'best static / it':>16} {'mean G':>6} {'strag':>6} {'groups':>6}")
+          + f" {'mean s':>8} {'best static / it':>16} "
+          + " ".join(f"{'steps ' + str(i + 1):>7}" for i in range(n))
+          + f" {'mean G':>6} {'strag':>6} {'groups':>6}")
     fmt = lambda v, f: "—" if v is None else format(v, f)
     for r in rows:
         print(f"{r[0]:<12} " + " ".join(f"{fmt(v, '.1f'):>10}" for v in r[1:1 + n])
-              + f" {fmt(r[1 + n], '.1f'):>8} {fmt(r[2 + n], '.2f'):>16} {fmt(r[3 + n], '.1f'):>6}"
-              f" {fmt(r[4 + n], '.3f'):>6} {fmt(r[5 + n], '.3f'):>6}")
+              + f" {fmt(r[1 + n], '.1f'):>8} {fmt(r[2 + n], '.2f'):>16} "
+              + " ".join(f"{fmt(v, 'd'):>7}" for v in r[3 + n:3 + 2 * n])
+              + f" {fmt(r[3 + 2 * n], '.1f'):>6} {fmt(r[4 + 2 * n], '.3f'):>6}"
+              f" {fmt(r[5 + 2 * n], '.3f'):>6}")
     if record_path and record_path != "none":
         first = loaded[0][0]
         rec = record.Record("sagc-real-seeds", sorl=first["sorl"], runtime=first.get("runtime"))
@@ -88,8 +95,9 @@ def main(paths, record_path):
         c = record.column
         cols = [c("policy", "policy")]
         cols += [c(f"seed{i + 1}_s", f"seed {i + 1}, to held-out target", "s", 1) for i in range(n)]
-        cols += [c("mean_s", "mean", "s", 1), c("best_static_over", "best static / it", "", 2),
-                 c("mean_g", "mean G", "", 1), c("straggler_rate", "steps with a straggler", "", 3),
+        cols += [c("mean_s", "mean", "s", 1), c("best_static_over", "best static / it", "", 2)]
+        cols += [c(f"seed{i + 1}_steps", f"seed {i + 1}, steps") for i in range(n)]
+        cols += [c("mean_g", "mean G", "", 1), c("straggler_rate", "steps with a straggler", "", 3),
                  c("group_rate", "groups with a token straggler", "", 3)]
         t = rec.add_table("seeds", "per policy over the seeds: wall-clock to the held-out target", cols)
         for r in rows:
