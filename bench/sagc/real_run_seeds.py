@@ -44,8 +44,8 @@ def mean(values):
 def summarise(seeds):
     """Rows [policy, seconds per seed..., mean seconds, mean ratio best static / policy,
     steps per seed..., mean G, mean event share under the arm's rule, mean token-straggler
-    group share], policies in the
-    order the first seed lists them, then any that only later seeds have."""
+    group share], policies in the order the first seed lists them, then any that only later
+    seeds have."""
     order = []
     for rows in seeds:
         order += [p for p in rows if p not in order]
