@@ -12,10 +12,11 @@
 //   rollouts: tokens/s of whole rollouts as a worker runs them: one group of B samples of one
 //             prompt through the generator (prefill, decode, sampling at --temperature, no
 //             stop token: every sample runs --new tokens).
-// --profile B,... adds a table of one decode step's time by kind of operation.
+// --profile B,... adds a table of one decode step's time by kind of operation; --gemm-rows
+// R,... one of bf16_linear's GFLOP/s against at::linear's at those row counts.
 // bench/decode_model.sh runs it with the thread settings and, when the bench virtualenv exists,
 // the Hugging Face and llama.cpp baselines. --record PATH writes the run's record
-// (bench/record.hpp; tables "limits", "decode", "profile"), by default under runs/bench/.
+// (bench/record.hpp; tables "limits", "gemm", "decode", "profile"), by default under runs/bench/.
 
 #include "bench/record_ml.hpp"
 #include "runtime/ml/formats/hf_model.hpp"
@@ -54,6 +55,7 @@ struct options {
   std::string model_dir;
   std::vector<std::int64_t> batches = {1, 8, 32, 64};
   std::vector<std::int64_t> profile = {1, 32};
+  std::vector<std::int64_t> gemm_rows;
   std::int64_t prompt = 32;
   std::int64_t new_tokens = 64;
   std::int64_t repeats = 3;
@@ -77,6 +79,10 @@ void usage() {
   std::cerr << "usage: decode_model_bench MODEL_DIR [--batches 1,8,32,64] [--profile 1,32] [--prompt 32]\n"
                "                          [--new 64] [--repeats 3] [--temperature 0.7] [--threads 2]\n"
                "                          [--no-baseline] [--json FILE] [--prompt-out FILE] [--record FILE]\n"
+               "                          [--gemm-rows 1,8,32,64,256]\n"
+               "  --batches ''   no decode table; --profile '' no profile\n"
+               "  --gemm-rows    bf16_linear against at::linear on the fp32 image through the model's\n"
+               "                 shapes at each row count: a table of its own (\"gemm\")\n"
                "  --prompt-out  writes the rollouts' prompt as a JSONL line {\"ids\": [...]}, for\n"
                "                bench/decode_baselines.py --prompts\n";
 }
@@ -91,6 +97,7 @@ options parse(int argc, char** argv) {
     };
     if (a == "--batches") o.batches = split_ints(value());
     else if (a == "--profile") o.profile = split_ints(value());
+    else if (a == "--gemm-rows") o.gemm_rows = split_ints(value());
     else if (a == "--prompt") o.prompt = std::stoll(value());
     else if (a == "--new") o.new_tokens = std::stoll(value());
     else if (a == "--repeats") o.repeats = std::stoll(value());
@@ -335,7 +342,10 @@ int main(int argc, char** argv) try {
 
   fmt::print("model: {} ({} layers, d {}, vocab {}); bf16 weights read per decode step: {:.1f} MB\n",
              o.model_dir, d.n_layers, d.d_model, d.vocab, c.weight_bytes / 1e6);
-  fmt::print("threads: {}; bf16_linear: {}\n", o.threads, bf16_linear_isa());
+  fmt::print("threads: {} (sorl's kernels run on {}); bf16_linear: {}\n", o.threads, kernel_threads(),
+             bf16_linear_isa());
+  if (kernel_threads() != o.threads)
+    throw std::runtime_error(fmt::format("sorl's kernels run on {} threads, not the {} asked for", kernel_threads(), o.threads));
   rec.set_runtime(sorl::bench::ml_record_runtime());
   rec.set_parameter("model_dir", o.model_dir);
   rec.set_parameter("prompt_tokens", o.prompt);
@@ -369,6 +379,25 @@ int main(int argc, char** argv) try {
   limits.add_row({fmt::format("the same, oneDNN"), rate_onednn / 1e9, "GFLOP/s"});
   limits.add_row({fmt::format("the same, bf16_linear ({})", bf16_linear_isa()), rate_bf16 / 1e9, "GFLOP/s"});
   limits.add_row({"bf16 weights read per decode step", c.weight_bytes / 1e6, "MB"});
+  if (!o.gemm_rows.empty()) {
+    auto& gemm = rec.add_table("gemm", "bf16_linear against at::linear on the fp32 image, through every linear layer's shape once per layer, best of 5",
+                               {{"rows", "rows"},
+                                {"bf16_gflops", "bf16_linear", "GFLOP/s", 1},
+                                {"aten_gflops", "at::linear (fp32 weights)", "GFLOP/s", 1, true},
+                                {"ratio", "bf16_linear / at::linear", "x", 2},
+                                {"bf16_weight_gbs", "bf16_linear's weight read", "GB/s", 1}});
+    fmt::print("{:>5}  {:>20}  {:>20}  {:>8}  {:>16}\n", "rows", "bf16_linear GFLOP/s", "at::linear GFLOP/s", "ratio",
+               "weights GB/s");
+    for (const std::int64_t r : o.gemm_rows) {
+      const double b = gemm_rate(d, r, 5, [](const at::Tensor& x, const at::Tensor& w) { return bf16_linear(x, w); }, true);
+      const double a = gemm_rate(d, r, 5, [](const at::Tensor& x, const at::Tensor& w) { return at::linear(x, w); }, false);
+      // Every weight is 2 bytes and is met by `r` rows: 2 FLOPs per row.
+      const double gbs = b / static_cast<double>(r) / 1e9;
+      fmt::print("{:>5}  {:>20.1f}  {:>20.1f}  {:>8.2f}  {:>16.1f}\n", r, b / 1e9, a / 1e9, b / a, gbs);
+      gemm.add_row({r, b / 1e9, a / 1e9, b / a, gbs});
+    }
+    fmt::print("\n");
+  }
   auto& decode = rec.add_table(
     "decode", "steady decode and whole rollouts, tokens/s (medians of the repeats), against this machine's bounds",
     {{"batch", "batch"},

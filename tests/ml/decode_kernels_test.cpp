@@ -95,7 +95,10 @@ TEST_CASE("bf16_linear is its reference bit for bit on every instruction set and
   const std::vector<shape> shapes = {{1, 1, 1, false},   {1, 16, 4, false},  {1, 576, 192, true},
                                      {3, 17, 5, true},   {5, 33, 9, false},  {7, 100, 13, true},
                                      {64, 128, 272, false}, {2, 1536, 37, false}, {9, 15, 3, true},
-                                     {8, 33, 7, true},   {13, 100, 13, false}, {32, 576, 6, true}};
+                                     {8, 33, 7, true},   {13, 100, 13, false}, {32, 576, 6, true},
+                                     // whole 4 x 4 tiles only, and with edges on both sides
+                                     {32, 64, 16, true}, {12, 40, 8, false}, {36, 1536, 20, true},
+                                     {33, 577, 18, true}, {64, 576, 192, false}};
   for (const auto& s : shapes) {
     const at::Tensor x = randn(s.M, s.K, 1 + static_cast<std::uint64_t>(s.K));
     const at::Tensor w = randn(s.N, s.K, 2 + static_cast<std::uint64_t>(s.N)).to(at::kBFloat16);
@@ -123,6 +126,17 @@ TEST_CASE("bf16_linear gives a row the same bits whatever else is in the batch",
   const at::Tensor one = bf16_linear(x, w);
   at::set_num_threads(threads);
   CHECK(bitwise_equal(one, all));
+}
+
+TEST_CASE("the kernels' parallel loops run on every thread libtorch is given", "[decode_kernels]") {
+  // at::parallel_for is a `#pragma omp parallel` in ATen's headers: a kernel source built
+  // without OpenMP runs it on one thread whatever at::set_num_threads says.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  CHECK(kernel_threads() == 1);
+  at::set_num_threads(2);
+  CHECK(kernel_threads() == 2);
+  at::set_num_threads(threads);
 }
 
 TEST_CASE("bf16_linear agrees with at::linear on the fp32 image within fp32 rounding", "[decode_kernels]") {

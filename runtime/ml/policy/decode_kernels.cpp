@@ -341,6 +341,18 @@ float bf16_dot_reference(const float* x, const std::uint16_t* w, std::int64_t K)
   return reduce_lanes(p);
 }
 
+int kernel_threads() {
+  std::vector<int> seen(static_cast<std::size_t>(std::max(1, at::get_num_threads())), 0);
+  // More tasks than threads, so that every thread of the team gets some.
+  at::parallel_for(0, 64 * static_cast<std::int64_t>(seen.size()), 1, [&](std::int64_t, std::int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < static_cast<int>(seen.size())) seen[static_cast<std::size_t>(t)] = 1;
+  });
+  int n = 0;
+  for (const int s : seen) n += s;
+  return n;
+}
+
 std::string bf16_linear_isa() {
   switch (current_isa().load()) {
     case isa::avx512: return "avx512";

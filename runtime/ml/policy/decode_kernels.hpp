@@ -21,6 +21,11 @@
 
 namespace sorl::ml {
 
+/// Threads an at::parallel_for of these kernels runs on now: at::get_num_threads() (they are
+/// compiled with OpenMP, ATen's parallel backend; a source compiled without it runs its
+/// parallel_for on one thread). For the benches and a test.
+int kernel_threads();
+
 /// y = x · wᵀ + bias with bf16 weights, computed in fp32.
 /// x: [M, K] fp32 (M >= 0, K >= 1; any strides: it is made contiguous), w: [N, K] bf16
 /// contiguous, bias: undefined or [N] fp32 → [M, N] fp32, on the CPU.
