@@ -79,4 +79,6 @@ struct VersionReady {
                                # was ok and carried `modelHash` (the publisher compares)
   recurringElements @15 :UInt64; # of changedElements, those that changed in an earlier
                                  # version the publisher encoded as a delta (temporal locality)
+  boundBits @16 :Float64;        # the delta's order-0 bound, bits (runtime/sync/delta_codec.hpp
+                                 # delta_stats::bound_bits); 0 when no delta was encoded
 }

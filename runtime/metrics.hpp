@@ -146,6 +146,7 @@ namespace sorl {
   X(sync_dense_bytes, "sync_dense_bytes", sync, number, "bytes", "one dense bf16 copy of the model") \
   X(sync_sparse_bytes, "sync_sparse_bytes", sync, number, "bytes", "the sparse delta (steps with a delta only)") \
   X(sync_changed_fraction, "sync_changed_fraction", sync, number, "", "bf16 elements whose bits changed / all elements (steps with a delta only)") \
+  X(sync_bound_bytes, "sync_bound_bytes", sync, number, "bytes", "the order-0 entropy bound of the sparse delta: log2 C(elements, changed) + log2(changed! / the product of each step value's count!), over 8; no code that treats positions and steps as independent draws averages less (steps with a delta only)") \
   X(sync_recurring_fraction, "sync_recurring_fraction", sync, number, "", "of the changed elements, the share that changed in an earlier step's delta: temporal locality (steps with a changed element only)") \
   X(sync_encode_s, "sync_encode_s", sync, number, "s", "publisher encode time (delta and any full payload)") \
   X(sync_apply_s,  "sync_apply_s",  sync, number, "s", "slowest worker's receive + apply + hash") \

@@ -117,10 +117,12 @@ const payload& publisher_core::sparse_payload(uint64_t base_version) {
   o.bucket_bytes = bucket_bytes_;
   o.threads = 0; // every core: the learner and the workers wait for this version
   o.history = &history_;
+  o.measure_bound = true;
   delta_stats stats;
   auto buckets = encode_delta(base_version, version_, sources, o, &stats);
   changed_ = stats.changed;
   recurring_ = stats.recurring;
+  bound_bits_ = stats.bound_bits;
   for (size_t k = 0; k < buckets.size(); ++k) {
     p.bytes += buckets[k].size();
     weight_bucket b;
@@ -149,6 +151,7 @@ void publisher_core::begin(const snapshot_view& snap, result& r) {
   full_.reset();
   sparse_.reset();
   changed_ = recurring_ = elements_ = dense_bytes_ = bytes_sent_ = 0;
+  bound_bits_ = 0.0;
   full_sends_ = sparse_sends_ = 0;
   encode_ns_ = apply_ns_max_ = 0;
   acked_hash_.clear();
@@ -228,6 +231,7 @@ void publisher_core::complete(result& r) {
   v.publish_ns = now_() - started_ns_;
   v.changed_elements = changed_;
   v.recurring_elements = recurring_;
+  v.bound_bits = bound_bits_;
   v.elements = elements_;
   v.encode_ns = encode_ns_;
   v.apply_ns_max = apply_ns_max_;

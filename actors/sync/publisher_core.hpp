@@ -155,6 +155,7 @@ private:
   change_history history_;
   uint64_t changed_ = 0;
   uint64_t recurring_ = 0;
+  double bound_bits_ = 0.0; ///< the delta's order-0 bound (delta_stats::bound_bits)
   uint64_t elements_ = 0;
   uint64_t dense_bytes_ = 0;
   uint64_t bytes_sent_ = 0; ///< over all workers

@@ -81,6 +81,8 @@ struct version_ready {
   uint64_t sparse_bytes = 0;
   uint32_t verified_workers = 0;
   uint64_t recurring_elements = 0; ///< of changed_elements, those changed in an earlier delta
+  /// The delta's order-0 bound in bits (delta_stats::bound_bits); 0 when no delta was encoded.
+  double bound_bits = 0.0;
 };
 
 /// A log line a core asks its shell to write (the shell owns the logger).

@@ -93,6 +93,7 @@ envelope encode_version_ready(const version_ready& v) {
     b.setSparseBytes(v.sparse_bytes);
     b.setVerifiedWorkers(v.verified_workers);
     b.setRecurringElements(v.recurring_elements);
+    b.setBoundBits(v.bound_bits);
   });
 }
 
@@ -114,6 +115,7 @@ version_ready decode_version_ready(msg::VersionReady::Reader r) {
   v.sparse_bytes = r.getSparseBytes();
   v.verified_workers = r.getVerifiedWorkers();
   v.recurring_elements = r.getRecurringElements();
+  v.bound_bits = r.getBoundBits();
   return v;
 }
 

@@ -619,6 +619,8 @@ void step_driver::end_step(out& o, const ev::version_ready& ready) {
     rec.set(metric::sync_changed_fraction, static_cast<double>(ready.changed_elements)
                                               / static_cast<double>(ready.elements));
     rec.set(metric::sync_sparse_bytes, static_cast<double>(ready.sparse_bytes));
+    if (ready.bound_bits > 0.0)
+      rec.set(metric::sync_bound_bytes, ready.bound_bits / 8.0);
     if (ready.changed_elements > 0)
       rec.set(metric::sync_recurring_fraction, static_cast<double>(ready.recurring_elements)
                                                  / static_cast<double>(ready.changed_elements));

@@ -119,6 +119,7 @@ struct version_ready {
   uint64_t changed_elements = 0; ///< of them, those whose bits changed
   /// of those, the ones that changed in an earlier version the publisher sent as a delta
   uint64_t recurring_elements = 0;
+  double bound_bits = 0.0;       ///< the delta's order-0 bound in bits, 0 if none
   int64_t encode_ns = 0;
   int64_t apply_ns_max = 0;      ///< slowest worker's apply + hash
   uint32_t full_workers = 0;

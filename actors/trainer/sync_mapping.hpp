@@ -23,6 +23,7 @@ inline ev::version_ready version_ready_of(const sync::version_ready& v) {
   x.elements = v.elements;
   x.changed_elements = v.changed_elements;
   x.recurring_elements = v.recurring_elements;
+  x.bound_bits = v.bound_bits;
   x.encode_ns = v.encode_ns;
   x.apply_ns_max = v.apply_ns_max;
   x.full_workers = v.full_workers;

@@ -5,6 +5,7 @@
 #include "runtime/sync/delta_internal.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -405,6 +406,7 @@ struct delta_bucket_framer::state {
   const char* who;
   change_history* history;
   delta_stats stats;
+  std::vector<uint64_t> step_counts; ///< per step value, with delta_options::measure_bound
   std::vector<uint32_t> rebased;
 };
 
@@ -412,6 +414,8 @@ delta_bucket_framer::delta_bucket_framer(uint64_t base_version, uint64_t version
                                          const delta_options& options, const char* who) {
   check_delta_options(options, who);
   s_ = std::make_unique<state>(base_version, version, options.bucket_bytes, who, options.history);
+  if (options.measure_bound)
+    s_->step_counts.assign(size_t{1} << 16, 0);
 }
 
 delta_bucket_framer::~delta_bucket_framer() = default;
@@ -422,11 +426,15 @@ void delta_bucket_framer::add_segment(const delta_segment_entry& entry,
   if (entry.changed == 0)
     return;
   s_->stats.changed += entry.changed;
-  if (s_->history != nullptr) {
+  if (s_->history != nullptr || !s_->step_counts.empty()) {
     const uint32_t* positions = nullptr;
     const uint16_t* steps = nullptr;
     data.changes(&positions, &steps);
-    s_->stats.recurring += s_->history->record(entry.tensor, entry.offset, positions, entry.changed);
+    if (s_->history != nullptr)
+      s_->stats.recurring += s_->history->record(entry.tensor, entry.offset, positions, entry.changed);
+    if (!s_->step_counts.empty())
+      for (uint64_t i = 0; i < entry.changed; ++i)
+        ++s_->step_counts[steps[i]];
   }
   place_segment(s_->bb, entry, data, s_->rebased, s_->who);
 }
@@ -434,10 +442,29 @@ void delta_bucket_framer::add_segment(const delta_segment_entry& entry,
 std::vector<std::vector<uint8_t>> delta_bucket_framer::finish(delta_stats* stats) {
   delta_stats& st = s_->stats;
   st.dense_bytes = 2 * st.elements;
+  if (!s_->step_counts.empty())
+    st.bound_bits = delta_bound_bits(st.elements, st.changed, s_->step_counts);
   auto buckets = s_->bb.finish(&st);
   if (stats != nullptr)
     *stats = st;
   return buckets;
+}
+
+double delta_bound_bits(uint64_t elements, uint64_t changed, const std::vector<uint64_t>& step_counts) {
+  uint64_t total = 0;
+  for (const uint64_t c : step_counts)
+    total += c;
+  if (changed > elements || total != changed)
+    throw std::invalid_argument(fmt::format("delta_bound_bits: {} changed of {} elements, steps counted {}",
+                                            changed, elements, total));
+  // lgamma(x + 1) = ln x! to a few ulps: the bound is a difference of terms up to N ln N
+  // (4e10 nats at 10^9 elements), so it is right to well under a bit.
+  auto ln_fact = [](uint64_t x) { return std::lgamma(static_cast<double>(x) + 1.0); };
+  double nats = ln_fact(elements) - ln_fact(elements - changed); // ln C(N, n) + ln n!
+  for (const uint64_t c : step_counts)
+    if (c > 1)
+      nats -= ln_fact(c);
+  return std::max(0.0, nats / std::log(2.0));
 }
 
 uint64_t change_history::record(uint32_t tensor, uint64_t offset, const uint32_t* positions,

@@ -200,6 +200,11 @@ private:
   uint64_t marked_ = 0;
 };
 
+/// The order-0 bound of delta_stats::bound_bits, in bits: log2 C(elements, changed) +
+/// log2(changed! / Π_s step_counts[s]!). step_counts: any length (one count per step value),
+/// summing to `changed`. Throws std::invalid_argument when they do not, or changed > elements.
+double delta_bound_bits(uint64_t elements, uint64_t changed, const std::vector<uint64_t>& step_counts);
+
 struct delta_options {
   /// Largest encoded bucket in bytes, header and checksum included; at least
   /// delta_min_bucket_bytes (encode_delta raises std::invalid_argument below).
@@ -217,6 +222,9 @@ struct delta_options {
   /// When set, every changed element is marked in it (on the calling thread, in segment order)
   /// and delta_stats::recurring counts those it had marked before. Borrowed for the call.
   change_history* history = nullptr;
+  /// When set, delta_stats::bound_bits gets the delta's order-0 bound (on the calling
+  /// thread; 512 KiB for a histogram of the steps).
+  bool measure_bound = false;
 };
 
 /// What one encode_delta call produced.
@@ -231,6 +239,12 @@ struct delta_stats {
   /// Changed elements that delta_options::history had marked before this call (changed in an
   /// earlier version it recorded); 0 without a history.
   uint64_t recurring = 0;
+  /// With delta_options::measure_bound, the fewest bits that name this delta among all those
+  /// with the same element count N, changed count n and histogram c_s of steps:
+  /// log2 C(N, n) + log2(n! / Π_s c_s!), which is N·H(n/N) + n·H(steps) up to O(log N) terms
+  /// (the entropy bound SparseRL-Sync compares its payload with; a code that sees the steps
+  /// and positions as independent draws cannot average fewer). 0 without it.
+  double bound_bits = 0.0;
 };
 
 /// Encodes version `version` against `base_version` (ARCHITECTURE.md §6, SparseRL-Sync; the format

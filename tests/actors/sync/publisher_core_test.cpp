@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <tuple>
 #include <memory>
@@ -266,6 +267,10 @@ TEST_CASE("each delta's changed elements that an earlier delta changed are count
     REQUIRE(r.ready);
     CHECK(r.ready->changed_elements == static_cast<uint64_t>(changed));
     CHECK(r.ready->recurring_elements == static_cast<uint64_t>(recurring));
+    // Every change is one step of +1 (nudged): the bound is which `changed` of the 210
+    // elements moved, log2 C(210, changed).
+    const double bound = (std::lgamma(211.0) - std::lgamma(changed + 1.0) - std::lgamma(211.0 - changed)) / std::log(2.0);
+    CHECK(r.ready->bound_bits == Approx(bound).epsilon(1e-12));
     ++version;
   }
 }

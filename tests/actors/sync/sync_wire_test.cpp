@@ -316,6 +316,7 @@ TEST_CASE("acknowledgements and VersionReady carry the shells' bytes and decode 
   v.sparse_bytes = 300;
   v.verified_workers = 3;
   v.recurring_elements = 9;
+  v.bound_bits = 123.25;
   REQUIRE_FALSE(with_envelope<msg::VersionReady>(encode_version_ready(v), [&](msg::VersionReady::Reader r) {
     CHECK(r.getVersion() == 7);
     CHECK(r.getModelHash() == 99);
@@ -333,12 +334,13 @@ TEST_CASE("acknowledgements and VersionReady carry the shells' bytes and decode 
     CHECK(r.getSparseBytes() == 300);
     CHECK(r.getVerifiedWorkers() == 3);
     CHECK(r.getRecurringElements() == 9);
+    CHECK(r.getBoundBits() == 123.25);
     const auto back = decode_version_ready(r);
     auto fields = [](const version_ready& x) {
       return std::tie(x.version, x.model_hash, x.workers, x.bytes_sent, x.dense_bytes,
                       x.publish_ns, x.changed_elements, x.elements, x.encode_ns, x.apply_ns_max,
                       x.full_workers, x.sparse_workers, x.resyncs, x.sparse_bytes,
-                      x.verified_workers, x.recurring_elements);
+                      x.verified_workers, x.recurring_elements, x.bound_bits);
     };
     CHECK(fields(back) == fields(v));
   }));

@@ -143,6 +143,7 @@ TEST_CASE("a VersionReady becomes the driver's event with every field it reads")
   v.elements = 2000;
   v.changed_elements = 17;
   v.recurring_elements = 9;
+  v.bound_bits = 80.5;
   v.encode_ns = 21;
   v.apply_ns_max = 34;
   v.full_workers = 1;
@@ -160,6 +161,7 @@ TEST_CASE("a VersionReady becomes the driver's event with every field it reads")
   CHECK(x.elements == 2000);
   CHECK(x.changed_elements == 17);
   CHECK(x.recurring_elements == 9);
+  CHECK(x.bound_bits == 80.5);
   CHECK(x.encode_ns == 21);
   CHECK(x.apply_ns_max == 34);
   CHECK(x.full_workers == 1);

@@ -332,6 +332,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
   r.elements = 2000;
   r.changed_elements = 500;
   r.recurring_elements = 125;
+  r.bound_bits = 4000;
   r.encode_ns = 2000000;
   r.apply_ns_max = 3000000;
   r.sparse_workers = 2;
@@ -392,6 +393,7 @@ TEST_CASE("a full step goes from evaluation through rollouts, learning, sync, re
     {"sync_changed_fraction", 0.25},
     {"sync_recurring_fraction", 0.25}, // 125 of the 500 changed
     {"sync_sparse_bytes", 800},
+    {"sync_bound_bytes", 500}, // 4000 bits
     {"sync_encode_s", 0.002},
     {"sync_apply_s", 0.003},
     {"sync_full_workers", 0},

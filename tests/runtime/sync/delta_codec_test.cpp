@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -500,6 +501,40 @@ TEST_CASE("encoding on several threads gives the single-threaded bytes and stats
         sorl::sync::test::check_same_stats(st, st1);
       }
     }
+  }
+}
+
+TEST_CASE("the order-0 bound counts the positions and the steps of a delta", "[delta_codec]") {
+  // By hand: which 2 of 4 elements changed is one of C(4, 2) = 6; two distinct steps can come
+  // in 2 orders: log2 12. All steps alike add nothing; nothing changed needs no bits.
+  CHECK(delta_bound_bits(4, 2, {1, 1}) == Approx(std::log2(12.0)).epsilon(1e-12));
+  CHECK(delta_bound_bits(4, 2, {0, 2}) == Approx(std::log2(6.0)).epsilon(1e-12));
+  CHECK(delta_bound_bits(4, 4, {4}) == Approx(0.0).margin(1e-9));
+  CHECK(delta_bound_bits(4, 0, {}) == Approx(0.0).margin(1e-9));
+  CHECK_THROWS_AS(delta_bound_bits(4, 2, {1}), std::invalid_argument);
+  CHECK_THROWS_AS(delta_bound_bits(4, 5, {5}), std::invalid_argument);
+  // Large N: N·H(p) + n·H(steps) to within O(log N) bits. 10^6 elements, 1 % changed, steps
+  // +1 (3/4) and -1 (1/4): H(0.01) = 0.080793 bits per element, H(3/4) = 0.811278 per change.
+  const double h = 1e6 * 0.0807931 + 1e4 * 0.8112781;
+  CHECK(delta_bound_bits(1000000, 10000, {7500, 2500}) == Approx(h).epsilon(1e-3));
+
+  // From encode_delta: 8 elements, elements 1, 3, 4 up one ULP and 6 down one (step 0xffff):
+  // log2 C(8, 4) + log2(4! / (3! 1!)) = log2 70 + 2 bits, however the delta is cut and
+  // whatever the thread count; 0 unless asked for.
+  const std::vector<uint16_t> a(8, 0x3f80);
+  std::vector<uint16_t> b = a;
+  b[1] = b[3] = b[4] = 0x3f81;
+  b[6] = 0x3f7f;
+  for (uint32_t threads : {1u, 2u}) {
+    delta_options o{delta_min_bucket_bytes};
+    o.threads = threads;
+    delta_stats st;
+    encode_delta(0, 1, {{0, a.data(), b.data(), 3}, {1, a.data() + 3, b.data() + 3, 5}}, o, &st);
+    CHECK(st.bound_bits == 0.0);
+    o.measure_bound = true;
+    encode_delta(0, 1, {{0, a.data(), b.data(), 3}, {1, a.data() + 3, b.data() + 3, 5}}, o, &st);
+    CHECK(st.changed == 4);
+    CHECK(st.bound_bits == Approx(std::log2(70.0) + 2.0).epsilon(1e-12));
   }
 }
 

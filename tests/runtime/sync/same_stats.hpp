@@ -18,6 +18,7 @@ inline void check_same_stats(const delta_stats& a, const delta_stats& b) {
   CHECK(a.buckets == b.buckets);
   CHECK(a.entries == b.entries);
   CHECK(a.recurring == b.recurring);
+  CHECK(a.bound_bits == b.bound_bits);
 }
 
 } // namespace sorl::sync::test
