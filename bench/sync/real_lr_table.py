@@ -2,7 +2,8 @@
 """Table of bench/sync/real_lr.sh:
 real_lr_table.py RUNS_DIR RUN... [--record PATH]
 
-Per run (RUNS_DIR/RUN/metrics.jsonl) and per step with a sparse delta: the changed fraction
+Per run (RUNS_DIR/RUN/metrics.jsonl) and per step with a sparse delta (table "steps", keyed
+RUN/STEP): the changed fraction
 of bf16 elements, the delta's bits per change, dense bf16 / int32 index + bf16 value (6 bytes
 per change, the "raw" sparse format), dense / the delta as shipped, the delta against its
 order-0 entropy bound (sync_bound_bytes / sync_sparse_bytes: 1 means the bound is reached),
@@ -92,15 +93,16 @@ def main(argv):
         rec.set_threads(record.run_threads(os.path.join(a.runs_dir, first)))
         c = record.column
         t = rec.add_table("steps", "per step with a sparse delta: its size against dense, naive sparse and its bound",
-                          [c("run", "run"), c("step", "step"), c("changed_pct", "changed", "%", 3),
+                          [c("run_step", "run/step"), c("changed_pct", "changed", "%", 3),
                            c("bits_per_change", "bits per change", "", 2),
                            c("dense_over_naive", "dense / index+value", "x", 1),
                            c("dense_over_ours", "dense / ours", "x", 1),
                            c("bound_over_ours", "bound / ours", "", 3),
                            c("recurring", "changed before", "", 3)])
+        # One key per row ("lr3e-6/4"), so that a docs marker can pick a run's steps.
         for name, rows in per_run.items():
-            for row in rows:
-                t["rows"].append([name] + [record.clean_cell(v) for v in row])
+            for s, frac, *rest in rows:
+                t["rows"].append([f"{name}/{s}", 100 * frac] + [record.clean_cell(v) for v in rest])
         t = rec.add_table("lrs", "per run: means over its deltas, locality at the second and the last",
                           [c("run", "run"), c("deltas", "deltas"), c("changed_pct", "changed", "%", 3),
                            c("bits_per_change", "bits per change", "", 2),
