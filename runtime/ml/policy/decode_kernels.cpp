@@ -342,9 +342,11 @@ float bf16_dot_reference(const float* x, const std::uint16_t* w, std::int64_t K)
 }
 
 int kernel_threads() {
-  std::vector<int> seen(static_cast<std::size_t>(std::max(1, at::get_num_threads())), 0);
-  // More tasks than threads, so that every thread of the team gets some.
-  at::parallel_for(0, 64 * static_cast<std::int64_t>(seen.size()), 1, [&](std::int64_t, std::int64_t) {
+  // More tasks than any team has threads: each thread of the team gets a chunk. The team is
+  // counted whatever its size, so that one larger than at::get_num_threads() shows too (a
+  // libtorch on another OpenMP runtime than these kernels' would not size it).
+  std::vector<int> seen(4096, 0);
+  at::parallel_for(0, static_cast<std::int64_t>(seen.size()), 1, [&](std::int64_t, std::int64_t) {
     const int t = at::get_thread_num();
     if (t >= 0 && t < static_cast<int>(seen.size())) seen[static_cast<std::size_t>(t)] = 1;
   });

@@ -21,9 +21,11 @@
 
 namespace sorl::ml {
 
-/// Threads an at::parallel_for of these kernels runs on now: at::get_num_threads() (they are
-/// compiled with OpenMP, ATen's parallel backend; a source compiled without it runs its
-/// parallel_for on one thread). For the benches and a test.
+/// Threads an at::parallel_for of these kernels runs on now: at::get_num_threads() when they
+/// are compiled with OpenMP and share libtorch's OpenMP runtime (a source compiled without
+/// OpenMP runs its parallel_for on one thread; a libtorch on another OpenMP runtime than the
+/// one they are built with would leave them a team sized by OMP_NUM_THREADS). For the benches
+/// and a test.
 int kernel_threads();
 
 /// y = x · wᵀ + bias with bf16 weights, computed in fp32.
