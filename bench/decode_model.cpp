@@ -342,10 +342,10 @@ int main(int argc, char** argv) try {
 
   fmt::print("model: {} ({} layers, d {}, vocab {}); bf16 weights read per decode step: {:.1f} MB\n",
              o.model_dir, d.n_layers, d.d_model, d.vocab, c.weight_bytes / 1e6);
-  fmt::print("threads: {} (sorl's kernels run on {}); bf16_linear: {}\n", o.threads, kernel_threads(),
-             bf16_linear_isa());
-  if (kernel_threads() != o.threads)
-    throw std::runtime_error(fmt::format("sorl's kernels run on {} threads, not the {} asked for", kernel_threads(), o.threads));
+  const int team = kernel_threads();
+  fmt::print("threads: {} (sorl's kernels run on {}); bf16_linear: {}\n", o.threads, team, bf16_linear_isa());
+  if (team != o.threads)
+    throw std::runtime_error(fmt::format("sorl's kernels run on {} threads, not the {} asked for", team, o.threads));
   rec.set_runtime(sorl::bench::ml_record_runtime());
   rec.set_parameter("model_dir", o.model_dir);
   rec.set_parameter("prompt_tokens", o.prompt);

@@ -2,15 +2,14 @@
 """Table of bench/sync/real_lr.sh:
 real_lr_table.py RUNS_DIR RUN... [--record PATH]
 
-Per run (RUNS_DIR/RUN/metrics.jsonl) and per step with a sparse delta (table "steps", keyed
-RUN/STEP): the changed fraction
+Per run (RUNS_DIR/RUN/metrics.jsonl) and per step with a sparse delta: the changed fraction
 of bf16 elements, the delta's bits per change, dense bf16 / int32 index + bf16 value (6 bytes
 per change, the "raw" sparse format), dense / the delta as shipped, the delta against its
 order-0 entropy bound (sync_bound_bytes / sync_sparse_bytes: 1 means the bound is reached),
-and temporal locality (sync_recurring_fraction). Table "steps" has every step, table "lrs"
-one row per run: means over its steps, locality at its second delta (the first that has an
-earlier delta to recur from) and its last. --record PATH
-writes both (bench/record.py). Exit 2 naming the file when a run's metrics are missing or
+and temporal locality (sync_recurring_fraction). Table "steps" has every step, keyed
+RUN/STEP; table "lrs" one row per run: means over its steps, locality at its second delta
+(the first that has an earlier delta to recur from) and its last. --record PATH writes both
+(bench/record.py). Exit 2 naming the file when a run's metrics are missing or
 carry no sparse delta."""
 import argparse
 import json
