@@ -51,6 +51,9 @@ namespace sorl {
   X(rollout_s,     "rollout_s",     step, member_number, "s", "generation until every group is done") \
   X(learn_s,       "learn_s",       step, member_number, "s", "learner: advantages, loss, optimizer") \
   X(sync_s,        "sync_s",        step, member_number, "s", "weight sync until every worker acknowledged") \
+  X(rss_peak_rollout_mib, "rss_peak_rollout_mib", step, number, "MiB", "peak resident memory of the trainer's process during rollout_s (every role's when the topology runs in one process); absent where the kernel cannot reset the peak (/proc/self/clear_refs)") \
+  X(rss_peak_learn_mib, "rss_peak_learn_mib", step, number, "MiB", "the same during learn_s") \
+  X(rss_peak_sync_mib, "rss_peak_sync_mib", step, number, "MiB", "the same during sync_s") \
   X(group_size,    "G",             group_control, member_int, "", "G_t, rollouts per prompt this step") \
   X(group_policy,  "group_policy",  group_control, text,   "", "group-size policy: static, sagc or deadline") \
   X(group_reason,  "group_reason",  group_control, text,   "", "why the policy chose this G") \

@@ -50,6 +50,10 @@ std::vector<command> step_driver::handle(int64_t now_ns, const event& e) {
   return o;
 }
 
+std::optional<double> step_driver::take_peak_rss() {
+  return opts_.peak_rss ? opts_.peak_rss() : std::nullopt;
+}
+
 void step_driver::fail(out& o, std::string why) {
   phase_ = phase::done;
   o.push_back(cmd::fail_job{std::move(why)});
@@ -199,6 +203,7 @@ void step_driver::begin_step(out& o) {
   }
   phase_ = phase::rollout;
   step_start_ns_ = now_ns_;
+  take_peak_rss(); // what came before the step (evaluation, checkpoint) is not its rollout's
   deadline_ns_ = 0;
   deadline_passed_ = false;
   rollouts_.clear();
@@ -439,6 +444,8 @@ void set_prefill_and_load(metrics_record& rec, const Rollouts& rollouts) {
 /// Every group is in: fill the record's rollout fields and hand the batch to the learner.
 void step_driver::end_rollouts(out& o) {
   rollout_end_ns_ = now_ns_;
+  if (auto peak = take_peak_rss())
+    record_.set(metric::rss_peak_rollout_mib, *peak);
   o.push_back(cmd::query_step_timing{static_cast<uint64_t>(step_)});
   auto groups = plan_->training_groups();
   auto chosen = plan_->training_requests();
@@ -550,6 +557,8 @@ void step_driver::on(out& o, const ev::train_result& r) {
     return;
   }
   learn_end_ns_ = now_ns_;
+  if (auto peak = take_peak_rss())
+    record_.set(metric::rss_peak_learn_mib, *peak);
   try {
     for (size_t i = 0; i < r.metric_names.size() && i < r.metric_values.size(); ++i)
       record_.set_numeric(r.metric_names[i], r.metric_values[i]);
@@ -640,6 +649,8 @@ void step_driver::end_step(out& o, const ev::version_ready& ready) {
     rec.set(metric::checksum, fmt::format("unverified: {} of {} workers acknowledged {:016x}",
                                           ready.verified_workers, ready.workers,
                                           ready.model_hash));
+  if (auto peak = take_peak_rss())
+    rec.set(metric::rss_peak_sync_mib, *peak);
   rec.rollout_s = (rollout_end_ns_ - step_start_ns_) / 1e9;
   rec.learn_s = (learn_end_ns_ - rollout_end_ns_) / 1e9;
   rec.sync_s = (now_ns_ - learn_end_ns_) / 1e9;

@@ -28,6 +28,7 @@
 // commands are relative to that `now_ns`.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -81,6 +82,11 @@ struct driver_options {
   /// algorithm.mismatch_warn, nats: a step whose learner metric mismatch_mean exceeds it is
   /// counted (metric mismatch_alarms) and the first such step logs a warning.
   double mismatch_warn = 1e-3;
+  /// The process's peak RSS since the previous call, MiB, each call starting a new window
+  /// (`peak_rss_windows::take`, runtime/process_memory.hpp). Called when a step starts and
+  /// when its rollout, learn and sync phases end, for the record's rss_peak_*_mib; empty, or
+  /// returning nullopt, leaves those keys out.
+  std::function<std::optional<double>()> peak_rss;
 
   /// The watchdog period in ns, rounded toward zero as the shell's timer is.
   int64_t watchdog_ns() const {
@@ -504,6 +510,7 @@ private:
   void begin_step(out& o);
   void request_eval(out& o, phase p, std::string tag);
   void write_record(out& o);
+  std::optional<double> take_peak_rss();
   void send_requests(out& o);
   void try_cut(out& o);
   void end_rollouts(out& o);

@@ -32,6 +32,7 @@
 #include "messages/train.capnp.h"
 #include "runtime/interrupt.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/process_memory.hpp"
 
 namespace sorl {
 
@@ -215,8 +216,10 @@ caf::behavior trainer_actor(trainer_actor_t* self, role_context ctx) {
         sorl::fail_job(st.directory, st.me, fmt::format("cannot build the task: {}", ex.what()));
         return;
       }
-      st.driver =
-        std::make_unique<trainer::step_driver>(trainer::driver_options_from(*st.cfg, task_size));
+      auto opts = trainer::driver_options_from(*st.cfg, task_size);
+      // Per-phase peak RSS of this process; windows start at the first step's rollout.
+      opts.peak_rss = [windows = std::make_shared<peak_rss_windows>()] { return windows->take(); };
+      st.driver = std::make_unique<trainer::step_driver>(std::move(opts));
       for (auto& [e, env] : std::exchange(st.early, {}))
         feed(self, std::move(e), env);
     },

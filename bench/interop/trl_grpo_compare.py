@@ -104,6 +104,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -385,6 +386,10 @@ def fmt(x, spec=".1f"):
     return format(x, spec) if x is not None else "-"
 
 
+# sorl's step phases, each with a peak-RSS key rss_peak_PHASE_mib in its metrics.jsonl.
+PHASES = ("rollout", "learn", "sync")
+
+
 def compare(trl_steps, sorl, skip):
     trl = {r["step"]: r for r in trl_steps}
     common = sorted(set(trl) & set(sorl))
@@ -396,7 +401,8 @@ def compare(trl_steps, sorl, skip):
                      "sorl_rollout_s": s.get("rollout_s"), "sorl_learn_s": s.get("learn_s"),
                      "sorl_sync_s": s.get("sync_s"), "trl_reward": t.get("reward"),
                      "sorl_reward": s.get("reward_mean"), "trl_tokens_per_s": t.get("tokens_per_s"),
-                     "sorl_tokens_per_s": s.get("tokens_per_s")})
+                     "sorl_tokens_per_s": s.get("tokens_per_s"),
+                     **{f"sorl_rss_{p}": s.get(f"rss_peak_{p}_mib") for p in PHASES}})
     timed = [r for r in rows if r["step"] > skip]
     note = None
     if rows and not timed:
@@ -496,6 +502,15 @@ def fill_record(rec, a, settings, trl_run, rows, summary):
     if not a.load:
         # This process trained TRL: its high-water mark is TRL's peak (KiB on Linux).
         memory.append(["TRL GRPOTrainer (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
+    timed = [r for r in rows if r["step"] > a.skip]
+    phases = [[p, max(vals), statistics.median(vals)]
+              for p in PHASES
+              for vals in [[r[f"sorl_rss_{p}"] for r in timed if r.get(f"sorl_rss_{p}") is not None]]
+              if vals]
+    if phases:
+        rec.add_table("memory_phases", "sorl's peak RSS per phase of a step, over the timed steps",
+                      [c("phase", "phase"), c("max", "peak RSS, max", "MiB", 0),
+                       c("median", "peak RSS, median", "MiB", 0)], phases)
     if memory:
         rec.add_table("memory", "whole-process peak RSS", [c("process", "process"), c("peak_rss", "peak RSS", "MiB", 0)],
                       memory, baseline_rows=[len(memory) - 1] if not a.load else ())

@@ -46,6 +46,7 @@
 #include "bench/war/source_weights.hpp"
 #include "runtime/config.hpp"
 #include "runtime/ml/policy/torch_compat.hpp"
+#include "runtime/process_memory.hpp"
 #include "runtime/role_names.hpp"
 
 #include <ATen/Parallel.h>
@@ -56,7 +57,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <set>
@@ -129,28 +129,16 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// A `key:` line of /proc/self/status (VmHWM: the peak RSS, VmRSS: the current one) in MiB, or
-/// -1 where it cannot be read.
-double status_mib(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0)
-      return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
-  return -1.0;
-}
-
 double peak_rss_mib() {
-  return status_mib("VmHWM:");
+  return proc_status_mib("VmHWM").value_or(-1.0);
 }
 
-/// Starts a new high-water mark at the current RSS; false where the kernel refuses.
-bool reset_peak_rss() {
+/// Starts a new high-water mark at the current RSS, after handing freed heap back to the
+/// kernel so that an arm's peak does not start from the previous arm's; false where the
+/// kernel refuses.
+bool reset_arm_peak() {
   malloc_trim(0);
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
+  return reset_peak_rss();
 }
 
 /// A fresh fp32 model of the config holding `source`.
@@ -313,8 +301,8 @@ int run_bench(const experiment_config& cfg, const bench_options& o, bench::bench
     lo.share_prompts = arm == "shared";
     const flop_count& fa = arm == "shared" ? f_shared : f;
     learner::learner_core core(master, lo, cfg.run.seed);
-    const bool reset = reset_peak_rss();
-    const double rss_before = status_mib("VmRSS:");
+    const bool reset = reset_arm_peak();
+    const double rss_before = proc_status_mib("VmRSS").value_or(-1.0);
     double sum_step = 0, sum_fwd = 0, sum_bwd = 0, sum_needed = 0;
     int counted = 0;
     for (int k = 0; k < o.repeats + 1; ++k) {
