@@ -54,6 +54,7 @@ namespace sorl {
   X(rss_peak_rollout_mib, "rss_peak_rollout_mib", step, number, "MiB", "peak resident memory of the trainer's process during rollout_s (every role's when the topology runs in one process); absent where the kernel cannot reset the peak (/proc/self/clear_refs)") \
   X(rss_peak_learn_mib, "rss_peak_learn_mib", step, number, "MiB", "the same during learn_s") \
   X(rss_peak_sync_mib, "rss_peak_sync_mib", step, number, "MiB", "the same during sync_s") \
+  X(rss_peak_process_mib, "rss_peak_process_mib", step, number, "MiB", "peak resident memory of the trainer's process from its start to the end of the step; measuring the phases resets what getrusage and /usr/bin/time report as the maximum RSS, so this is the process's peak") \
   X(group_size,    "G",             group_control, member_int, "", "G_t, rollouts per prompt this step") \
   X(group_policy,  "group_policy",  group_control, text,   "", "group-size policy: static, sagc or deadline") \
   X(group_reason,  "group_reason",  group_control, text,   "", "why the policy chose this G") \

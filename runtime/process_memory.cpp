@@ -1,5 +1,6 @@
 #include "runtime/process_memory.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -33,10 +34,12 @@ bool reset_peak_rss() {
 }
 
 peak_rss_windows::peak_rss_windows() {
-  supported_ = proc_status_mib("VmHWM").has_value() && reset_peak_rss();
+  const auto before = proc_status_mib("VmHWM");
+  supported_ = before.has_value() && reset_peak_rss();
+  process_mib_ = before.value_or(0.0);
 }
 
-std::optional<double> peak_rss_windows::take() {
+std::optional<rss_peaks> peak_rss_windows::take() {
   if (!supported_)
     return std::nullopt;
   const auto peak = proc_status_mib("VmHWM");
@@ -44,7 +47,8 @@ std::optional<double> peak_rss_windows::take() {
     supported_ = false;
     return std::nullopt;
   }
-  return peak;
+  process_mib_ = std::max(process_mib_, *peak);
+  return rss_peaks{*peak, process_mib_};
 }
 
 } // namespace sorl

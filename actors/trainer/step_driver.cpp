@@ -50,7 +50,7 @@ std::vector<command> step_driver::handle(int64_t now_ns, const event& e) {
   return o;
 }
 
-std::optional<double> step_driver::take_peak_rss() {
+std::optional<rss_peaks> step_driver::take_peak_rss() {
   return opts_.peak_rss ? opts_.peak_rss() : std::nullopt;
 }
 
@@ -445,7 +445,7 @@ void set_prefill_and_load(metrics_record& rec, const Rollouts& rollouts) {
 void step_driver::end_rollouts(out& o) {
   rollout_end_ns_ = now_ns_;
   if (auto peak = take_peak_rss())
-    record_.set(metric::rss_peak_rollout_mib, *peak);
+    record_.set(metric::rss_peak_rollout_mib, peak->window_mib);
   o.push_back(cmd::query_step_timing{static_cast<uint64_t>(step_)});
   auto groups = plan_->training_groups();
   auto chosen = plan_->training_requests();
@@ -558,7 +558,7 @@ void step_driver::on(out& o, const ev::train_result& r) {
   }
   learn_end_ns_ = now_ns_;
   if (auto peak = take_peak_rss())
-    record_.set(metric::rss_peak_learn_mib, *peak);
+    record_.set(metric::rss_peak_learn_mib, peak->window_mib);
   try {
     for (size_t i = 0; i < r.metric_names.size() && i < r.metric_values.size(); ++i)
       record_.set_numeric(r.metric_names[i], r.metric_values[i]);
@@ -649,8 +649,10 @@ void step_driver::end_step(out& o, const ev::version_ready& ready) {
     rec.set(metric::checksum, fmt::format("unverified: {} of {} workers acknowledged {:016x}",
                                           ready.verified_workers, ready.workers,
                                           ready.model_hash));
-  if (auto peak = take_peak_rss())
-    rec.set(metric::rss_peak_sync_mib, *peak);
+  if (auto peak = take_peak_rss()) {
+    rec.set(metric::rss_peak_sync_mib, peak->window_mib);
+    rec.set(metric::rss_peak_process_mib, peak->process_mib);
+  }
   rec.rollout_s = (rollout_end_ns_ - step_start_ns_) / 1e9;
   rec.learn_s = (learn_end_ns_ - rollout_end_ns_) / 1e9;
   rec.sync_s = (now_ns_ - learn_end_ns_) / 1e9;

@@ -38,6 +38,7 @@
 
 #include "actors/trainer/step_plan.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/process_memory.hpp"
 
 namespace sorl {
 struct experiment_config;
@@ -82,11 +83,11 @@ struct driver_options {
   /// algorithm.mismatch_warn, nats: a step whose learner metric mismatch_mean exceeds it is
   /// counted (metric mismatch_alarms) and the first such step logs a warning.
   double mismatch_warn = 1e-3;
-  /// The process's peak RSS since the previous call, MiB, each call starting a new window
-  /// (`peak_rss_windows::take`, runtime/process_memory.hpp). Called when a step starts and
-  /// when its rollout, learn and sync phases end, for the record's rss_peak_*_mib; empty, or
-  /// returning nullopt, leaves those keys out.
-  std::function<std::optional<double>()> peak_rss;
+  /// The process's peak RSS since the previous call and since its start, each call starting a
+  /// new window (`peak_rss_windows::take`, runtime/process_memory.hpp). Called when a step
+  /// starts and when its rollout, learn and sync phases end, for the record's rss_peak_*_mib;
+  /// empty, or returning nullopt, leaves those keys out.
+  std::function<std::optional<rss_peaks>()> peak_rss;
 
   /// The watchdog period in ns, rounded toward zero as the shell's timer is.
   int64_t watchdog_ns() const {
@@ -510,7 +511,7 @@ private:
   void begin_step(out& o);
   void request_eval(out& o, phase p, std::string tag);
   void write_record(out& o);
-  std::optional<double> take_peak_rss();
+  std::optional<rss_peaks> take_peak_rss();
   void send_requests(out& o);
   void try_cut(out& o);
   void end_rollouts(out& o);

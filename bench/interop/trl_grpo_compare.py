@@ -457,8 +457,9 @@ def peak_rss_of_time_v(path):
     return int(m.group(1)) / 1024
 
 
-def fill_record(rec, a, settings, trl_run, rows, summary):
-    """The run's tables: per step, the means, and peak memory where measured."""
+def fill_record(rec, a, settings, trl_run, rows, summary, sorl):
+    """The run's tables: per step, the means, and peak memory where measured. `sorl` is every
+    step record of the sorl run (read_sorl_metrics), for its process's peak RSS."""
     c = record.column
     rec.set_threads(settings.get("threads"))
     rec.set_parameter("config", record.display_path(settings.get("config", a.config)))
@@ -498,7 +499,13 @@ def fill_record(rec, a, settings, trl_run, rows, summary):
                           m["mean_sorl_sync_s"], m["mean_sorl_tokens_per_s"], ratio, m["mean_sorl_reward"]])
     memory = []
     if a.sorl_time:
-        memory.append(["sorl (build/sorl train, the run of --sorl-metrics)", peak_rss_of_time_v(a.sorl_time)])
+        # sorl's per-phase windows reset the kernel's high-water mark, so /usr/bin/time -v sees
+        # only the last window (after the last step); the steps' rss_peak_process_mib holds the
+        # peak before it.
+        steps_peak = [r["rss_peak_process_mib"] for r in sorl.values()
+                      if r.get("rss_peak_process_mib") is not None]
+        memory.append(["sorl (build/sorl train, the run of --sorl-metrics)",
+                       max([peak_rss_of_time_v(a.sorl_time)] + steps_peak)])
     if not a.load:
         # This process trained TRL: its high-water mark is TRL's peak (KiB on Linux).
         memory.append(["TRL GRPOTrainer (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
@@ -569,7 +576,7 @@ def main():
         settings["keep_padding_idx"] = a.keep_padding_idx
 
     result = {"settings": settings, "trl": trl_run}
-    rows, summary = [], None
+    rows, summary, sorl = [], None, {}
     if a.sorl_metrics:
         sorl = read_sorl_metrics(a.sorl_metrics)
         rows, summary = compare(trl_run["steps"], sorl, a.skip)
@@ -590,7 +597,7 @@ def main():
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {a.json}")
-    fill_record(rec, a, settings, trl_run, rows, summary)
+    fill_record(rec, a, settings, trl_run, rows, summary, sorl)
     path = record.record_path("trl-compare", a.record)
     if rec.write(path):
         record.note_written(path)

@@ -1024,11 +1024,16 @@ TEST_CASE("replaced_requests counts the step's rollouts the scheduler placed aga
 TEST_CASE("each phase's peak RSS window ends where the phase does, and a step opens a new "
           "window that discards what came before it") {
   auto o = two_steps();
-  // One value per window, in the order the driver ends them: before step 1, its rollout,
-  // learn and sync; the same for step 2.
-  std::vector<double> peaks{111, 300, 900, 400, 222, 310, 950, 420};
+  // One call per window, in the order the driver ends them: before step 1, its rollout,
+  // learn and sync; the same for step 2. The process peaks differ from every window's, so
+  // that a key written from the wrong field shows.
+  const std::vector<double> windows{111, 300, 900, 400, 222, 310, 950, 420};
+  const std::vector<double> process{1000, 1000, 1100, 1150, 1150, 1150, 1200, 1250};
   size_t calls = 0;
-  o.peak_rss = [&]() -> std::optional<double> { return peaks.at(calls++); };
+  o.peak_rss = [&]() -> std::optional<rss_peaks> {
+    ++calls;
+    return rss_peaks{windows.at(calls - 1), process.at(calls - 1)};
+  };
   harness h{o};
   start(h);
   CHECK(calls == 1); // the step began with version 0 and opened its rollout window
@@ -1037,24 +1042,27 @@ TEST_CASE("each phase's peak RSS window ends where the phase does, and a step op
   CHECK(h.record().extra.at("rss_peak_rollout_mib") == 300);
   CHECK(h.record().extra.at("rss_peak_learn_mib") == 900);
   CHECK(h.record().extra.at("rss_peak_sync_mib") == 400);
+  CHECK(h.record().extra.at("rss_peak_process_mib") == 1150);
   h.at(t, ev::metrics_written{});
   run_step(h, t, 1);
   CHECK(calls == 8);
   CHECK(h.record().extra.at("rss_peak_rollout_mib") == 310);
   CHECK(h.record().extra.at("rss_peak_learn_mib") == 950);
   CHECK(h.record().extra.at("rss_peak_sync_mib") == 420);
+  CHECK(h.record().extra.at("rss_peak_process_mib") == 1250);
 }
 
 TEST_CASE("without a peak RSS probe, or one that cannot measure, no rss_peak key is written") {
   auto o = two_steps();
   SECTION("no probe") {}
   SECTION("a probe that returns nothing") {
-    o.peak_rss = []() -> std::optional<double> { return std::nullopt; };
+    o.peak_rss = []() -> std::optional<rss_peaks> { return std::nullopt; };
   }
   harness h{o};
   start(h);
   run_step(h, sec, 0);
-  for (const char* k : {"rss_peak_rollout_mib", "rss_peak_learn_mib", "rss_peak_sync_mib"})
+  for (const char* k : {"rss_peak_rollout_mib", "rss_peak_learn_mib", "rss_peak_sync_mib",
+                        "rss_peak_process_mib"})
     CHECK(h.record().extra.count(k) == 0);
 }
 
