@@ -1,7 +1,8 @@
 #pragma once
 
-// The trainer's synchronous step (ARCHITECTURE.md §3) as a pure state machine: decoded events
-// in, commands out, no CAF, no Cap'n Proto, no clock. The actor shell
+// The trainer's synchronous step (ARCHITECTURE.md §3) as a state machine: decoded events in,
+// commands out, no CAF, no Cap'n Proto, no clock. Its one reach outside is the optional
+// peak-RSS probe of `driver_options::peak_rss`, which tests script. The actor shell
 // (actors/trainer/trainer_actor.cpp) decodes each message into an `ev::` struct, calls
 // `step_driver::handle` with its own steady-clock time, and carries out the returned
 // `cmd::` commands in order (encoding, sending, scheduling, printing, logging).

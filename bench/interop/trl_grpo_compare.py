@@ -504,6 +504,10 @@ def fill_record(rec, a, settings, trl_run, rows, summary, sorl):
         # peak before it.
         steps_peak = [r["rss_peak_process_mib"] for r in sorl.values()
                       if r.get("rss_peak_process_mib") is not None]
+        if not steps_peak:
+            print("warning: no rss_peak_process_mib in the sorl run's steps (no --sorl-metrics, or "
+                  "an older sorl): if its phases were measured, the peak of --sorl-time covers only "
+                  "what followed the last one", file=sys.stderr)
         memory.append(["sorl (build/sorl train, the run of --sorl-metrics)",
                        max([peak_rss_of_time_v(a.sorl_time)] + steps_peak)])
     if not a.load:

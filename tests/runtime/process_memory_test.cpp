@@ -50,7 +50,9 @@ TEST_CASE("a peak RSS window holds a buffer touched in it, and one opened after 
   const auto after = windows.take();
   REQUIRE(after.has_value());
   CHECK(after->window_mib < holding->window_mib - 0.9 * mib);
-  // The process peak keeps the buffer: the kernel's own maximum forgot it at the resets.
-  CHECK(after->process_mib == holding->process_mib);
+  // The process peak keeps the buffer, though the kernel's own maximum forgot it at the resets
+  // (never below: it is a running maximum; a page touched since may raise it a little).
+  CHECK(released->process_mib >= holding->process_mib);
+  CHECK(after->process_mib >= released->process_mib);
   CHECK(after->process_mib >= after->window_mib + 0.9 * mib);
 }
