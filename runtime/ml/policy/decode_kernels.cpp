@@ -80,9 +80,10 @@ void tile_scalar(const float* x, std::int64_t ldx, const std::uint16_t* w, std::
 // A decode step streams every weight once, row after row (a tile's NR rows are adjacent), and
 // at batch 1 the hardware prefetcher alone kept the read at about half the streaming rate: its
 // streams restart at every short row (1,152 bytes for d = 576). Asking for the line 8 KiB ahead
-// of each row's position keeps the next rows in flight: 12 -> 16-21 GB/s on the model's shapes
-// at batch 1 on an AMD EPYC (AVX2), where 4 and 16 KiB did no better. In each row block only
-// the first tile of a column tile's rows prefetches: the tiles after it find the weights in L1.
+// of each row's position keeps the next rows in flight: batch-1 decode of SmolLM2 went from
+// 36-38 to 54-57 tokens/s on an AMD EPYC (AVX2; docs/decode-speed.md has the command). In each
+// row block only the first tile of a column tile's rows prefetches: the tiles after it find the
+// weights in L1.
 constexpr std::int64_t prefetch_bytes = 8192;
 
 // Through an integer: the line ahead may lie past the tensor (a prefetch never faults there).
