@@ -169,6 +169,8 @@ def read_experiment(path):
         "threads": int(run.get("threads", 1)),
         "model_dir": os.path.normpath(os.path.join(base, model["hf_dir"])),
         "data_path": os.path.normpath(os.path.join(base, task["path"])),
+        "eval_path": os.path.normpath(os.path.join(base, task["eval_path"])) if task.get("eval_path") else None,
+        "eval_prompts": int(task.get("eval_prompts", 200)),
         "max_new_tokens": int(task.get("max_new_tokens", 64)),
         "prompts_per_step": int(alg.get("prompts_per_step", 8)),
         "group_size": int(sagc.get("group_size", 8)),
@@ -249,7 +251,7 @@ def first_number_reward(prompts, completions, answer, **kwargs):
 # ---------------------------------------------------------------------------------------------
 # TRL's run
 
-def run_trl(s, steps, keep_padding_idx, output_dir):
+def run_trl(s, steps, keep_padding_idx, output_dir, eval_every=0):
     import torch
     import transformers
     import trl
@@ -306,6 +308,12 @@ def run_trl(s, steps, keep_padding_idx, output_dir):
             return out
 
     per_step = {}
+    evals = []
+    if eval_every:
+        from heldout_eval import heldout_accuracy
+        if not s["eval_path"]:
+            sys.exit(f"{s['config']}: --eval-every needs [task].eval_path")
+        eval_records = read_records(s["eval_path"])[:s["eval_prompts"] or None]
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -321,6 +329,12 @@ def run_trl(s, steps, keep_padding_idx, output_dir):
             rec["wall_s"] = now - self.last
             rec["gen_s"] = gen_seconds.get(step)
             rec["train_s"] = rec["wall_s"] - rec["gen_s"] if rec["gen_s"] is not None else None
+            if eval_every and (step % eval_every == 0 or step == steps):
+                r = heldout_accuracy(model, tok, eval_records, s["max_new_tokens"])
+                evals.append({"step": step, **r})
+                print(f"TRL step {step}: held-out greedy accuracy {r['accuracy']:.3f}, mean length "
+                      f"{r['mean_length']:.1f} tokens ({r['seconds']:.0f} s, outside the step's time)", flush=True)
+                now = time.perf_counter()
             self.last = now
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -358,7 +372,7 @@ def run_trl(s, steps, keep_padding_idx, output_dir):
     total = time.perf_counter() - t0
     return {"versions": versions, "threads": torch.get_num_threads(),
             "padding_idx": shipped_padding_idx if keep_padding_idx else None,
-            "train_seconds": total, "steps": [per_step[k] for k in sorted(per_step)]}
+            "train_seconds": total, "steps": [per_step[k] for k in sorted(per_step)], "evals": evals}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +554,11 @@ def main():
     ap.add_argument("--keep-padding-idx", action="store_true",
                     help="run TRL as shipped: keep the embedding's padding_idx (no gradient to that row)")
     ap.add_argument("--output-dir", help="TRL's output_dir (default a temporary directory; nothing is saved)")
+    ap.add_argument("--seed", type=int, help="TRL's seed (default [run].seed)")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="held-out greedy accuracy every N steps and after the last, with "
+                         "bench/interop/heldout_eval.py on [task].eval_path's first [task].eval_prompts "
+                         "records, outside the step times (default 0: none)")
     ap.add_argument("--load", help="read TRL's steps from an earlier --json file instead of training")
     record.add_record_argument(ap, "trl-compare")
     ap.add_argument("--sorl-binary", default=os.path.join(REPO, "build", "sorl"),
@@ -547,8 +566,8 @@ def main():
     ap.add_argument("--sorl-log", help="that run's log (its 'CPU kernels:' line goes into the record)")
     ap.add_argument("--sorl-time", help="`/usr/bin/time -v` output of that run: its peak RSS goes into the record")
     a = ap.parse_args()
-    if a.steps < 1 or a.skip < 0:
-        ap.error("--steps must be >= 1 and --skip >= 0")
+    if a.steps < 1 or a.skip < 0 or a.eval_every < 0:
+        ap.error("--steps must be >= 1, --skip and --eval-every >= 0")
     # Read before hours of training: a record that cannot name the sorl build is refused now.
     try:
         sorl = record.sorl_build(a.sorl_binary) if a.sorl_metrics else None
@@ -567,13 +586,15 @@ def main():
         settings = read_experiment(a.config)
         if a.threads is not None:
             settings["threads"] = a.threads
+        if a.seed is not None:
+            settings["seed"] = a.seed
         # Before torch is imported, so that its OpenMP pool is sized once.
         os.environ.setdefault("OMP_NUM_THREADS", str(settings["threads"]))
         os.environ.setdefault("MKL_NUM_THREADS", str(settings["threads"]))
         print(json.dumps(settings, indent=1))
         output_dir = a.output_dir or tempfile.mkdtemp(prefix="trl_grpo_compare_")
         try:
-            trl_run = run_trl(settings, a.steps, a.keep_padding_idx, output_dir)
+            trl_run = run_trl(settings, a.steps, a.keep_padding_idx, output_dir, a.eval_every)
         finally:
             if not a.output_dir:
                 shutil.rmtree(output_dir, ignore_errors=True)
