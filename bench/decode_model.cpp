@@ -65,7 +65,6 @@ struct options {
   std::string prompt_out;
   std::string record;
   bool baseline = true;
-  bool unfused = false;
 };
 
 std::vector<std::int64_t> split_ints(const std::string& s) {
@@ -80,13 +79,10 @@ void usage() {
   std::cerr << "usage: decode_model_bench MODEL_DIR [--batches 1,8,32,64] [--profile 1,32] [--prompt 32]\n"
                "                          [--new 64] [--repeats 3] [--temperature 0.7] [--threads 2]\n"
                "                          [--no-baseline] [--json FILE] [--prompt-out FILE] [--record FILE]\n"
-               "                          [--gemm-rows 1,8,32,64,256] [--unfused]\n"
+               "                          [--gemm-rows 1,8,32,64,256]\n"
                "  --batches ''   no decode table; --profile '' no profile\n"
                "  --gemm-rows    bf16_linear against at::linear on the fp32 image through the model's\n"
                "                 shapes at each row count: a table of its own (\"gemm\")\n"
-               "  --unfused     also steady decode with q/k/v and gate/up as separate products\n"
-               "                (policy_model::set_fused_decode(false)), alternating with the fused\n"
-               "                one: column \"sorl unfused\"\n"
                "  --prompt-out  writes the rollouts' prompt as a JSONL line {\"ids\": [...]}, for\n"
                "                bench/decode_baselines.py --prompts\n";
 }
@@ -111,7 +107,6 @@ options parse(int argc, char** argv) {
     else if (a == "--prompt-out") o.prompt_out = value();
     else if (a == "--record") o.record = value();
     else if (a == "--no-baseline") o.baseline = false;
-    else if (a == "--unfused") o.unfused = true;
     else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
@@ -348,8 +343,7 @@ int main(int argc, char** argv) try {
   fmt::print("model: {} ({} layers, d {}, vocab {}); bf16 weights read per decode step: {:.1f} MB\n",
              o.model_dir, d.n_layers, d.d_model, d.vocab, c.weight_bytes / 1e6);
   const int team = kernel_threads();
-  fmt::print("threads: {} (sorl's kernels run on {}); bf16_linear: {}; fused q/k/v and gate/up: {}\n", o.threads,
-             team, bf16_linear_isa(), m.fused_decode() ? "yes" : "no");
+  fmt::print("threads: {} (sorl's kernels run on {}); bf16_linear: {}\n", o.threads, team, bf16_linear_isa());
   if (team != o.threads)
     throw std::runtime_error(fmt::format("sorl's kernels run on {} threads, not the {} asked for", team, o.threads));
   rec.set_runtime(sorl::bench::ml_record_runtime());
@@ -359,7 +353,6 @@ int main(int argc, char** argv) try {
   rec.set_parameter("repeats", o.repeats);
   rec.set_parameter("temperature", o.temperature);
   rec.set_parameter("bf16_linear_isa", bf16_linear_isa());
-  rec.set_parameter("fused_decode", m.fused_decode() ? "yes" : "no");
 
   // Limits, measured first, with the bench's threads.
   const double bw = stream_read_gbs(std::int64_t{1} << 30, 4);
@@ -416,7 +409,6 @@ int main(int argc, char** argv) try {
      {"compute_bound_tok_s", "compute bound", "tokens/s", 0, true},
      {"of_compute_bound", "of compute bound", "%", 0},
      {"sampling_share", "rollout time outside the model", "%", 0}});
-  if (o.unfused) decode.columns.push_back({"unfused_tok_s", "sorl unfused", "tokens/s", 1, true});
   if (json.is_open())
     json << fmt::format(R"({{"kind":"limits","read_gbs":{:.3f},"read_weights_gbs":{:.3f},"gemm_rows":{},"aten_gflops":{:.3f},"onednn_gflops":{:.3f},"bf16_linear_gflops":{:.3f},"weight_bytes":{:.0f},"threads":{},"isa":"{}"}})",
                         bw, bw_weights, gemm_rows, rate_aten / 1e9, rate_onednn / 1e9, rate_bf16 / 1e9, c.weight_bytes,
@@ -427,16 +419,11 @@ int main(int argc, char** argv) try {
              "before", "mem bound", "of mem", "of comp", "rollouts tok/s", "sampling");
   for (const std::int64_t B : o.batches) {
     const std::int64_t steps = std::max<std::int64_t>(8, std::min<std::int64_t>(o.new_tokens, 512 / B));
-    std::vector<double> now, before, roll, unfused;
+    std::vector<double> now, before, roll;
     double share = 0.0;
     for (std::int64_t r = 0; r < o.repeats; ++r) {
       m.set_decode_gemm(decode_gemm::automatic);
       now.push_back(steady_decode(m, B, o.prompt, steps));
-      if (o.unfused) {
-        m.set_fused_decode(false);
-        unfused.push_back(steady_decode(m, B, o.prompt, steps));
-        m.set_fused_decode(true);
-      }
       if (o.baseline) {
         m.set_decode_gemm(decode_gemm::fp32_image);
         before.push_back(steady_decode(m, B, o.prompt, steps));
@@ -453,14 +440,8 @@ int main(int argc, char** argv) try {
     fmt::print("{:>5}  {:>22.1f}  {:>12}  {:>12.1f}  {:>7.0f}%  {:>7.0f}%  {:>14.1f}  {:>9.0f}%\n", B, med,
                o.baseline ? fmt::format("{:.1f}", median(before)) : "-", mem_bound, 100.0 * med / mem_bound,
                100.0 * med / comp_bound, median(roll), 100.0 * share);
-    std::vector<sorl::bench::record_cell> row{
-        B, med, median(roll), o.baseline ? sorl::bench::record_cell(median(before)) : sorl::bench::record_cell{},
-        mem_bound, 100.0 * med / mem_bound, comp_bound, 100.0 * med / comp_bound, 100.0 * share};
-    if (o.unfused) {
-      row.emplace_back(median(unfused));
-      fmt::print("{:>5}  unfused q/k/v and gate/up: {:.1f} tokens/s (median), fused {:.1f}\n", B, median(unfused), med);
-    }
-    decode.add_row(std::move(row));
+    decode.add_row({B, med, median(roll), o.baseline ? sorl::bench::record_cell(median(before)) : sorl::bench::record_cell{},
+                    mem_bound, 100.0 * med / mem_bound, comp_bound, 100.0 * med / comp_bound, 100.0 * share});
     if (json.is_open())
       json << fmt::format(R"({{"kind":"decode","batch":{},"steady_tok_s":[{}],"before_tok_s":[{}],"rollout_tok_s":[{}],"mem_bound_tok_s":{:.3f},"compute_bound_tok_s":{:.3f},"prompt":{},"new_tokens":{},"temperature":{}}})",
                           B, join(now), join(before), join(roll), mem_bound, comp_bound, o.prompt, o.new_tokens,

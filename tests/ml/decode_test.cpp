@@ -233,61 +233,6 @@ TEST_CASE("a bf16 model decodes through bf16_linear like through its fp32 image"
   CHECK(max_abs_diff(out[0], out[2]) < logits_atol);
 }
 
-TEST_CASE("fused q/k/v and gate/up products decode the same bits as separate ones", "[decode]") {
-  for (const bool bias : {false, true}) {
-    model_dims d = small_dims();
-    d.qkv_bias = bias;
-    d.tie_embeddings = !bias;
-    policy_model master(d, 22, small_init_std);
-    {
-      at::NoGradGuard no_grad;  // nonzero biases, so that a dropped or misplaced one shows
-      for (const auto& [name, t] : master.parameters())
-        if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);
-    }
-    policy_model m = master.clone(at::kBFloat16);
-    // clone() lays each group out back to back: the parameters are row views of one buffer.
-    const at::Tensor& q = m.parameter("model.layers.0.self_attn.q_proj.weight");
-    const at::Tensor& v = m.parameter("model.layers.0.self_attn.v_proj.weight");
-    const at::Tensor& up = m.parameter("model.layers.1.mlp.up_proj.weight");
-    const at::Tensor& gate = m.parameter("model.layers.1.mlp.gate_proj.weight");
-    CHECK(v.storage().is_alias_of(q.storage()));
-    CHECK(up.storage().is_alias_of(gate.storage()));
-    CHECK(up.storage_offset() == gate.storage_offset() + gate.numel());
-    CHECK(q.sizes() == at::IntArrayRef{d.n_heads * d.head_dim(), d.d_model});
-    // The values are the master's bf16 image, parameter by parameter.
-    for (std::size_t i = 0; i < m.parameters().size(); ++i)
-      CHECK(at::equal(m.parameters()[i].second, master.parameters()[i].second.to(at::kBFloat16)));
-
-    // A ragged batch: a prefill of two sequences, then one-token steps of both.
-    auto run = [&](bool fused) {
-      m.set_fused_decode(fused);
-      kv_cache c(m.dims(), small_blocks());
-      const seq_id a = c.create(), b = c.create();
-      const std::vector<std::int32_t> ta = tokens(7, 40, 34), tb = tokens(3, 40, 35);
-      std::vector<at::Tensor> rows = {m.forward_cached(c, {a, b}, {ta, tb}, logits_for::all)};
-      for (std::int32_t t = 0; t < 5; ++t) {
-        rows.push_back(m.forward_cached(c, {a, b}, {{t + 1}, {t + 7}}));
-        rows.push_back(m.forward_cached(c, {a}, {{t + 11}}));  // batch 1
-      }
-      return at::cat(rows);
-    };
-    const at::Tensor fused = run(true);
-    REQUIRE(m.fused_decode());
-    CHECK(at::equal(fused, run(false)));
-    CHECK_FALSE(m.fused_decode());
-    // An in-place update of one parameter (as a weight sync applies one) reaches the fused path.
-    {
-      at::NoGradGuard no_grad;
-      m.parameter("model.layers.0.self_attn.k_proj.weight").mul_(2.0);
-      m.parameter("model.layers.1.mlp.up_proj.weight").add_(0.25);
-    }
-    const at::Tensor updated = run(true);
-    REQUIRE(m.fused_decode());  // the update left the layout as it was
-    CHECK(at::equal(updated, run(false)));
-    CHECK_FALSE(at::equal(updated, fused));
-  }
-}
-
 TEST_CASE("a decode profile adds up the time of each kind of operation", "[decode]") {
   policy_model m = policy_model(small_dims(), 22, small_init_std).clone(at::kBFloat16);
   decode_profile prof;

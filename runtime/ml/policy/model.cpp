@@ -207,29 +207,7 @@ struct layer_weights {
   at::Tensor gate_w, up_w, down_w;
   at::Tensor in_norm, post_norm;
   at::Tensor q16, k16, v16, o16, gate16, up16, down16;
-  // The decode path's fused products, where the bf16 weights lie back to back in one buffer
-  // (pack_decode_groups): q, k and v as one [q + 2 kv, d] matrix (with the three biases as one
-  // fp32 vector), gate and up as one [2 d_ff, d]. Each output element is the same dot product
-  // (bf16_dot_reference), so the results are the same bits with fewer, longer weight streams.
-  at::Tensor qkv16, qkv_b, gateup16;
 };
-
-// `parts` as one [rows, cols] matrix without a copy, when they are contiguous 2-D tensors of
-// one storage lying back to back in order; else undefined.
-at::Tensor adjacent_rows(std::initializer_list<const at::Tensor*> parts) {
-  const at::Tensor& first = **parts.begin();
-  if (!first.defined() || first.dim() != 2 || !first.is_contiguous()) return {};
-  const std::int64_t cols = first.size(1);
-  std::int64_t rows = 0;
-  for (const at::Tensor* t : parts) {
-    if (!t->defined() || t->dim() != 2 || !t->is_contiguous() || t->size(1) != cols ||
-        t->scalar_type() != first.scalar_type() || !t->storage().is_alias_of(first.storage()) ||
-        t->storage_offset() != first.storage_offset() + rows * cols)
-      return {};
-    rows += t->size(0);
-  }
-  return first.as_strided({rows, cols}, {cols, 1});
-}
 
 // Scaled dot-product attention with grouped-query heads, shared by the full and the cached
 // path so that both round alike. q: [B, T, H, hd]; k, v: [B, S, KV, hd]; masked: [B, T, S]
@@ -351,52 +329,12 @@ struct policy_model::impl {
 
   at::Tensor rope_cos, rope_sin;  // [max_seq, head_dim/2] fp32
   decode_gemm gemm = decode_gemm::automatic;
-  bool fused_decode = true;
   decode_profile* profile = nullptr;
   packed_attention attention = packed_attention::batched;
 
   void bind();
   void bind_if_stale();
-  void pack_decode_groups();
 };
-
-// Moves each layer's q, k, v weights into one buffer, and its gate and up weights into
-// another, the parameters becoming row views of them (same names, shapes and values), so that
-// bind() can hand the decode path one fused matrix per group. Only for a model just built,
-// before anything holds its parameters.
-void policy_model::impl::pack_decode_groups() {
-  at::NoGradGuard no_grad;
-  auto pack = [&](std::initializer_list<std::size_t> idx) {
-    std::int64_t rows = 0;
-    for (const std::size_t i : idx) rows += params[i].second.size(0);
-    const at::Tensor& first = params[*idx.begin()].second;
-    at::Tensor buf = at::empty({rows, first.size(1)}, first.options());
-    std::int64_t r = 0;
-    for (const std::size_t i : idx) {
-      at::Tensor& t = params[i].second;
-      const std::int64_t n = t.size(0);
-      buf.narrow(0, r, n).copy_(t);
-      t = buf.narrow(0, r, n);
-      r += n;
-    }
-  };
-  std::size_t j = 1;  // after the embedding
-  const std::size_t bias = dims.qkv_bias ? 1 : 0;
-  for (std::int64_t l = 0; l < dims.n_layers; ++l) {
-    const std::size_t q = j, k = q + 1 + bias, v = k + 1 + bias, gate = v + 1 + bias + 1;
-    auto named = [&](std::size_t i, const char* suffix) {
-      const std::string& n = params[i].first;
-      const std::size_t len = std::char_traits<char>::length(suffix);
-      return n.size() >= len && n.compare(n.size() - len, len, suffix) == 0;
-    };
-    TORCH_INTERNAL_ASSERT(named(q, "q_proj.weight") && named(k, "k_proj.weight") && named(v, "v_proj.weight") &&
-                              named(gate, "gate_proj.weight") && named(gate + 1, "up_proj.weight"),
-                          "parameter layout drifted at layer ", l);
-    pack({q, k, v});
-    pack({gate, gate + 1});
-    j = gate + 3 + 2;  // gate, up, down, two norms
-  }
-}
 
 void policy_model::impl::bind() {
   std::vector<at::Tensor> w;
@@ -448,9 +386,6 @@ void policy_model::impl::bind() {
       l.up16 = params[j++].second;
       l.down16 = params[j++].second;
       j += 2;  // norms
-      l.qkv16 = adjacent_rows({&l.q16, &l.k16, &l.v16});
-      l.gateup16 = adjacent_rows({&l.gate16, &l.up16});
-      l.qkv_b = l.qkv16.defined() && dims.qkv_bias ? at::cat({l.q_b, l.k_b, l.v_b}).detach() : at::Tensor{};
     }
     ++j;  // final norm
     lm_head16 = dims.tie_embeddings ? embed16 : params[j++].second;
@@ -556,11 +491,9 @@ policy_model policy_model::clone(c10::ScalarType weight_dtype) const {
   at::NoGradGuard no_grad;
   for (const auto& [name, t] : impl_->params)
     p->params.emplace_back(name, t.detach().to(weight_dtype).clone());
-  if (weight_dtype == c10::kBFloat16 && p->device.is_cpu()) p->pack_decode_groups();
   p->rope_cos = impl_->rope_cos;  // immutable tables: sharing is safe
   p->rope_sin = impl_->rope_sin;
   p->gemm = impl_->gemm;
-  p->fused_decode = impl_->fused_decode;
   p->attention = impl_->attention;
   p->bind();
   return policy_model(std::move(p));
@@ -582,15 +515,6 @@ void policy_model::copy_weights_from(const policy_model& source) {
 
 void policy_model::refresh_compute_weights() { impl_->bind(); }
 void policy_model::set_decode_gemm(decode_gemm g) noexcept { impl_->gemm = g; }
-void policy_model::set_fused_decode(bool on) noexcept { impl_->fused_decode = on; }
-bool policy_model::fused_decode() const noexcept {
-  const auto& m = *impl_;
-  if (!m.fused_decode || m.dtype != c10::kBFloat16 || !m.device.is_cpu() || m.gemm != decode_gemm::automatic)
-    return false;
-  for (const auto& l : m.layers)
-    if (!l.qkv16.defined() || !l.gateup16.defined()) return false;
-  return true;
-}
 void policy_model::set_decode_profile(decode_profile* profile) noexcept { impl_->profile = profile; }
 
 const char* decode_profile::name(int k) noexcept {
@@ -943,17 +867,9 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
       const auto& w = m.layers[static_cast<std::size_t>(l)];
       const at::Tensor x = norm(h, w.in_norm);
       clock.tick(decode_profile::norm);
-      at::Tensor q, k, v;
-      if (lin.bf16 && m.fused_decode && w.qkv16.defined()) {
-        const at::Tensor qkv = bf16_linear(x, w.qkv16, w.qkv_b);  // [N, (H + 2 KV) hd]
-        q = qkv.narrow(1, 0, H * hd).contiguous().view({N, H, hd});
-        k = qkv.narrow(1, H * hd, KV * hd).contiguous().view({N, KV, hd});
-        v = qkv.narrow(1, (H + KV) * hd, KV * hd);
-      } else {
-        q = lin(x, w.q16, w.q_w, w.q_b).view({N, H, hd});
-        k = lin(x, w.k16, w.k_w, w.k_b).view({N, KV, hd});
-        v = lin(x, w.v16, w.v_w, w.v_b);
-      }
+      at::Tensor q = lin(x, w.q16, w.q_w, w.q_b).view({N, H, hd});
+      at::Tensor k = lin(x, w.k16, w.k_w, w.k_b).view({N, KV, hd});
+      const at::Tensor v = lin(x, w.v16, w.v_w, w.v_b);
       clock.tick(decode_profile::qkv);
       if (fused) {
         apply_rope_inplace(q, cos, sin);
@@ -985,16 +901,8 @@ at::Tensor policy_model::forward_cached(kv_cache& cache, const std::vector<seq_i
       h = h + o;
       const at::Tensor y = norm(h, w.post_norm);
       clock.tick(decode_profile::norm);
-      at::Tensor gate, up;
-      if (lin.bf16 && m.fused_decode && w.gateup16.defined()) {
-        const at::Tensor gu = bf16_linear(y, w.gateup16);  // [N, 2 d_ff]
-        // Contiguous, so that silu runs ATen's same loop (vector body, scalar tail) as unfused.
-        gate = gu.narrow(1, 0, d.d_ff).contiguous();
-        up = gu.narrow(1, d.d_ff, d.d_ff);
-      } else {
-        gate = lin(y, w.gate16, w.gate_w);
-        up = lin(y, w.up16, w.up_w);
-      }
+      const at::Tensor gate = lin(y, w.gate16, w.gate_w);
+      const at::Tensor up = lin(y, w.up16, w.up_w);
       clock.tick(decode_profile::mlp_in);
       const at::Tensor act = at::silu(gate).mul_(up);
       clock.tick(decode_profile::mlp_act);

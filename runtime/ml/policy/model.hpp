@@ -217,14 +217,6 @@ class policy_model {
   /// round differently in the last bits (|Δlogit| ~1e-6), never more.
   void set_decode_gemm(decode_gemm g) noexcept;
   decode_gemm get_decode_gemm() const noexcept;
-  /// Whether forward_cached's bf16 path multiplies q, k and v as one matrix and gate and up as
-  /// another (default true), where a CPU bf16 model holds them back to back (clone() lays them
-  /// out so). The same bits either way (each output is bf16_dot_reference's dot product), in
-  /// two calls of bf16_linear per layer fewer; off is kept to measure against and to test.
-  void set_fused_decode(bool on) noexcept;
-  /// Whether forward_cached fuses those products now: set_fused_decode is on, the model is a
-  /// CPU bf16 one, and every layer's groups lie back to back.
-  bool fused_decode() const noexcept;
   /// Attaches a profile that forward_cached adds its time per kind of operation to (null
   /// detaches). Not owned; must outlive the attachment. Costs two clock reads per kind.
   void set_decode_profile(decode_profile* profile) noexcept;
