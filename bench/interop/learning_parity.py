@@ -5,7 +5,7 @@ the held-out set every --eval-every steps, and the sampled training reward is co
 same prompts, step by step.
 
     python3 bench/interop/learning_parity.py [--config configs/smollm2-chain_sum.toml]
-        [--seeds 1,2] [--steps 40] [--eval-every 10] [--work runs/learning-parity]
+        [--seeds 1,2] [--trl-seeds 1,2] [--steps 40] [--eval-every 10] [--work runs/learning-parity]
         [--python PY] [--sorl build/sorl] [--record PATH]
 
 Per seed S:
@@ -23,8 +23,8 @@ The base model is scored once (step 0 of both). Both runs see the same prompts a
 
 Each part is kept in WORK as it finishes (sorl's run directory, TRL's --json, the evaluations)
 and reused when the script is run again with the same WORK, so an interrupted comparison
-resumes where it stopped. TRL's step is about 40 s on 2 cores, sorl's about 13 s: 40 steps of
-two seeds take about 75 minutes. PY (default: the bench virtualenv's python,
+resumes where it stopped. TRL's step is about 42 s on 2 cores, sorl's about 13 s, and each
+evaluation about 40 s: 40 steps of two seeds take about 95 minutes alone on the machine. PY (default: the bench virtualenv's python,
 ~/.cache/sorl-bench-venv/bin/python, made by bench/setup-baselines, plus
 `pip install trl==1.16.0`) runs TRL and the evaluator; this script needs only the standard
 library.
@@ -130,6 +130,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(REPO, "configs", "smollm2-chain_sum.toml"))
     ap.add_argument("--seeds", default="1,2", help="comma-separated run seeds (default 1,2)")
+    ap.add_argument("--trl-seeds", help="TRL's seeds, when fewer than sorl's (its step takes about 3x as "
+                    "long; default --seeds)")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default 40)")
     ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations (default 10)")
     ap.add_argument("--work", default=os.path.join("runs", "learning-parity"),
@@ -141,9 +143,10 @@ def main():
     a = ap.parse_args()
     try:
         seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+        trl_seeds = [int(x) for x in (a.trl_seeds or a.seeds).split(",") if x.strip()]
     except ValueError:
-        ap.error(f"--seeds {a.seeds!r}: comma-separated integers")
-    if not seeds or a.steps < 1 or a.eval_every < 1 or a.steps % a.eval_every:
+        ap.error(f"--seeds {a.seeds!r}, --trl-seeds {a.trl_seeds!r}: comma-separated integers")
+    if not seeds or not trl_seeds or a.steps < 1 or a.eval_every < 1 or a.steps % a.eval_every:
         ap.error("needs a seed, --steps >= 1 and --eval-every >= 1 dividing --steps")
     for path, what in ((a.python, "--python"), (a.sorl, "--sorl")):
         if not os.access(path, os.X_OK):
@@ -168,7 +171,7 @@ def main():
     arms = {"sorl": {}, "TRL": {}}
     for seed in seeds:
         arms["sorl"][seed] = sorl_seed(a, settings, seed, eval_steps)
-    for seed in seeds:
+    for seed in trl_seeds:
         arms["TRL"][seed] = trl_seed(a, seed)
 
     c = record.column
@@ -183,7 +186,7 @@ def main():
     for arm in ("TRL", "sorl"):
         accs = {k: [] for k in eval_steps}
         rews = {w: [] for w in windows + [(1, a.steps)]}
-        for seed in seeds:
+        for seed in sorted(arms[arm]):
             steps, evals = arms[arm][seed]
             reward = {k: (r.get("reward") if arm == "TRL" else r.get("reward_mean")) for k, r in steps.items()}
             row = [arm, seed, base_acc] + [evals[k]["accuracy"] if k in evals else None for k in eval_steps]
@@ -202,7 +205,7 @@ def main():
             rew_rows.append(rrow)
         held_rows.append([arm, "mean", base_acc] + [statistics.fmean(v) if v else None for v in accs.values()] + [None])
         rew_rows.append([arm, "mean"] + [statistics.fmean(v) if v else None for v in rews.values()])
-    n_trl = len(seeds) + 1
+    n_trl = len(trl_seeds) + 1
     rec.add_table("heldout", f"held-out greedy accuracy ({settings['eval_prompts']} prompts of "
                   f"{record.display_path(settings['eval_path'])}, transformers fp32 for both), TRL the baseline",
                   held_cols, held_rows, baseline_rows=list(range(n_trl)))
@@ -221,6 +224,7 @@ def main():
                                         c("hf_eval", "transformers fp32", "", 3)], check)
     rec.set_parameter("config", record.display_path(a.config))
     rec.set_parameter("seeds", a.seeds)
+    rec.set_parameter("trl_seeds", a.trl_seeds or a.seeds)
     rec.set_parameter("steps", a.steps)
     rec.set_parameter("eval_every", a.eval_every)
     for k in ("lr", "prompts_per_step", "group_size", "max_new_tokens", "temperature"):

@@ -6,6 +6,7 @@ the CPU, step by step: seconds per step (and where they go) and mean reward.
         [--steps 10] [--sorl-metrics runs/smollm2-chain_sum/metrics.jsonl] [--skip 1]
         [--json OUT] [--threads N] [--keep-padding-idx] [--output-dir DIR] [--load JSON]
         [--record PATH] [--sorl-binary build/sorl] [--sorl-log LOG] [--sorl-time TIME_V]
+        [--seed N] [--eval-every N]
 
 What it measures. TRL 1.16's GRPOTrainer runs --steps optimizer steps of the sorl experiment
 file's job, in fp32 on the CPU with torch limited to [run].threads intra-op threads (2 in
@@ -27,7 +28,9 @@ it prints, for the steps both have, TRL s/step, sorl s/step with its rollout / l
 split, and both rewards; then the mean seconds per step of each over those steps after the
 first --skip (default 1, warm-up), the ratio TRL s/step / sorl s/step, and the mean reward of
 each over all the common steps. --json OUT writes the settings, every per-step record, the
-table and the summary. --load JSON reads TRL's steps back from such a file instead of training
+table and the summary. --eval-every N scores TRL's policy on the held-out set every N steps
+(bench/interop/heldout_eval.py, outside the step times; bench/interop/learning_parity.py uses
+it). --load JSON reads TRL's steps back from such a file instead of training
 again (to compare the same TRL run with another sorl run).
 
 Setup: a virtualenv with
