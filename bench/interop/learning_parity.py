@@ -40,10 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import record  # noqa: E402  (bench/record.py)
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    sys.exit("needs Python >= 3.11 (tomllib)")
+sys.path.insert(0, HERE)
+from trl_grpo_compare import read_experiment, read_sorl_metrics  # noqa: E402  (standard library only)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -51,22 +49,12 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 def run(cmd, log=None):
     print("+ " + " ".join(record.shell_quote(c) for c in cmd), flush=True)
     if log:
-        with open(log, "w", encoding="utf-8") as f:
+        with open(log, "a", encoding="utf-8") as f:  # a resumed run adds to its log
             p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     else:
         p = subprocess.run(cmd)
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}" + (f"; its output is in {log}" if log else ""))
-
-
-def read_jsonl(path):
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                out[r["step"]] = r  # a resumed run repeats steps: the last record wins
-    return out
 
 
 def evaluate(a, models, out_json, settings):
@@ -94,14 +82,14 @@ def sorl_seed(a, settings, seed, eval_steps):
     name = f"sorl-seed{seed}"
     run_dir = os.path.join(a.work, name)
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    steps = read_jsonl(metrics) if os.path.exists(metrics) else {}
+    steps = read_sorl_metrics(metrics) if os.path.exists(metrics) else {}
     if len(steps) < a.steps:
         resume = ["--resume"] if steps else []
         run([a.sorl, "train", a.config, *resume, "--set", f"run.seed={seed}", "--set", f"run.name={name}",
              "--set", f"run.output_dir={os.path.abspath(a.work)}", "--set", f"run.steps={a.steps}",
              "--set", f"run.checkpoint_every={a.eval_every}", "--set", f"run.eval_every={a.eval_every}"],
             log=os.path.join(a.work, f"{name}.log"))
-        steps = read_jsonl(metrics)
+        steps = read_sorl_metrics(metrics)
     exported = []
     for k in eval_steps:
         out = os.path.join(run_dir, f"hf-step{k}")
@@ -152,8 +140,6 @@ def main():
         if not os.access(path, os.X_OK):
             ap.error(f"{what} {path}: not an executable (bench/setup-baselines makes the bench "
                      f"virtualenv; scripts/build makes build/sorl)")
-    sys.path.insert(0, HERE)
-    from trl_grpo_compare import read_experiment  # standard library only at import
     settings = read_experiment(a.config)
     if not settings["eval_path"]:
         ap.error(f"{a.config}: no [task].eval_path to evaluate on")
